@@ -1,0 +1,229 @@
+"""Configuration: frozen pydantic models loaded from YAML, with `MCP_SIDECAR__SECTION__KEY` overrides."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+
+__all__ = [
+    "BusConfig",
+    "CacheConfig",
+    "ConfigError",
+    "ListenConfig",
+    "LoggingConfig",
+    "MetricsConfig",
+    "PollingConfig",
+    "SidecarConfig",
+    "StreamsConfig",
+    "UpstreamConfig",
+    "load_config",
+]
+
+logger = logging.getLogger(__name__)
+
+ENV_PREFIX = "MCP_SIDECAR__"
+
+DEFAULT_PORT = 8080
+DEFAULT_MAX_BODY_BYTES = 1_048_576
+DEFAULT_SHUTDOWN_GRACE_S = 10.0
+DEFAULT_UPSTREAM_TIMEOUT_S = 30.0
+DEFAULT_CONNECT_TIMEOUT_S = 5.0
+DEFAULT_MAX_CONNECTIONS = 100
+DEFAULT_MAX_RESPONSE_BYTES = 16 * 1_048_576
+DEFAULT_INTERVAL_MS = 5_000
+DEFAULT_MIN_INTERVAL_MS = 250
+DEFAULT_MAX_INTERVAL_MS = 300_000
+DEFAULT_JITTER = 0.1
+DEFAULT_BACKOFF_INITIAL_MS = 1_000
+DEFAULT_BACKOFF_MAX_MS = 60_000
+DEFAULT_POLL_CONCURRENCY = 64
+DEFAULT_LINGER_MS = 5_000
+DEFAULT_REVALIDATE_DEBOUNCE_MS = 50
+DEFAULT_KEEPALIVE_S = 15.0  # aiohttp-sse's default; well under common 60 s proxy idle timeouts
+DEFAULT_MAX_STREAMS = 10_000
+DEFAULT_MAX_URIS_PER_STREAM = 1_000
+DEFAULT_MAX_URI_LENGTH = 2_048
+
+_FORWARD_HEADERS = ["authorization", "traceparent", "tracestate", "baggage"]
+
+
+class ConfigError(Exception):
+    """The configuration is unusable; the message names each bad key and why."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ListenConfig(_Section):
+    host: str = Field("127.0.0.1", description="Address to bind; loopback by default.")
+    port: int = Field(DEFAULT_PORT, ge=0, le=65535, description="TCP port; 0 picks a free one.")
+    path: str = Field("/mcp", description="The MCP endpoint path.")
+    max_body_bytes: int = Field(DEFAULT_MAX_BODY_BYTES, ge=1024, description="Larger request bodies get 413.")
+    allowed_origins: list[str] = Field(
+        default_factory=list, description="Origins allowed besides localhost ones (when bound to loopback)."
+    )
+    shutdown_grace_s: float = Field(
+        DEFAULT_SHUTDOWN_GRACE_S, gt=0, description="How long shutdown waits for requests in flight."
+    )
+
+    @field_validator("path")
+    @classmethod
+    def _path_is_absolute(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError("must start with '/'")
+        return value
+
+
+class UpstreamConfig(_Section):
+    url: str = Field("http://127.0.0.1:9000/mcp", description="The upstream MCP endpoint.")
+    protocol: Literal["auto", "2026-07-28", "2025-11-25"] = Field(
+        "auto", description="auto probes server/discover once, falling back to initialize."
+    )
+    timeout_s: float = Field(DEFAULT_UPSTREAM_TIMEOUT_S, gt=0, description="Whole-request timeout.")
+    connect_timeout_s: float = Field(DEFAULT_CONNECT_TIMEOUT_S, gt=0)
+    max_connections: int = Field(DEFAULT_MAX_CONNECTIONS, ge=1, description="Connection pool size.")
+    max_response_bytes: int = Field(DEFAULT_MAX_RESPONSE_BYTES, ge=1024, description="Larger answers fail.")
+    headers: dict[str, SecretStr] = Field(default_factory=dict, description="Extra headers sent upstream.")
+    forward_headers: list[str] = Field(
+        default_factory=lambda: list(_FORWARD_HEADERS), description="Client headers forwarded upstream."
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _url_is_http(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL")
+        return value
+
+    @field_validator("forward_headers")
+    @classmethod
+    def _lowercase(cls, value: list[str]) -> list[str]:
+        return [name.lower() for name in value]
+
+
+class PollingConfig(_Section):
+    default_interval_ms: int = Field(DEFAULT_INTERVAL_MS, ge=1, description="Used when ttlMs is absent or 0.")
+    min_interval_ms: int = Field(DEFAULT_MIN_INTERVAL_MS, ge=1, description="Floor for ttlMs and for hints.")
+    max_interval_ms: int = Field(DEFAULT_MAX_INTERVAL_MS, ge=1, description="Ceiling for ttlMs.")
+    jitter: float = Field(DEFAULT_JITTER, ge=0, lt=1, description="Each interval is scaled by 1 +/- jitter.")
+    backoff_initial_ms: int = Field(DEFAULT_BACKOFF_INITIAL_MS, ge=1)
+    backoff_max_ms: int = Field(DEFAULT_BACKOFF_MAX_MS, ge=1)
+    max_concurrency: int = Field(DEFAULT_POLL_CONCURRENCY, ge=1, description="Polls in flight at once.")
+    linger_ms: int = Field(DEFAULT_LINGER_MS, ge=0, description="A watch outlives its last stream this long.")
+    revalidate_debounce_ms: int = Field(DEFAULT_REVALIDATE_DEBOUNCE_MS, ge=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> PollingConfig:
+        if self.min_interval_ms > self.max_interval_ms:
+            raise ValueError("min_interval_ms must not exceed max_interval_ms")
+        if self.backoff_initial_ms > self.backoff_max_ms:
+            raise ValueError("backoff_initial_ms must not exceed backoff_max_ms")
+        return self
+
+
+class CacheConfig(_Section):
+    default_scope: Literal["public", "private"] = Field(
+        "private", description="cacheScope stamped on legacy results; private is the only safe default."
+    )
+    default_ttl_ms: int = Field(0, ge=0, description="ttlMs stamped on legacy results; 0 means always stale.")
+
+
+class StreamsConfig(_Section):
+    keepalive_s: float = Field(DEFAULT_KEEPALIVE_S, gt=0, description="Comment line on quiet listen streams.")
+    max_streams: int = Field(DEFAULT_MAX_STREAMS, ge=1, description="Listen streams per process.")
+    max_uris_per_stream: int = Field(DEFAULT_MAX_URIS_PER_STREAM, ge=1, description="Extra URIs leave the ack.")
+    max_uri_length: int = Field(DEFAULT_MAX_URI_LENGTH, ge=16, description="Longer URIs are -32602.")
+
+
+class BusConfig(_Section):
+    backend: Literal["memory", "redis"] = Field("memory", description="redis for several replicas.")
+    redis_url: SecretStr = Field(SecretStr("redis://127.0.0.1:6379/0"))
+
+
+class MetricsConfig(_Section):
+    path: str = Field("/metrics", description="Prometheus scrape path.")
+
+
+class LoggingConfig(_Section):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    format: Literal["json", "text"] = "json"
+
+
+class SidecarConfig(_Section):
+    """The whole configuration; each component receives its own section."""
+
+    listen: ListenConfig = Field(default_factory=ListenConfig)
+    upstream: UpstreamConfig = Field(default_factory=UpstreamConfig)
+    polling: PollingConfig = Field(default_factory=PollingConfig)
+    cache: CacheConfig = Field(default_factory=CacheConfig)
+    streams: StreamsConfig = Field(default_factory=StreamsConfig)
+    bus: BusConfig = Field(default_factory=BusConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+
+    def with_overrides(self, overrides: dict[str, dict[str, Any]]) -> SidecarConfig:
+        """A copy with `{section: {key: value}}` applied and validated again."""
+        data = self.model_dump(mode="python")
+        for section, values in overrides.items():
+            data.setdefault(section, {}).update(values)
+        return _validate(_reveal(data))
+
+
+def _reveal(data: Any) -> Any:
+    # model_dump keeps SecretStr objects; unwrap them so validation sees plain values again.
+    if isinstance(data, dict):
+        return {key: _reveal(value) for key, value in data.items()}
+    if isinstance(data, list):
+        return [_reveal(value) for value in data]
+    if isinstance(data, SecretStr):
+        return data.get_secret_value()
+    return data
+
+
+def load_config(path: str | Path | None = None, environ: dict[str, str] | None = None) -> SidecarConfig:
+    """Read YAML (if any), apply `MCP_SIDECAR__SECTION__KEY=value` overrides, validate.
+
+    Raises ConfigError whose message names every bad key.
+    """
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of sections")
+        data = loaded
+    for key, raw in (environ if environ is not None else dict(os.environ)).items():
+        if not key.startswith(ENV_PREFIX):
+            continue
+        parts = key[len(ENV_PREFIX) :].lower().split("__")
+        if len(parts) != 2 or not all(parts):
+            raise ConfigError(f"{key}: expected {ENV_PREFIX}SECTION__KEY")
+        section = data.setdefault(parts[0], {})
+        if not isinstance(section, dict):
+            raise ConfigError(f"{parts[0]}: must be a mapping")
+        section[parts[1]] = yaml.safe_load(raw) if raw else raw
+    return _validate(data)
+
+
+def _validate(data: dict[str, Any]) -> SidecarConfig:
+    try:
+        return SidecarConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            key = ".".join(str(part) for part in error["loc"]) or "(top level)"
+            message = "unknown key" if error["type"] == "extra_forbidden" else error["msg"]
+            problems.append(f"{key}: {message}")
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems)) from exc

@@ -1,0 +1,205 @@
+"""The sidecar's error tree; each error a client can see knows its JSON-RPC code and HTTP status.
+
+    SidecarError
+    ├── RpcError                     an error answered to a client as a JSON-RPC error
+    │   ├── ParseError               -32700, 400: the body is not JSON
+    │   ├── InvalidRequest           -32600, 400: not a JSON-RPC request
+    │   │   └── PayloadTooLarge      -32600, 413: the body is over listen.max_body_bytes
+    │   ├── MethodNotFound           -32601, 404
+    │   ├── InvalidParams            -32602, 400
+    │   ├── HeaderMismatch           -32020, 400: an MCP header is missing or disagrees with the body
+    │   ├── UnsupportedVersion       -32022, 400
+    │   ├── Overloaded               -32603, 503: a configured limit refuses new work
+    │   └── InternalError            -32603, 500
+    └── UpstreamError                the upstream failed; `to_rpc()` says what the client sees
+        ├── UpstreamUnavailable      connection refused or reset, DNS failure (502)
+        ├── UpstreamTimeout          no answer within upstream.timeout_s (504)
+        ├── UpstreamBadResponse      an answer that is not a JSON-RPC response (502)
+        ├── UpstreamHTTPError        a non-2xx status without a JSON-RPC body (502)
+        └── UpstreamRpcError         a JSON-RPC error the upstream answered (passed through)
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+__all__ = [
+    "HeaderMismatch",
+    "InternalError",
+    "InvalidParams",
+    "InvalidRequest",
+    "MethodNotFound",
+    "Overloaded",
+    "ParseError",
+    "PayloadTooLarge",
+    "RpcError",
+    "SidecarError",
+    "UnsupportedVersion",
+    "UpstreamBadResponse",
+    "UpstreamError",
+    "UpstreamHTTPError",
+    "UpstreamRpcError",
+    "UpstreamTimeout",
+    "UpstreamUnavailable",
+]
+
+JsonObject = dict[str, Any]
+
+
+class SidecarError(Exception):
+    """Root of every error the sidecar raises on purpose."""
+
+
+class RpcError(SidecarError):
+    """An error that reaches the client as a JSON-RPC error object."""
+
+    code: int = -32603
+    http_status: ClassVar[int] = 500
+
+    def __init__(
+        self, message: str, data: Any = None, *, http_status: int | None = None, code: int | None = None
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.data = data
+        self.status = http_status if http_status is not None else self.http_status
+        if code is not None:
+            self.code = code
+        self.request_id: str | int | None = None
+
+    def to_error(self) -> JsonObject:
+        """The JSON-RPC `error` member."""
+        error: JsonObject = {"code": self.code, "message": self.message}
+        if self.data is not None:
+            error["data"] = self.data
+        return error
+
+
+class ParseError(RpcError):
+    """The request body is not valid JSON."""
+
+    code = -32700
+    http_status = 400
+
+
+class InvalidRequest(RpcError):
+    """The body is JSON but not a JSON-RPC 2.0 request or notification."""
+
+    code = -32600
+    http_status = 400
+
+
+class PayloadTooLarge(InvalidRequest):
+    """The body is larger than `listen.max_body_bytes`."""
+
+    http_status = 413
+
+
+class MethodNotFound(RpcError):
+    """Unknown method, or a legacy method under a modern envelope."""
+
+    code = -32601
+    http_status = 404
+
+
+class InvalidParams(RpcError):
+    """Missing `_meta` keys, a malformed filter, an unknown resource."""
+
+    code = -32602
+    http_status = 400
+
+
+class HeaderMismatch(RpcError):
+    """A required MCP header is missing, repeated, or disagrees with the body."""
+
+    code = -32020
+    http_status = 400
+
+
+class UnsupportedVersion(RpcError):
+    """The requested modern protocol version is not one the sidecar serves."""
+
+    code = -32022
+    http_status = 400
+
+
+class Overloaded(RpcError):
+    """A configured limit (streams, concurrency) refuses new work; existing work is untouched."""
+
+    code = -32603
+    http_status = 503
+
+
+class InternalError(RpcError):
+    """A failure inside the sidecar; the message never carries a traceback."""
+
+    code = -32603
+    http_status = 500
+
+
+class UpstreamError(SidecarError):
+    """The upstream could not give a usable answer."""
+
+    http_status: ClassVar[int] = 502
+
+    def __init__(self, upstream: str, reason: str) -> None:
+        super().__init__(f"upstream {upstream}: {reason}")
+        self.upstream = upstream
+        self.reason = reason
+
+    @property
+    def is_transport_failure(self) -> bool:
+        """True when the upstream was not reached or did not answer (it may be down)."""
+        return True
+
+    def to_rpc(self) -> RpcError:
+        """What a client sees: an internal error naming the upstream and a short reason."""
+        return InternalError(
+            str(self), {"upstream": self.upstream, "reason": self.reason}, http_status=self.http_status
+        )
+
+
+class UpstreamUnavailable(UpstreamError):
+    """Connection refused or reset, or the name did not resolve."""
+
+
+class UpstreamTimeout(UpstreamError):
+    """No answer within `upstream.timeout_s`."""
+
+    http_status = 504
+
+
+class UpstreamBadResponse(UpstreamError):
+    """An answer that is not a JSON-RPC response: garbage bytes, truncated stream, wrong shape."""
+
+
+class UpstreamHTTPError(UpstreamError):
+    """A non-2xx HTTP status without a JSON-RPC error body."""
+
+    def __init__(self, upstream: str, status: int, reason: str) -> None:
+        super().__init__(upstream, f"HTTP {status} {reason}".strip())
+        self.status = status
+
+    @property
+    def is_transport_failure(self) -> bool:
+        return self.status >= 500
+
+
+class UpstreamRpcError(UpstreamError):
+    """The upstream answered with a JSON-RPC error; it passes through to the client."""
+
+    def __init__(self, upstream: str, error: JsonObject, http_status: int = 200) -> None:
+        super().__init__(upstream, str(error.get("message", "error")))
+        self.error = error
+        self.code = error.get("code")
+        self.upstream_status = http_status
+
+    @property
+    def is_transport_failure(self) -> bool:
+        return False
+
+    def to_rpc(self) -> RpcError:
+        code = self.code if isinstance(self.code, int) else InternalError.code
+        return RpcError(
+            str(self.error.get("message", "")), self.error.get("data"), http_status=self.upstream_status, code=code
+        )

@@ -1,0 +1,94 @@
+"""Pure builders for the JSON-RPC messages the sidecar writes; no I/O, tested without a server."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sidecar import __version__
+from sidecar.protocol.constants import (
+    ACK_METHOD,
+    CACHEABLE_METHODS,
+    META_CLIENT_CAPABILITIES,
+    META_CLIENT_INFO,
+    META_PROTOCOL_VERSION,
+    META_SUBSCRIPTION_ID,
+    MODERN_VERSION,
+)
+from sidecar.protocol.envelope import RequestId
+from sidecar.protocol.errors import RpcError
+
+__all__ = [
+    "SERVER_INFO",
+    "ack_notification",
+    "complete_result",
+    "error_response",
+    "modern_request_meta",
+    "notification",
+    "result_response",
+    "stamp_result",
+]
+
+JsonObject = dict[str, Any]
+
+SERVER_INFO: JsonObject = {"name": "mcp-sidecar", "version": __version__}
+"""The identity the sidecar puts in `_meta` serverInfo of results it answers itself."""
+
+
+def error_response(request_id: RequestId | None, error: RpcError) -> JsonObject:
+    """A JSON-RPC error response echoing the request id (null when the body had none)."""
+    return {"jsonrpc": "2.0", "id": request_id, "error": error.to_error()}
+
+
+def result_response(request_id: RequestId | None, result: JsonObject) -> JsonObject:
+    return {"jsonrpc": "2.0", "id": request_id, "result": result}
+
+
+def modern_request_meta() -> JsonObject:
+    """The `_meta` envelope of requests the sidecar makes on its own (polls, discover)."""
+    return {
+        META_PROTOCOL_VERSION: MODERN_VERSION,
+        META_CLIENT_CAPABILITIES: {},
+        META_CLIENT_INFO: SERVER_INFO,
+    }
+
+
+def notification(subscription_id: RequestId, method: str, uri: str | None = None) -> JsonObject:
+    """A change notification on a listen stream: a signal (the URI at most), never content."""
+    params: JsonObject = {"_meta": {META_SUBSCRIPTION_ID: subscription_id}}
+    if uri is not None:
+        params["uri"] = uri
+    return {"jsonrpc": "2.0", "method": method, "params": params}
+
+
+def ack_notification(subscription_id: RequestId, honoured: JsonObject) -> JsonObject:
+    """The first frame of every listen stream: the subset of the filter the sidecar will honour."""
+    return {
+        "jsonrpc": "2.0",
+        "method": ACK_METHOD,
+        "params": {"_meta": {META_SUBSCRIPTION_ID: subscription_id}, "notifications": honoured},
+    }
+
+
+def complete_result(subscription_id: RequestId) -> JsonObject:
+    """The only result a listen request ever gets: the graceful end of the stream."""
+    return result_response(
+        subscription_id, {"resultType": "complete", "_meta": {META_SUBSCRIPTION_ID: subscription_id}}
+    )
+
+
+def stamp_result(method: str, result: JsonObject, *, ttl_ms: int, scope: str) -> JsonObject:
+    """Add the fields a 2026-07-28 client requires to a result from a legacy upstream.
+
+    Fields the upstream did set are kept; only missing ones are filled.
+    """
+    stamped = dict(result)
+    stamped.setdefault("resultType", "complete")
+    if method in CACHEABLE_METHODS and stamped["resultType"] == "complete":
+        ttl = stamped.get("ttlMs")
+        if not isinstance(ttl, int) or isinstance(ttl, bool) or ttl < 0:
+            stamped["ttlMs"] = ttl_ms
+        if stamped.get("cacheScope") not in ("public", "private"):
+            stamped["cacheScope"] = scope
+    return stamped
+
+
