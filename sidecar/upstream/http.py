@@ -1,0 +1,157 @@
+"""The HTTP leg to the upstream: one pooled aiohttp session, error translation, reading JSON or SSE answers."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Iterator, Mapping
+from typing import Any
+
+import aiohttp
+import orjson
+
+from sidecar.config import UpstreamConfig
+from sidecar.protocol.errors import (
+    UpstreamBadResponse,
+    UpstreamError,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+)
+
+__all__ = ["UpstreamHTTP", "iter_messages", "read_limited", "translate_errors"]
+
+logger = logging.getLogger(__name__)
+
+JsonObject = dict[str, Any]
+
+SSE_CONTENT_TYPE = "text/event-stream"
+_MAX_SSE_EVENT_BYTES = 16 * 1_048_576
+
+
+@contextlib.contextmanager
+def translate_errors(upstream: str) -> Iterator[None]:
+    """Map aiohttp and asyncio failures to the UpstreamError subtree, most specific first."""
+    try:
+        yield
+    except UpstreamError:
+        raise
+    except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+        raise UpstreamTimeout(upstream, "no answer in time") from exc
+    except aiohttp.ClientConnectorError as exc:
+        raise UpstreamUnavailable(upstream, f"cannot connect: {exc.strerror or exc.os_error}") from exc
+    except aiohttp.ServerDisconnectedError as exc:
+        raise UpstreamUnavailable(upstream, "connection closed before the answer was complete") from exc
+    except aiohttp.ClientPayloadError as exc:
+        raise UpstreamBadResponse(upstream, "truncated or malformed body") from exc
+    except aiohttp.ClientResponseError as exc:
+        raise UpstreamBadResponse(upstream, f"bad HTTP response: {exc.message}") from exc
+    except aiohttp.ClientOSError as exc:
+        raise UpstreamUnavailable(upstream, f"connection error: {exc.strerror or exc}") from exc
+    except aiohttp.ClientError as exc:
+        raise UpstreamBadResponse(upstream, f"{type(exc).__name__}") from exc
+
+
+class UpstreamHTTP:
+    """Owns the connection pool; every request to the upstream goes through `post`."""
+
+    def __init__(self, config: UpstreamConfig) -> None:
+        self.url = config.url
+        self._config = config
+        self._timeout = aiohttp.ClientTimeout(total=config.timeout_s, connect=config.connect_timeout_s)
+        self._stream_timeout = aiohttp.ClientTimeout(
+            total=None, connect=config.connect_timeout_s, sock_read=config.timeout_s
+        )
+        self._static_headers = {name: value.get_secret_value() for name, value in config.headers.items()}
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def max_response_bytes(self) -> int:
+        return self._config.max_response_bytes
+
+    async def start(self) -> None:
+        connector = aiohttp.TCPConnector(limit=self._config.max_connections, enable_cleanup_closed=True)
+        # auto_decompress stays on: the body we relay is re-framed, never byte-copied with its encoding.
+        self._session = aiohttp.ClientSession(connector=connector, skip_auto_headers=("User-Agent",))
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    @contextlib.asynccontextmanager
+    async def post(
+        self, body: bytes, headers: Mapping[str, str], *, streaming: bool = False
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
+        """POST to the upstream; the response is released when the block ends."""
+        if self._session is None:
+            raise RuntimeError("UpstreamHTTP.post() called before start() or after aclose()")
+        merged = {**headers, **self._static_headers}
+        with translate_errors(self.url):
+            async with self._session.post(
+                self.url,
+                data=body,
+                headers=merged,
+                timeout=self._stream_timeout if streaming else self._timeout,
+                allow_redirects=False,
+            ) as response:
+                yield response
+
+    async def send_quietly(self, body: bytes, headers: Mapping[str, str]) -> None:
+        """Fire a message upstream and drop the answer (a notification, a reply to a server request)."""
+        with contextlib.suppress(UpstreamError):
+            async with self.post(body, headers) as response:
+                await response.read()
+
+
+async def read_limited(response: aiohttp.ClientResponse, limit: int, upstream: str) -> bytes:
+    """The whole body, or UpstreamBadResponse when it exceeds `limit` bytes."""
+    if response.content_length is not None and response.content_length > limit:
+        raise UpstreamBadResponse(upstream, f"response larger than {limit} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    with translate_errors(upstream):
+        async for chunk in response.content.iter_chunked(65536):
+            size += len(chunk)
+            if size > limit:
+                raise UpstreamBadResponse(upstream, f"response larger than {limit} bytes")
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def iter_messages(response: aiohttp.ClientResponse, limit: int, upstream: str) -> AsyncIterator[JsonObject]:
+    """JSON-RPC messages of an upstream answer, whether it is one JSON body or an SSE stream."""
+    content_type = response.headers.get("Content-Type", "")
+    if not content_type.startswith(SSE_CONTENT_TYPE):
+        body = await read_limited(response, limit, upstream)
+        yield _decode(body, upstream)
+        return
+    data: list[bytes] = []
+    size = 0
+    with translate_errors(upstream):
+        async for raw_line in response.content:
+            line = raw_line.rstrip(b"\r\n")
+            if not line:
+                if data:
+                    yield _decode(b"\n".join(data), upstream)
+                    data, size = [], 0
+                continue
+            if line.startswith(b"data:"):
+                chunk = line[5:].removeprefix(b" ")
+                size += len(chunk)
+                if size > min(limit, _MAX_SSE_EVENT_BYTES):
+                    raise UpstreamBadResponse(upstream, f"SSE event larger than {limit} bytes")
+                data.append(chunk)
+    if data:
+        yield _decode(b"\n".join(data), upstream)
+
+
+def _decode(body: bytes, upstream: str) -> JsonObject:
+    try:
+        message = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise UpstreamBadResponse(upstream, "answer is not JSON") from exc
+    if not isinstance(message, dict):
+        raise UpstreamBadResponse(upstream, "answer is not a JSON-RPC object")
+    return message
+
+
