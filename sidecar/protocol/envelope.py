@@ -126,8 +126,7 @@ def validate_modern(message: Message, headers: Headers) -> None:
     meta_version = meta[META_PROTOCOL_VERSION]
     if header_version != meta_version:
         raise HeaderMismatch(
-            f"{HEADER_PROTOCOL_VERSION} header {header_version!r} does not match _meta protocolVersion "
-            f"{meta_version!r}"
+            f"{HEADER_PROTOCOL_VERSION} header {header_version!r} does not match _meta protocolVersion {meta_version!r}"
         )
     if meta_version not in SUPPORTED_MODERN_VERSIONS:
         raise UnsupportedVersion(

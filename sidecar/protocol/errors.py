@@ -1,22 +1,22 @@
 """The sidecar's error tree; each error a client can see knows its JSON-RPC code and HTTP status.
 
-    SidecarError
-    ├── RpcError                     an error answered to a client as a JSON-RPC error
-    │   ├── ParseError               -32700, 400: the body is not JSON
-    │   ├── InvalidRequest           -32600, 400: not a JSON-RPC request
-    │   │   └── PayloadTooLarge      -32600, 413: the body is over listen.max_body_bytes
-    │   ├── MethodNotFound           -32601, 404
-    │   ├── InvalidParams            -32602, 400
-    │   ├── HeaderMismatch           -32020, 400: an MCP header is missing or disagrees with the body
-    │   ├── UnsupportedVersion       -32022, 400
-    │   ├── Overloaded               -32603, 503: a configured limit refuses new work
-    │   └── InternalError            -32603, 500
-    └── UpstreamError                the upstream failed; `to_rpc()` says what the client sees
-        ├── UpstreamUnavailable      connection refused or reset, DNS failure (502)
-        ├── UpstreamTimeout          no answer within upstream.timeout_s (504)
-        ├── UpstreamBadResponse      an answer that is not a JSON-RPC response (502)
-        ├── UpstreamHTTPError        a non-2xx status without a JSON-RPC body (502)
-        └── UpstreamRpcError         a JSON-RPC error the upstream answered (passed through)
+SidecarError
+├── RpcError                     an error answered to a client as a JSON-RPC error
+│   ├── ParseError               -32700, 400: the body is not JSON
+│   ├── InvalidRequest           -32600, 400: not a JSON-RPC request
+│   │   └── PayloadTooLarge      -32600, 413: the body is over listen.max_body_bytes
+│   ├── MethodNotFound           -32601, 404
+│   ├── InvalidParams            -32602, 400
+│   ├── HeaderMismatch           -32020, 400: an MCP header is missing or disagrees with the body
+│   ├── UnsupportedVersion       -32022, 400
+│   ├── Overloaded               -32603, 503: a configured limit refuses new work
+│   └── InternalError            -32603, 500
+└── UpstreamError                the upstream failed; `to_rpc()` says what the client sees
+    ├── UpstreamUnavailable      connection refused or reset, DNS failure (502)
+    ├── UpstreamTimeout          no answer within upstream.timeout_s (504)
+    ├── UpstreamBadResponse      an answer that is not a JSON-RPC response (502)
+    ├── UpstreamHTTPError        a non-2xx status without a JSON-RPC body (502)
+    └── UpstreamRpcError         a JSON-RPC error the upstream answered (passed through)
 """
 
 from __future__ import annotations
@@ -176,9 +176,21 @@ class UpstreamBadResponse(UpstreamError):
 class UpstreamHTTPError(UpstreamError):
     """A non-2xx HTTP status without a JSON-RPC error body."""
 
-    def __init__(self, upstream: str, status: int, reason: str) -> None:
+    def __init__(self, upstream: str, status: int, reason: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(upstream, f"HTTP {status} {reason}".strip())
         self.status = status
+        # Only auth challenge headers are kept, so a 401/403 can pass through to the client.
+        self.headers = headers or {}
+
+    @property
+    def is_auth_failure(self) -> bool:
+        return self.status in (401, 403)
+
+    def to_rpc(self) -> RpcError:
+        if self.is_auth_failure:
+            data = {"upstream": self.upstream, "reason": self.reason}
+            return InvalidRequest(str(self), data, http_status=self.status)
+        return super().to_rpc()
 
     @property
     def is_transport_failure(self) -> bool:

@@ -90,5 +90,3 @@ def stamp_result(method: str, result: JsonObject, *, ttl_ms: int, scope: str) ->
         if stamped.get("cacheScope") not in ("public", "private"):
             stamped["cacheScope"] = scope
     return stamped
-
-

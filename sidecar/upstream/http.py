@@ -14,11 +14,13 @@ from sidecar.config import UpstreamConfig
 from sidecar.protocol.errors import (
     UpstreamBadResponse,
     UpstreamError,
+    UpstreamHTTPError,
+    UpstreamRpcError,
     UpstreamTimeout,
     UpstreamUnavailable,
 )
 
-__all__ = ["UpstreamHTTP", "iter_messages", "read_limited", "translate_errors"]
+__all__ = ["UpstreamHTTP", "iter_messages", "raise_for_status", "read_limited", "translate_errors"]
 
 logger = logging.getLogger(__name__)
 
@@ -145,6 +147,21 @@ async def iter_messages(response: aiohttp.ClientResponse, limit: int, upstream: 
         yield _decode(b"\n".join(data), upstream)
 
 
+async def raise_for_status(response: aiohttp.ClientResponse, http: UpstreamHTTP) -> None:
+    """Non-2xx: a JSON-RPC error body passes through as UpstreamRpcError, anything else is an HTTP error."""
+    if 200 <= response.status < 300:
+        return
+    body = await read_limited(response, http.max_response_bytes, http.url)
+    try:
+        message = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        message = None
+    if isinstance(message, dict) and isinstance(message.get("error"), dict) and response.status not in (401, 403):
+        raise UpstreamRpcError(http.url, message["error"], http_status=response.status)
+    challenge = {k: v for k, v in response.headers.items() if k.lower() == "www-authenticate"}
+    raise UpstreamHTTPError(http.url, response.status, response.reason or "", challenge)
+
+
 def _decode(body: bytes, upstream: str) -> JsonObject:
     try:
         message = orjson.loads(body)
@@ -153,5 +170,3 @@ def _decode(body: bytes, upstream: str) -> JsonObject:
     if not isinstance(message, dict):
         raise UpstreamBadResponse(upstream, "answer is not a JSON-RPC object")
     return message
-
-

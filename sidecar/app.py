@@ -1,0 +1,63 @@
+"""Builds the aiohttp application and wires the parts, in dependency order; torn down in reverse."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+from sidecar.config import SidecarConfig
+from sidecar.downstream.handler import McpEndpoint, no_tracebacks
+from sidecar.observability.health import healthz, make_readyz
+from sidecar.observability.metrics import CONTENT_TYPE_LATEST, Metrics
+from sidecar.upstream.client import UpstreamClient
+
+__all__ = ["CONFIG", "METRICS", "UPSTREAM", "build_app"]
+
+logger = logging.getLogger(__name__)
+
+CONFIG = web.AppKey("config", SidecarConfig)
+METRICS = web.AppKey("metrics", Metrics)
+UPSTREAM = web.AppKey("upstream", UpstreamClient)
+
+
+def build_app(config: SidecarConfig) -> web.Application:
+    """The whole sidecar as one aiohttp application (the CLI runs it; tests serve it on a free port)."""
+    app = web.Application(middlewares=[no_tracebacks], handler_args={"max_field_size": 16384})
+    metrics = Metrics()
+    upstream = UpstreamClient(config.upstream, config.cache)
+    app[CONFIG] = config
+    app[METRICS] = metrics
+    app[UPSTREAM] = upstream
+    app.cleanup_ctx.append(_upstream_context)
+
+    endpoint = McpEndpoint(config, upstream)
+    path = config.listen.path
+    app.router.add_post(path, endpoint.handle_post)
+    app.router.add_get(path, _method_not_allowed, allow_head=False)
+    app.router.add_delete(path, _method_not_allowed)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", make_readyz(upstream))
+    app.router.add_get(config.metrics.path, _metrics_handler)
+    return app
+
+
+async def _upstream_context(app: web.Application) -> AsyncIterator[None]:
+    upstream = app[UPSTREAM]
+    await upstream.start()
+    yield
+    await upstream.aclose()
+
+
+async def _method_not_allowed(request: web.Request) -> web.Response:
+    # 2026-07-28 removed the GET stream and DELETE; a modern endpoint answers 405 (protocol.md §4.6).
+    return web.Response(status=405, headers={"Allow": "POST"})
+
+
+async def _metrics_handler(request: web.Request) -> web.Response:
+    metrics = request.app[METRICS]
+    upstream = request.app[UPSTREAM]
+    metrics.upstream_up.set(1 if upstream.up else 0)
+    body = metrics.render()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

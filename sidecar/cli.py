@@ -1,0 +1,118 @@
+"""The `mcp-sidecar` command: run, check-config, demo."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from aiohttp import web
+
+from sidecar import __version__
+from sidecar.app import build_app
+from sidecar.config import ConfigError, SidecarConfig, load_config
+from sidecar.observability.logs import configure_logging
+
+__all__ = ["main", "serve"]
+
+logger = logging.getLogger(__name__)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mcp-sidecar", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"mcp-sidecar {__version__}")
+    parser.add_argument("--config", help="YAML config file (shorthand for `run --config FILE`)")
+    sub = parser.add_subparsers(dest="command")
+    run = sub.add_parser("run", help="run the sidecar in the foreground until SIGTERM or Ctrl-C")
+    run.add_argument("--config", dest="run_config", help="YAML config file")
+    check = sub.add_parser("check-config", help="validate a config file and print the effective config")
+    check.add_argument("file")
+    sub.add_parser("demo", help="an embedded legacy upstream with the sidecar in front, changing every few seconds")
+    for command in (parser, run, sub.choices["demo"]):
+        command.add_argument("--upstream", help="upstream MCP URL (upstream.url)")
+        command.add_argument("--host", help="address to bind (listen.host)")
+        command.add_argument("--port", type=int, help="port to bind (listen.port)")
+        command.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    return parser
+
+
+def _flag_overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    overrides: dict[str, dict[str, Any]] = {}
+    if getattr(args, "upstream", None):
+        overrides.setdefault("upstream", {})["url"] = args.upstream
+    if getattr(args, "host", None):
+        overrides.setdefault("listen", {})["host"] = args.host
+    if getattr(args, "port", None) is not None:
+        overrides.setdefault("listen", {})["port"] = args.port
+    if getattr(args, "log_level", None):
+        overrides.setdefault("logging", {})["level"] = args.log_level
+    return overrides
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "check-config":
+            config = load_config(args.file)
+            print(config.model_dump_json(indent=2))
+            return 0
+        if args.command == "demo":
+            from sidecar.demo.run import run_demo
+
+            config = load_config(None).with_overrides(_flag_overrides(args))
+            configure_logging(config.logging.level, "text")
+            return asyncio.run(run_demo(config))
+        path = getattr(args, "run_config", None) or args.config
+        config = load_config(path).with_overrides(_flag_overrides(args))
+    except ConfigError as exc:
+        print(f"mcp-sidecar: {exc}", file=sys.stderr)
+        return 1
+    configure_logging(config.logging.level, config.logging.format)
+    return asyncio.run(serve(config))
+
+
+async def serve(config: SidecarConfig, ready: asyncio.Event | None = None) -> int:
+    """Serve until SIGTERM or SIGINT, then shut down in order: streams end, requests drain, parts close."""
+    app = build_app(config)
+    runner = web.AppRunner(
+        app, handler_cancellation=True, shutdown_timeout=config.listen.shutdown_grace_s, access_log=None
+    )
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, config.listen.host, config.listen.port)
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        print(
+            f"mcp-sidecar: cannot listen on {config.listen.host}:{config.listen.port}: {exc.strerror}", file=sys.stderr
+        )
+        return 1
+    address = runner.addresses[0]
+    logger.info(
+        "mcp-sidecar listening",
+        extra={"url": f"http://{address[0]}:{address[1]}{config.listen.path}", "upstream": config.upstream.url},
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    if ready is not None:
+        ready.set()
+    try:
+        await stop.wait()
+    finally:
+        logger.info("shutting down")
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(Exception):
+                loop.remove_signal_handler(signum)
+        await runner.cleanup()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

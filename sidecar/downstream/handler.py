@@ -1,0 +1,177 @@
+"""The MCP endpoint: reads a POST, validates its envelope, and routes it to discover, listen, or the upstream."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+import orjson
+from aiohttp import web
+
+from sidecar.config import SidecarConfig
+from sidecar.downstream.guards import check_host_and_origin, read_body
+from sidecar.protocol.constants import (
+    HEADER_AUTHORIZATION,
+    META_SERVER_INFO,
+    META_UPSTREAM_SERVER_INFO,
+    MODERN_VERSION,
+    REMOVED_METHODS,
+)
+from sidecar.protocol.envelope import Message, RequestId, detect_era, parse_message, validate_modern
+from sidecar.protocol.errors import InternalError, MethodNotFound, RpcError, UpstreamError, UpstreamHTTPError
+from sidecar.protocol.frames import SERVER_INFO, error_response, result_response
+from sidecar.upstream.client import Reply, UpstreamClient, UpstreamInfo
+
+__all__ = [
+    "ForwardObserver",
+    "ListenHandler",
+    "McpEndpoint",
+    "build_discover_result",
+    "json_response",
+    "no_tracebacks",
+]
+
+logger = logging.getLogger(__name__)
+
+JsonObject = dict[str, Any]
+ListenHandler = Callable[[web.Request, Message], Awaitable[web.StreamResponse]]
+
+DISCOVER_TTL_MS = 300_000
+"""Capabilities change only when the upstream is replaced; clients may cache discover for five minutes."""
+
+_PRIMITIVES = ("resources", "tools", "prompts")
+
+
+class ForwardObserver(Protocol):
+    """Told about every forwarded request that succeeded (the watch engine learns from them)."""
+
+    def after_forward(self, method: str, params: JsonObject, credential: str | None, answer: JsonObject) -> None: ...
+
+
+def json_response(payload: JsonObject, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    response = web.Response(body=orjson.dumps(payload), status=status, headers=headers)
+    response.content_type = "application/json"
+    return response
+
+
+def build_discover_result(info: UpstreamInfo, *, subscriptions: bool) -> JsonObject:
+    """The sidecar's own `server/discover`: the upstream's capabilities plus the ones the sidecar synthesises."""
+    capabilities = {
+        name: dict(value) if isinstance(value, dict) else value for name, value in info.capabilities.items()
+    }
+    capabilities.pop("logging", None)  # logging/setLevel is gone at 2026-07-28 (SEP-2577)
+    if subscriptions:
+        for primitive in _PRIMITIVES:
+            if isinstance(capabilities.get(primitive), dict):
+                capabilities[primitive]["listChanged"] = True
+        if isinstance(capabilities.get("resources"), dict):
+            capabilities["resources"]["subscribe"] = True
+    meta: JsonObject = {META_SERVER_INFO: SERVER_INFO}
+    if info.server_info is not None:
+        meta[META_UPSTREAM_SERVER_INFO] = info.server_info
+    result: JsonObject = {
+        "resultType": "complete",
+        "supportedVersions": [MODERN_VERSION],
+        "capabilities": capabilities,
+        "ttlMs": DISCOVER_TTL_MS,
+        "cacheScope": "public",
+        "_meta": meta,
+    }
+    if info.instructions is not None:
+        result["instructions"] = info.instructions
+    return result
+
+
+class McpEndpoint:
+    """POST {listen.path}: the whole downstream request path, except the listen stream itself."""
+
+    def __init__(
+        self,
+        config: SidecarConfig,
+        upstream: UpstreamClient,
+        *,
+        listen: ListenHandler | None = None,
+        observer: ForwardObserver | None = None,
+    ) -> None:
+        self._config = config
+        self._upstream = upstream
+        self._listen = listen
+        self._observer = observer
+
+    async def handle_post(self, request: web.Request) -> web.StreamResponse:
+        request_id: RequestId | None = None
+        try:
+            refused = check_host_and_origin(request, self._config.listen)
+            if refused is not None:
+                raise refused
+            body = await read_body(request, self._config.listen.max_body_bytes)
+            message = parse_message(body)
+            request_id = message.id
+            if detect_era(message, request.headers) == "legacy":
+                return await self._write_reply(request, await self._upstream.relay(body, request.headers))
+            validate_modern(message, request.headers)
+            if message.is_notification:
+                return web.Response(status=202)
+            return await self._route(request, message)
+        except RpcError as exc:
+            return self._error(exc.request_id if exc.request_id is not None else request_id, exc)
+        except UpstreamHTTPError as exc:
+            return self._error(request_id, exc.to_rpc(), exc.headers)
+        except UpstreamError as exc:
+            return self._error(request_id, exc.to_rpc())
+
+    async def _route(self, request: web.Request, message: Message) -> web.StreamResponse:
+        method = message.method
+        if method in REMOVED_METHODS:
+            raise MethodNotFound("Method not found", method)
+        if method == "server/discover":
+            info = await self._upstream.ensure_info(self._upstream.forwarded_headers(request.headers))
+            result = build_discover_result(info, subscriptions=self._listen is not None)
+            return json_response(result_response(message.id, result))
+        if method == "subscriptions/listen":
+            if self._listen is None:
+                raise MethodNotFound("Method not found", method)
+            return await self._listen(request, message)
+        reply = await self._upstream.forward(message, request.headers)
+        if self._observer is not None and reply.message is not None and 200 <= reply.status < 300:
+            credential = request.headers.get(HEADER_AUTHORIZATION)
+            self._observer.after_forward(method, message.params, credential, reply.message)
+        return await self._write_reply(request, reply)
+
+    async def _write_reply(self, request: web.Request, reply: Reply) -> web.StreamResponse:
+        if reply.stream is None:
+            if reply.body is not None:
+                return web.Response(body=reply.body, status=reply.status, headers=reply.headers)
+            if reply.message is None:
+                return web.Response(status=reply.status, headers=reply.headers)
+            return json_response(reply.message, reply.status, reply.headers)
+        response = web.StreamResponse(status=reply.status, headers=reply.headers)
+        response.headers["Cache-Control"] = "no-cache"
+        response.headers["X-Accel-Buffering"] = "no"
+        async with contextlib.aclosing(reply.stream) as chunks:
+            await response.prepare(request)
+            async for chunk in chunks:
+                await response.write(chunk)
+        await response.write_eof()
+        return response
+
+    def _error(
+        self, request_id: RequestId | None, error: RpcError, headers: dict[str, str] | None = None
+    ) -> web.Response:
+        if error.status >= 500:
+            logger.warning("request failed: %s", error.message)
+        return json_response(error_response(request_id, error), error.status, headers)
+
+
+@web.middleware
+async def no_tracebacks(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> Any:
+    """Boundary: an unexpected failure becomes a JSON-RPC internal error, logged, never shown to the client."""
+    try:
+        return await handler(request)
+    except web.HTTPException:
+        raise
+    except Exception:  # boundary: one bad request must never take the process or other clients down
+        logger.exception("unexpected failure handling %s %s", request.method, request.path)
+        return json_response(error_response(None, InternalError("internal error")), 500)

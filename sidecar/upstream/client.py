@@ -1,0 +1,333 @@
+"""The one way to the upstream: era detection, faithful forwarding, and the sidecar's own calls (polls)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import itertools
+import logging
+import time
+from collections.abc import AsyncGenerator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from sidecar.config import CacheConfig, UpstreamConfig
+from sidecar.partition import context_id
+from sidecar.protocol.constants import (
+    HEADER_AUTHORIZATION,
+    HEADER_METHOD,
+    HEADER_NAME,
+    HEADER_PROTOCOL_VERSION,
+    HEADER_SESSION_ID,
+    MODERN_VERSION,
+    NAMED_METHODS,
+)
+from sidecar.protocol.envelope import Era, Message
+from sidecar.protocol.errors import (
+    UpstreamBadResponse,
+    UpstreamError,
+    UpstreamHTTPError,
+    UpstreamRpcError,
+)
+from sidecar.protocol.frames import modern_request_meta
+from sidecar.upstream.http import (
+    SSE_CONTENT_TYPE,
+    UpstreamHTTP,
+    iter_messages,
+    raise_for_status,
+    read_limited,
+)
+from sidecar.upstream.legacy import LegacyBridge
+
+__all__ = ["Reply", "UpstreamClient", "UpstreamInfo"]
+
+logger = logging.getLogger(__name__)
+
+JsonObject = dict[str, Any]
+
+_PROBE_RETRY_S = 1.0
+"""A readiness check re-probes a down upstream at most this often."""
+
+_PASSTHROUGH_RESPONSE_HEADERS = ("Content-Type", "WWW-Authenticate")
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamInfo:
+    """What the probe learned: the era to speak, and the upstream's own capabilities and identity."""
+
+    era: Era
+    capabilities: JsonObject
+    server_info: JsonObject | None
+    instructions: str | None
+
+
+@dataclass(slots=True)
+class Reply:
+    """An upstream answer on its way to the client: a whole JSON message, raw bytes, or a live stream."""
+
+    status: int
+    headers: dict[str, str] = field(default_factory=dict)
+    message: JsonObject | None = None
+    body: bytes | None = None
+    stream: AsyncGenerator[bytes, None] | None = None
+
+
+class UpstreamClient:
+    """Forwards client requests and makes the sidecar's own calls, in whichever era the upstream speaks."""
+
+    def __init__(self, config: UpstreamConfig, cache: CacheConfig) -> None:
+        self.url = config.url
+        self._config = config
+        self._http = UpstreamHTTP(config)
+        self._legacy = LegacyBridge(self._http, cache)
+        self._info: UpstreamInfo | None = None
+        self._probe_lock = asyncio.Lock()
+        self._ids = itertools.count(1)
+        self._last_probe = 0.0
+        self.up: bool | None = None
+        """True once the upstream answered; False while it is unreachable; None before the first try."""
+        self.last_error: str | None = None
+
+    @property
+    def info(self) -> UpstreamInfo | None:
+        return self._info
+
+    async def start(self) -> None:
+        await self._http.start()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    # -- era ---------------------------------------------------------------------------------------------
+
+    async def ensure_info(self, headers: Mapping[str, str] | None = None) -> UpstreamInfo:
+        """Probe the upstream once (again after a failure) and remember its era and capabilities."""
+        info = self._info
+        if info is not None:
+            return info
+        async with self._probe_lock:
+            if self._info is None:
+                self._last_probe = time.monotonic()
+                with self._observe():
+                    self._info = await self._probe(dict(headers or {}))
+                logger.info(
+                    "upstream era detected",
+                    extra={"era": self._info.era, "upstream": self.url},
+                )
+            return self._info
+
+    async def check(self) -> bool:
+        """Readiness: True when the upstream answers; re-probes a down upstream at most once a second."""
+        if self.up is False and time.monotonic() - self._last_probe >= _PROBE_RETRY_S:
+            self._info = None
+        if self._info is None:
+            with contextlib.suppress(UpstreamError):
+                await self.ensure_info()
+        return bool(self.up)
+
+    async def _probe(self, headers: dict[str, str]) -> UpstreamInfo:
+        protocol = self._config.protocol
+        if protocol != "2025-11-25":
+            try:
+                result = await self._modern_call("server/discover", {}, headers)
+            except UpstreamError as exc:
+                if protocol == MODERN_VERSION or exc.is_transport_failure:
+                    raise
+                logger.debug("server/discover refused (%s); trying initialize", exc.reason)
+            else:
+                versions = result.get("supportedVersions")
+                if isinstance(versions, list) and MODERN_VERSION in versions:
+                    meta = result.get("_meta") if isinstance(result.get("_meta"), dict) else {}
+                    return UpstreamInfo(
+                        era="modern",
+                        capabilities=_object(result.get("capabilities")),
+                        server_info=_object_or_none((meta or {}).get("io.modelcontextprotocol/serverInfo")),
+                        instructions=_str_or_none(result.get("instructions")),
+                    )
+                if protocol == MODERN_VERSION:
+                    raise UpstreamBadResponse(self.url, f"server/discover does not list {MODERN_VERSION}")
+        session = await self._legacy.initialize(context_id(headers.get("authorization")), headers)
+        result = session.initialize_result
+        return UpstreamInfo(
+            era="legacy",
+            capabilities=_object(result.get("capabilities")),
+            server_info=_object_or_none(result.get("serverInfo")),
+            instructions=_str_or_none(result.get("instructions")),
+        )
+
+    @contextlib.contextmanager
+    def _observe(self) -> Any:
+        """Track reachability: any answer means up; a transport failure means down and a re-probe later."""
+        try:
+            yield
+        except UpstreamError as exc:
+            if exc.is_transport_failure:
+                if self.up is not False:
+                    logger.warning("upstream unreachable", extra={"upstream": self.url, "reason": exc.reason})
+                self.up = False
+                self.last_error = exc.reason
+                self._info = None
+            else:
+                self._mark_up()
+            raise
+        else:
+            self._mark_up()
+
+    def _mark_up(self) -> None:
+        if self.up is False:
+            logger.info("upstream reachable again", extra={"upstream": self.url})
+        self.up = True
+        self.last_error = None
+
+    # -- forwarding --------------------------------------------------------------------------------------
+
+    def forwarded_headers(self, client_headers: Mapping[str, str]) -> dict[str, str]:
+        """The allowlisted client headers (never Host, cookies or hop-by-hop headers)."""
+        allow = self._config.forward_headers
+        return {name: value for name, value in client_headers.items() if name.lower() in allow}
+
+    async def forward(self, message: Message, client_headers: Mapping[str, str]) -> Reply:
+        """Send a client's request upstream and return the answer for the client, in the client's era."""
+        headers = self.forwarded_headers(client_headers)
+        info = await self.ensure_info(headers)
+        with self._observe():
+            if info.era == "modern":
+                return await self._forward_modern(message, client_headers, headers)
+            return await self._forward_legacy(message, headers)
+
+    async def _forward_modern(
+        self, message: Message, client_headers: Mapping[str, str], headers: dict[str, str]
+    ) -> Reply:
+        for name, value in client_headers.items():
+            lower = name.lower()
+            if lower in ("mcp-protocol-version", "mcp-method", "mcp-name") or lower.startswith("mcp-param-"):
+                headers[name] = value
+        return await self._relay_post(orjson.dumps(message.raw), headers)
+
+    async def relay(self, body: bytes, client_headers: Mapping[str, str]) -> Reply:
+        """Pass a legacy-era client's POST through untouched; the upstream owns that session."""
+        headers = self.forwarded_headers(client_headers)
+        for name, value in client_headers.items():
+            if name.lower() in ("mcp-protocol-version", "mcp-session-id"):
+                headers[name] = value
+        with self._observe():
+            return await self._relay_post(body, headers, pass_session=True)
+
+    async def _relay_post(self, body: bytes, headers: dict[str, str], *, pass_session: bool = False) -> Reply:
+        headers["Content-Type"] = "application/json"
+        headers["Accept"] = "application/json, text/event-stream"
+        names = (*_PASSTHROUGH_RESPONSE_HEADERS, HEADER_SESSION_ID) if pass_session else _PASSTHROUGH_RESPONSE_HEADERS
+        stack = contextlib.AsyncExitStack()
+        response = await stack.enter_async_context(self._http.post(body, headers, streaming=True))
+        try:
+            passthrough = {name: response.headers[name] for name in names if name in response.headers}
+            if response.headers.get("Content-Type", "").startswith(SSE_CONTENT_TYPE) and response.status < 300:
+                return Reply(response.status, passthrough, stream=self._relay(response.content, stack))
+            body = await read_limited(response, self._http.max_response_bytes, self.url)
+        except BaseException:
+            await stack.aclose()
+            raise
+        await stack.aclose()
+        decoded = _try_json(body)
+        if response.status in (401, 403) or isinstance(decoded, dict) or (response.status < 300 and not body):
+            return Reply(response.status, passthrough, message=decoded, body=body)
+        if 200 <= response.status < 300:
+            raise UpstreamBadResponse(self.url, "answer is not JSON")
+        raise UpstreamHTTPError(self.url, response.status, response.reason or "")
+
+    async def _relay(self, content: Any, stack: contextlib.AsyncExitStack) -> AsyncGenerator[bytes, None]:
+        # Chunks go out as they arrive: buffering would hold back progress notifications.
+        try:
+            async for chunk in content.iter_any():
+                yield chunk
+        finally:
+            await stack.aclose()
+
+    async def _forward_legacy(self, message: Message, headers: dict[str, str]) -> Reply:
+        partition = context_id(headers.get(_auth_key(headers)))
+        answer = await self._legacy.request(partition, message.method, message.params, headers)
+        answer = {"jsonrpc": "2.0", "id": message.id, **answer}
+        return Reply(200, {"Content-Type": "application/json"}, message=answer)
+
+    # -- the sidecar's own calls ---------------------------------------------------------------------------
+
+    async def call(self, method: str, params: JsonObject, credential: str | None = None) -> JsonObject:
+        """One request on the sidecar's behalf (a poll); returns the result or raises an UpstreamError."""
+        headers = {HEADER_AUTHORIZATION: credential} if credential else {}
+        info = await self.ensure_info(headers)
+        with self._observe():
+            if info.era == "modern":
+                return await self._modern_call(method, params, headers)
+            answer = await self._legacy.request(context_id(credential), method, params, headers)
+        if "error" in answer:
+            raise UpstreamRpcError(self.url, answer["error"])
+        result: JsonObject = answer["result"]
+        return result
+
+    async def _modern_call(self, method: str, params: JsonObject, headers: Mapping[str, str]) -> JsonObject:
+        request_id = f"sidecar-{next(self._ids)}"
+        body = {
+            "jsonrpc": "2.0",
+            "id": request_id,
+            "method": method,
+            "params": {**params, "_meta": modern_request_meta()},
+        }
+        sent = {
+            **headers,
+            "Content-Type": "application/json",
+            "Accept": "application/json, text/event-stream",
+            HEADER_PROTOCOL_VERSION: MODERN_VERSION,
+            HEADER_METHOD: method,
+        }
+        named = NAMED_METHODS.get(method)
+        if named is not None:
+            sent[HEADER_NAME] = encode_header_value(str(params.get(named, "")))
+        async with self._http.post(orjson.dumps(body), sent) as response:
+            await raise_for_status(response, self._http)
+            async for reply in iter_messages(response, self._http.max_response_bytes, self.url):
+                if reply.get("id") != request_id:
+                    continue
+                if isinstance(reply.get("error"), dict):
+                    raise UpstreamRpcError(self.url, reply["error"])
+                result = reply.get("result")
+                if not isinstance(result, dict):
+                    raise UpstreamBadResponse(self.url, "response has neither result nor error")
+                return result
+        raise UpstreamBadResponse(self.url, "stream ended without a response")
+
+
+def encode_header_value(value: str) -> str:
+    """Plain printable ASCII goes as is; anything else as `=?base64?...?=` (SEP-2243)."""
+    if value.isascii() and value.isprintable() and not value.startswith("=?base64?") and value == value.strip():
+        return value
+    return "=?base64?" + base64.b64encode(value.encode("utf-8")).decode("ascii") + "?="
+
+
+def _auth_key(headers: Mapping[str, str]) -> str:
+    for name in headers:
+        if name.lower() == "authorization":
+            return name
+    return HEADER_AUTHORIZATION
+
+
+def _try_json(body: bytes) -> JsonObject | None:
+    try:
+        decoded = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    return decoded if isinstance(decoded, dict) else None
+
+
+def _object(value: Any) -> JsonObject:
+    return value if isinstance(value, dict) else {}
+
+
+def _object_or_none(value: Any) -> JsonObject | None:
+    return value if isinstance(value, dict) else None
+
+
+def _str_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) else None

@@ -1,0 +1,213 @@
+"""The 2025-11-25 bridge: upstream sessions per authorization context, id rewriting, stamping, error mapping."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from cachetools import LRUCache
+
+from sidecar.config import CacheConfig
+from sidecar.protocol.constants import (
+    HANDSHAKE_VERSIONS,
+    HEADER_PROTOCOL_VERSION,
+    HEADER_SESSION_ID,
+    LEGACY_VERSION,
+    META_CLIENT_CAPABILITIES,
+    META_CLIENT_INFO,
+    META_LOG_LEVEL,
+    META_PROTOCOL_VERSION,
+)
+from sidecar.protocol.errors import UpstreamBadResponse, UpstreamRpcError
+from sidecar.protocol.frames import SERVER_INFO, stamp_result
+from sidecar.upstream.http import UpstreamHTTP, iter_messages, raise_for_status
+
+__all__ = ["LegacyBridge", "LegacySession", "map_legacy_error", "strip_modern_meta"]
+
+logger = logging.getLogger(__name__)
+
+JsonObject = dict[str, Any]
+NotificationSink = Callable[[JsonObject], None]
+
+MAX_SESSIONS = 10_000
+"""Upstream sessions kept at once (one per authorization context); the least recently used is dropped."""
+
+_MODERN_META_KEYS = (META_PROTOCOL_VERSION, META_CLIENT_CAPABILITIES, META_CLIENT_INFO, META_LOG_LEVEL)
+_NOT_FOUND_CODES = (-32002, 0)  # -32002: 2025-11-25 and most SDKs; 0: Python SDK 1.x (SEP-2164 table)
+_NOT_FOUND_WORDS = ("not found", "unknown resource", "no such resource", "does not exist")
+_RESERVED_RANGE = range(-32099, -32019)  # spec-reserved; only codes it defines may reach a modern client
+_DEFINED_MODERN_CODES = (-32020, -32021, -32022)
+
+
+@dataclass(frozen=True, slots=True)
+class LegacySession:
+    """One `initialize`d upstream session."""
+
+    session_id: str | None
+    protocol_version: str
+    initialize_result: JsonObject
+
+
+def strip_modern_meta(params: JsonObject) -> JsonObject:
+    """Params without the modern envelope keys a legacy server does not know (progressToken etc. stay)."""
+    meta = params.get("_meta")
+    if not isinstance(meta, dict):
+        return params
+    kept = {key: value for key, value in meta.items() if key not in _MODERN_META_KEYS}
+    stripped = {key: value for key, value in params.items() if key != "_meta"}
+    if kept:
+        stripped["_meta"] = kept
+    return stripped
+
+
+def map_legacy_error(method: str, params: JsonObject, error: JsonObject) -> JsonObject:
+    """Turn a legacy error into what a 2026-07-28 client expects (protocol.md §5)."""
+    code = error.get("code")
+    message = str(error.get("message", ""))
+    if method == "resources/read" and (
+        code in _NOT_FOUND_CODES or any(word in message.lower() for word in _NOT_FOUND_WORDS)
+    ):
+        return {"code": -32602, "message": message or "Resource not found", "data": {"uri": params.get("uri")}}
+    if isinstance(code, int) and code in _RESERVED_RANGE and code not in _DEFINED_MODERN_CODES:
+        return {"code": -32603, "message": message, "data": {"upstreamCode": code}}
+    return error
+
+
+class LegacyBridge:
+    """Speaks 2025-11-25 to the upstream on behalf of modern clients, one session per context."""
+
+    def __init__(self, http: UpstreamHTTP, cache: CacheConfig) -> None:
+        self._http = http
+        self._cache = cache
+        self._sessions: LRUCache[str, LegacySession] = LRUCache(maxsize=MAX_SESSIONS)
+        self._locks: LRUCache[str, asyncio.Lock] = LRUCache(maxsize=MAX_SESSIONS)
+        self._ids = itertools.count(1)
+
+    async def initialize(self, partition: str, headers: Mapping[str, str]) -> LegacySession:
+        """The context's session, opening one with `initialize` when there is none."""
+        session = self._sessions.get(partition)
+        if session is not None:
+            return session
+        lock = self._locks.get(partition)
+        if lock is None:
+            lock = self._locks[partition] = asyncio.Lock()
+        async with lock:
+            session = self._sessions.get(partition)
+            if session is None:
+                session = await self._open_session(headers)
+                self._sessions[partition] = session
+        return session
+
+    async def _open_session(self, headers: Mapping[str, str]) -> LegacySession:
+        request_id = f"sidecar-{next(self._ids)}"
+        body = {
+            "jsonrpc": "2.0",
+            "id": request_id,
+            "method": "initialize",
+            "params": {"protocolVersion": LEGACY_VERSION, "capabilities": {}, "clientInfo": SERVER_INFO},
+        }
+        async with self._http.post(orjson.dumps(body), _base_headers(headers)) as response:
+            await raise_for_status(response, self._http)
+            session_id = response.headers.get(HEADER_SESSION_ID)
+            reply = await self._final_message(response, request_id, None, session_id)
+        if "error" in reply:
+            raise UpstreamRpcError(self._http.url, reply["error"])
+        result = reply.get("result")
+        if not isinstance(result, dict) or result.get("protocolVersion") not in HANDSHAKE_VERSIONS:
+            raise UpstreamBadResponse(self._http.url, "initialize answered without a known protocolVersion")
+        session = LegacySession(session_id, str(result["protocolVersion"]), result)
+        notify = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+        await self._http.send_quietly(orjson.dumps(notify), self._session_headers(headers, session))
+        logger.info("upstream session opened", extra={"protocol_version": session.protocol_version})
+        return session
+
+    async def request(
+        self,
+        partition: str,
+        method: str,
+        params: JsonObject,
+        headers: Mapping[str, str],
+        *,
+        on_notification: NotificationSink | None = None,
+    ) -> JsonObject:
+        """Send one request; the answer is a JSON-RPC message without an id, stamped for modern clients.
+
+        An expired session (404) is opened again once and the request retried.
+        """
+        for attempt in (1, 2):
+            session = await self.initialize(partition, headers)
+            request_id = f"sidecar-{next(self._ids)}"
+            body = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": strip_modern_meta(params)}
+            async with self._http.post(
+                orjson.dumps(body), self._session_headers(headers, session), streaming=on_notification is not None
+            ) as response:
+                if response.status == 404 and attempt == 1:
+                    self._drop(partition, session)
+                    logger.info("upstream session expired; initializing again")
+                    continue
+                await raise_for_status(response, self._http)
+                reply = await self._final_message(response, request_id, on_notification, session.session_id)
+            return self._translate(method, params, reply)
+        raise AssertionError("unreachable: the retry loop returns or raises")
+
+    def _translate(self, method: str, params: JsonObject, reply: JsonObject) -> JsonObject:
+        if "error" in reply and isinstance(reply["error"], dict):
+            return {"error": map_legacy_error(method, params, reply["error"])}
+        result = reply.get("result")
+        if not isinstance(result, dict):
+            raise UpstreamBadResponse(self._http.url, "response has neither result nor error")
+        stamped = stamp_result(method, result, ttl_ms=self._cache.default_ttl_ms, scope=self._cache.default_scope)
+        return {"result": stamped}
+
+    async def _final_message(
+        self, response: Any, request_id: str, on_notification: NotificationSink | None, session_id: str | None
+    ) -> JsonObject:
+        async for message in iter_messages(response, self._http.max_response_bytes, self._http.url):
+            if message.get("id") == request_id and ("result" in message or "error" in message):
+                return message
+            if "method" in message and "id" in message:
+                # A server-to-client request (sampling, elicitation, roots, ping) has no modern client to
+                # reach; answer it so the upstream does not wait forever.
+                await self._refuse(message, session_id)
+            elif "method" in message and on_notification is not None:
+                on_notification(message)
+        raise UpstreamBadResponse(self._http.url, "stream ended without a response")
+
+    async def _refuse(self, request: JsonObject, session_id: str | None) -> None:
+        if request.get("method") == "ping":
+            reply: JsonObject = {"jsonrpc": "2.0", "id": request["id"], "result": {}}
+        else:
+            error = {"code": -32601, "message": "not available through mcp-sidecar"}
+            reply = {"jsonrpc": "2.0", "id": request["id"], "error": error}
+        headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+        if session_id is not None:
+            headers[HEADER_SESSION_ID] = session_id
+        asyncio.get_running_loop().create_task(self._http.send_quietly(orjson.dumps(reply), headers))
+
+    def _drop(self, partition: str, session: LegacySession) -> None:
+        if self._sessions.get(partition) is session:
+            del self._sessions[partition]
+
+    def forget_all(self) -> None:
+        """Drop every session (after the upstream was unreachable: it may have restarted)."""
+        self._sessions.clear()
+
+    def _session_headers(self, headers: Mapping[str, str], session: LegacySession) -> dict[str, str]:
+        merged = _base_headers(headers)
+        merged[HEADER_PROTOCOL_VERSION] = session.protocol_version
+        if session.session_id is not None:
+            merged[HEADER_SESSION_ID] = session.session_id
+        return merged
+
+
+def _base_headers(forwarded: Mapping[str, str]) -> dict[str, str]:
+    return {
+        **forwarded,
+        "Content-Type": "application/json",
+        "Accept": "application/json, text/event-stream",
+    }
