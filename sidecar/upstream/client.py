@@ -7,7 +7,6 @@ import base64
 import contextlib
 import itertools
 import logging
-import time
 from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,9 +47,6 @@ logger = logging.getLogger(__name__)
 
 JsonObject = dict[str, Any]
 
-_PROBE_RETRY_S = 1.0
-"""A readiness check re-probes a down upstream at most this often."""
-
 _PASSTHROUGH_RESPONSE_HEADERS = ("Content-Type", "WWW-Authenticate")
 
 
@@ -86,7 +82,6 @@ class UpstreamClient:
         self._info: UpstreamInfo | None = None
         self._probe_lock = asyncio.Lock()
         self._ids = itertools.count(1)
-        self._last_probe = 0.0
         self.up: bool | None = None
         """True once the upstream answered; False while it is unreachable; None before the first try."""
         self.last_error: str | None = None
@@ -110,7 +105,6 @@ class UpstreamClient:
             return info
         async with self._probe_lock:
             if self._info is None:
-                self._last_probe = time.monotonic()
                 with self._observe():
                     self._info = await self._probe(dict(headers or {}))
                 logger.info(
@@ -120,9 +114,7 @@ class UpstreamClient:
             return self._info
 
     async def check(self) -> bool:
-        """Readiness: True when the upstream answers; re-probes a down upstream at most once a second."""
-        if self.up is False and time.monotonic() - self._last_probe >= _PROBE_RETRY_S:
-            self._info = None
+        """Readiness: True when the upstream answers; a down upstream is probed again on every check."""
         if self._info is None:
             with contextlib.suppress(UpstreamError):
                 await self.ensure_info()

@@ -1,0 +1,106 @@
+"""Shared test helpers: a sidecar served on a free loopback port, and raw MCP HTTP/SSE calls."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from sidecar.app import build_app
+from sidecar.config import SidecarConfig
+
+PV = "2026-07-28"
+META = {
+    "io.modelcontextprotocol/protocolVersion": PV,
+    "io.modelcontextprotocol/clientCapabilities": {},
+    "io.modelcontextprotocol/clientInfo": {"name": "tests", "version": "0"},
+}
+SUB_ID_KEY = "io.modelcontextprotocol/subscriptionId"
+
+
+@dataclass
+class Sidecar:
+    url: str
+    base_url: str
+    app: web.Application
+    runner: web.AppRunner
+
+
+def make_config(upstream_url: str, **sections: dict[str, Any]) -> SidecarConfig:
+    data: dict[str, Any] = {"upstream": {"url": upstream_url}, "listen": {"port": 0}, "logging": {"format": "text"}}
+    for name, values in sections.items():
+        data.setdefault(name, {}).update(values)
+    return SidecarConfig.model_validate(data)
+
+
+@contextlib.asynccontextmanager
+async def serve_sidecar(upstream_url: str, **sections: dict[str, Any]) -> AsyncIterator[Sidecar]:
+    """The sidecar app on 127.0.0.1, with the same runner settings as `mcp-sidecar run`."""
+    config = make_config(upstream_url, **sections)
+    app = build_app(config)
+    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=2, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    base = f"http://{host}:{port}"
+    try:
+        yield Sidecar(f"{base}{config.listen.path}", base, app, runner)
+    finally:
+        await runner.cleanup()
+
+
+def headers(method: str, name: str | None = None, **extra: str) -> dict[str, str]:
+    h = {
+        "Content-Type": "application/json",
+        "Accept": "application/json, text/event-stream",
+        "MCP-Protocol-Version": PV,
+        "Mcp-Method": method,
+    }
+    if name is not None:
+        h["Mcp-Name"] = name
+    h.update(extra)
+    return h
+
+
+def request(method: str, params: dict[str, Any] | None = None, request_id: Any = 1) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": request_id, "method": method, "params": {**(params or {}), "_meta": META}}
+
+
+async def rpc(
+    session: aiohttp.ClientSession,
+    url: str,
+    method: str,
+    params: dict[str, Any] | None = None,
+    *,
+    request_id: Any = 1,
+    extra_headers: dict[str, str] | None = None,
+) -> tuple[int, dict[str, Any]]:
+    """One modern request with correct headers; returns (HTTP status, JSON-RPC message)."""
+    name = None
+    if method in ("tools/call", "prompts/get"):
+        name = (params or {}).get("name")
+    elif method == "resources/read":
+        name = (params or {}).get("uri")
+    async with session.post(
+        url, json=request(method, params, request_id), headers=headers(method, name, **(extra_headers or {}))
+    ) as resp:
+        return resp.status, await resp.json(content_type=None)
+
+
+async def sse_messages(resp: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
+    """JSON messages of an SSE response, one per event; comment lines are skipped."""
+    data: list[str] = []
+    async for raw in resp.content:
+        line = raw.decode().rstrip("\r\n")
+        if line == "":
+            if data:
+                yield json.loads("\n".join(data))
+                data = []
+        elif line.startswith("data:"):
+            data.append(line[5:].lstrip(" "))

@@ -1,0 +1,196 @@
+"""Real MCP upstreams (official SDK, one subprocess each) and an async handle to drive them.
+
+Usage, the one supported shape::
+
+    async with await start_upstream("legacy") as up:   # started and ready here
+        ...  # point the sidecar at up.url; steer with await up.set_price(140) etc.
+    # leaving the block stops the process (SIGTERM, SIGKILL after 5 s)
+
+``start_upstream`` returns a started :class:`Upstream`; entering it does nothing more and
+leaving it calls :meth:`Upstream.stop`. ``era="modern"`` is the dual-era 2.3 server without
+subscriptions; ``era="legacy"`` only speaks the handshake era (2025-11-25). See
+``tests/peers/shop_server.py`` for the resources, tools and admin routes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import sys
+import tempfile
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal
+
+import aiohttp
+
+__all__ = ["Upstream", "start_upstream"]
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+READY_TIMEOUT_S = 15.0
+STOP_GRACE_S = 5.0
+_POLL_INTERVAL_S = 0.05
+
+Era = Literal["modern", "legacy"]
+Kind = Literal["tool", "prompt", "resource", "template"]
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class Upstream:
+    """One shop-server subprocess on 127.0.0.1; admin calls go over HTTP to the same port."""
+
+    def __init__(self, era: Era, port: int, *, read_ttl_ms: int = 1000, list_ttl_ms: int = 1000) -> None:
+        self.era = era
+        self.port = port
+        self.read_ttl_ms = read_ttl_ms
+        self.list_ttl_ms = list_ttl_ms
+        fd, path = tempfile.mkstemp(prefix=f"shop-{era}-{port}-", suffix=".log")
+        os.close(fd)
+        self.log_path = Path(path)
+        self._proc: asyncio.subprocess.Process | None = None
+
+    @property
+    def url(self) -> str:
+        """The MCP endpoint, ``http://127.0.0.1:<port>/mcp``."""
+        return f"http://127.0.0.1:{self.port}/mcp"
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.returncode is None
+
+    async def start(self) -> None:
+        """Spawn the server (appending to ``log_path``) and wait until /admin/health answers."""
+        if self.running:
+            raise RuntimeError(f"upstream on port {self.port} is already running")
+        args = [
+            sys.executable, "-m", "tests.peers.shop_server", "--port", str(self.port), "--era", self.era,
+            "--read-ttl-ms", str(self.read_ttl_ms), "--list-ttl-ms", str(self.list_ttl_ms),
+        ]  # fmt: skip
+        with self.log_path.open("ab") as out:
+            self._proc = await asyncio.create_subprocess_exec(
+                *args, cwd=REPO_ROOT, stdout=out, stderr=asyncio.subprocess.STDOUT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )  # fmt: skip
+        try:
+            await self._wait_ready()
+        except BaseException:
+            await self.kill()
+            raise
+
+    async def _wait_ready(self) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + READY_TIMEOUT_S
+        timeout = aiohttp.ClientTimeout(total=1.0)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            while True:
+                assert self._proc is not None
+                if self._proc.returncode is not None:
+                    raise RuntimeError(f"shop server exited with {self._proc.returncode}:\n{self.log_tail()}")
+                with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                    async with session.get(f"{self.base_url}/admin/health") as resp:
+                        if resp.status == 200:
+                            return
+                if loop.time() > deadline:
+                    raise TimeoutError(
+                        f"shop server on port {self.port} not ready after {READY_TIMEOUT_S} s:\n{self.log_tail()}"
+                    )
+                await asyncio.sleep(_POLL_INTERVAL_S)
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The last lines of the server's stdout/stderr."""
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    async def kill(self) -> None:
+        """SIGKILL the server and reap it; a no-op when it is not running."""
+        proc = self._proc
+        if proc is None or proc.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+
+    async def stop(self) -> None:
+        """SIGTERM, then SIGKILL after ``STOP_GRACE_S``; a no-op when it is not running."""
+        proc = self._proc
+        if proc is None or proc.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), STOP_GRACE_S)
+        except TimeoutError:
+            await self.kill()
+
+    async def restart(self) -> None:
+        """Stop if running, then start again on the same port (fresh state, empty log)."""
+        await self.stop()
+        await self.start()
+
+    async def __aenter__(self) -> Upstream:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+        if exc is None:  # keep the server's output when the block failed
+            self.log_path.unlink(missing_ok=True)
+
+    # -- admin API ---------------------------------------------------------------------------
+
+    async def _admin(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session,
+            session.request(method, f"{self.base_url}/admin/{path}", json=body) as resp,
+        ):
+            resp.raise_for_status()
+            return await resp.json()
+
+    async def set_price(self, value: int) -> None:
+        """Change the price out of band (no MCP request involved)."""
+        await self._admin("POST", "set", {"price": value})
+
+    async def bump_profile(self, token: str) -> str:
+        """Bump the profile version of ``token`` (Authorization value without ``Bearer``)."""
+        result = await self._admin("POST", "profile", {"token": token, "bump": True})
+        return str(result["text"])
+
+    async def add(self, kind: Kind, name: str) -> None:
+        """Register a tool, prompt, resource (``catalog://extra/<name>``) or template
+        (``catalog://t/<name>/{id}``) at runtime."""
+        await self._admin("POST", "add", {"kind": kind, "name": name})
+
+    async def log(self) -> list[dict[str, Any]]:
+        """Every JSON-RPC message received on /mcp since start or the last reset."""
+        entries: list[dict[str, Any]] = await self._admin("GET", "log")
+        return entries
+
+    async def reset_log(self) -> None:
+        await self._admin("POST", "reset-log")
+
+    async def count(self, method: str, uri: str | None = None) -> int:
+        """How many logged messages have ``method`` (and ``uri``, when given)."""
+        return sum(1 for e in await self.log() if e["method"] == method and (uri is None or e["uri"] == uri))
+
+
+async def start_upstream(
+    era: Era, *, port: int | None = None, read_ttl_ms: int = 1000, list_ttl_ms: int = 1000
+) -> Upstream:
+    """Start a shop server of ``era`` on ``port`` (a free one if None) and wait until it is ready."""
+    upstream = Upstream(era, port or _free_port(), read_ttl_ms=read_ttl_ms, list_ttl_ms=list_ttl_ms)
+    await upstream.start()
+    return upstream

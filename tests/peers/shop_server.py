@@ -1,0 +1,339 @@
+"""A real MCP upstream built on the official SDK (mcp 2.3.0), run as a subprocess by the tests.
+
+    python -m tests.peers.shop_server --port P --era modern|legacy [--read-ttl-ms N] [--list-ttl-ms N]
+
+``modern`` is the plain dual-era 2.3 server without subscriptions (2026-07-28 and the
+handshake era). ``legacy`` puts an ASGI guard in front that answers any non-handshake
+``MCP-Protocol-Version`` with 400 -32600, as mcp 1.x does, so it is a 2025-11-25-only server.
+
+Resources (all text/plain): ``catalog://price`` (public), ``catalog://items/{sku}`` (public),
+``catalog://profile`` (private; text depends on the caller's ``Authorization``),
+``catalog://forbidden`` (every read fails with -32603), plus whatever ``add_resource`` /
+``add_template`` register. Unknown URIs get the SDK's not-found error (-32602).
+
+Admin routes on the same port, JSON in and out: ``POST /admin/set {"price": n}``,
+``POST /admin/profile {"token": t, "bump": true}``, ``POST /admin/add {"kind", "name"}``,
+``GET /admin/log``, ``POST /admin/reset-log``, ``GET /admin/health``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextvars
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import uvicorn
+from mcp.server.caching import CacheHint
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ResourceError
+from mcp.types import Completion, CompletionArgument, CompletionContext, PromptReference, ResourceTemplateReference
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route, Router
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+__all__ = ["AdminLog", "ShopState", "build_app", "main"]
+
+logger = logging.getLogger(__name__)
+
+MCP_PATH = "/mcp"
+ANONYMOUS = "anonymous"
+PUBLIC_URI_PREFIXES = ("catalog://price", "catalog://items/", "catalog://extra/", "catalog://t/")
+"""``resources/read`` of these URIs is ``cacheScope: public``; every other read is private."""
+
+_authorization: contextvars.ContextVar[str | None] = contextvars.ContextVar("authorization", default=None)
+
+
+class ShopState:
+    """Mutable server state shared by tools, resources and admin routes."""
+
+    def __init__(self) -> None:
+        self.price = 100
+        self.profile_versions: dict[str, int] = {}
+
+    def profile_text(self, token: str) -> str:
+        return f"profile of {token} v{self.profile_versions.get(token, 1)}"
+
+    def bump_profile(self, token: str) -> int:
+        self.profile_versions[token] = self.profile_versions.get(token, 1) + 1
+        return self.profile_versions[token]
+
+
+class AdminLog:
+    """Every JSON-RPC message POSTed to /mcp, in arrival order (rejected ones included)."""
+
+    def __init__(self) -> None:
+        self.entries: list[dict[str, Any]] = []
+
+    def record(self, message: Any, headers: dict[str, str]) -> None:
+        if not isinstance(message, dict):
+            return
+        params = message.get("params")
+        params = params if isinstance(params, dict) else {}
+        self.entries.append(
+            {
+                "method": message.get("method"),
+                "id": message.get("id"),
+                "uri": params.get("uri"),
+                "name": params.get("name"),
+                "authorization": headers.get("authorization"),
+                "session": headers.get("mcp-session-id"),
+                "protocol_version": headers.get("mcp-protocol-version"),
+            }
+        )
+
+
+def _token(authorization: str | None) -> str:
+    """The caller's token: the Authorization value without a ``Bearer`` prefix."""
+    if not authorization:
+        return ANONYMOUS
+    return authorization.removeprefix("Bearer ").strip() or ANONYMOUS
+
+
+class _Front:
+    """ASGI front: /admin/* to the admin router; /mcp is logged, era-guarded (legacy), then replayed."""
+
+    def __init__(self, app: ASGIApp, admin: ASGIApp, log: AdminLog, *, legacy: bool) -> None:
+        self.app = app
+        self.admin = admin
+        self.log = log
+        self.legacy = legacy
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/admin/"):
+            await self.admin(scope, receive, send)
+            return
+        if scope["type"] != "http" or scope["path"].rstrip("/") != MCP_PATH:
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        body = b""
+        if scope["method"] == "POST":
+            more = True
+            while more:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    return
+                body += message.get("body", b"")
+                more = message.get("more_body", False)
+            try:
+                payload = json.loads(body)
+            except ValueError:
+                payload = None
+            for item in payload if isinstance(payload, list) else [payload]:
+                self.log.record(item, headers)
+        version = headers.get("mcp-protocol-version")
+        if self.legacy and version is not None and version not in HANDSHAKE_PROTOCOL_VERSIONS:
+            supported = ", ".join(HANDSHAKE_PROTOCOL_VERSIONS)
+            error = {
+                "jsonrpc": "2.0",
+                "id": None,
+                "error": {
+                    "code": -32600,
+                    "message": f"Bad Request: Unsupported protocol version: {version}. Supported versions: {supported}",
+                },
+            }
+            await JSONResponse(error, status_code=400)(scope, receive, send)
+            return
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+def build_app(era: str, *, read_ttl_ms: int = 1000, list_ttl_ms: int = 1000) -> ASGIApp:
+    """Build the shop server for ``era`` ("modern" or "legacy") as one ASGI app."""
+    if era not in ("modern", "legacy"):
+        raise ValueError(f"era must be 'modern' or 'legacy', got {era!r}")
+    state = ShopState()
+    log = AdminLog()
+
+    async def per_uri_cache(ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
+        request = ctx.request
+        token = _authorization.set(request.headers.get("authorization") if isinstance(request, Request) else None)
+        try:
+            result = await call_next(ctx)
+        finally:
+            _authorization.reset(token)
+        # Only 2026-era results carry ttlMs; the SDK has already sieved handshake-era ones.
+        if ctx.method == "resources/read" and isinstance(result, dict) and "ttlMs" in result:
+            uri = str((ctx.params or {}).get("uri", ""))
+            scope = "public" if uri.startswith(PUBLIC_URI_PREFIXES) else "private"
+            result = {**result, "ttlMs": read_ttl_ms, "cacheScope": scope}
+        return result
+
+    list_hint = CacheHint(ttl_ms=list_ttl_ms, scope="public")
+    mcp = MCPServer(
+        f"shop-{era}",
+        version="0.1.0",
+        subscriptions=False,
+        warn_on_duplicate_resources=False,
+        warn_on_duplicate_tools=False,
+        warn_on_duplicate_prompts=False,
+        cache_hints={
+            "resources/read": CacheHint(ttl_ms=read_ttl_ms, scope="private"),
+            "resources/list": list_hint,
+            "resources/templates/list": list_hint,
+            "tools/list": list_hint,
+            "prompts/list": list_hint,
+        },
+        middleware=[per_uri_cache],
+    )
+
+    @mcp.resource("catalog://price", mime_type="text/plain", description="current price")
+    def price() -> str:
+        return f"price={state.price}"
+
+    @mcp.resource("catalog://items/{sku}", mime_type="text/plain")
+    def item(sku: str) -> str:
+        return f"item {sku} costs {state.price}"
+
+    @mcp.resource("catalog://profile", mime_type="text/plain", description="per-caller profile")
+    def profile() -> str:
+        return state.profile_text(_token(_authorization.get()))
+
+    @mcp.resource("catalog://forbidden", mime_type="text/plain")
+    def forbidden() -> str:
+        raise ResourceError("access denied")
+
+    def add(kind: str, name: str) -> str:
+        if kind == "tool":
+
+            def extra_tool() -> str:
+                return f"tool {name}"
+
+            mcp.add_tool(extra_tool, name=name, description=f"added tool {name}")
+        elif kind == "prompt":
+
+            def extra_prompt() -> str:
+                return f"prompt {name}"
+
+            mcp.prompt(name=name)(extra_prompt)
+        elif kind == "resource":
+
+            def extra_resource() -> str:
+                return f"extra {name}"
+
+            mcp.resource(f"catalog://extra/{name}", name=name, mime_type="text/plain")(extra_resource)
+        elif kind == "template":
+
+            def extra_template(id: str) -> str:
+                return f"t {name} {id}"
+
+            mcp.resource(f"catalog://t/{name}/{{id}}", name=f"t-{name}", mime_type="text/plain")(extra_template)
+        else:
+            raise ValueError(f"unknown kind {kind!r}")
+        return f"added {kind} {name}"
+
+    @mcp.tool()
+    def set_price(value: int) -> str:
+        state.price = value
+        return f"price={value}"
+
+    @mcp.tool()
+    def bump_profile(token: str) -> str:
+        return f"{token} v{state.bump_profile(token)}"
+
+    @mcp.tool()
+    def add_tool(name: str) -> str:
+        return add("tool", name)
+
+    @mcp.tool()
+    def add_prompt(name: str) -> str:
+        return add("prompt", name)
+
+    @mcp.tool()
+    def add_resource(name: str) -> str:
+        return add("resource", name)
+
+    @mcp.tool()
+    def add_template(name: str) -> str:
+        return add("template", name)
+
+    @mcp.tool()
+    def echo(text: str) -> str:
+        return text
+
+    @mcp.prompt()
+    def pricing(sku: str) -> str:
+        return f"What is the price of {sku}?"
+
+    async def complete(
+        ref: PromptReference | ResourceTemplateReference,
+        argument: CompletionArgument,
+        context: CompletionContext | None,
+    ) -> Completion | None:
+        if isinstance(ref, PromptReference) and ref.name == "pricing" and argument.name == "sku":
+            return Completion(values=[v for v in ("a1", "a2") if v.startswith(argument.value)])
+        return None
+
+    register_completion: Callable[[Callable[..., Any]], object] = mcp.completion()  # type: ignore[no-untyped-call]
+    register_completion(complete)
+
+    async def admin_set(request: Request) -> Response:
+        state.price = int((await request.json())["price"])
+        return JSONResponse({"price": state.price})
+
+    async def admin_profile(request: Request) -> Response:
+        body = await request.json()
+        token = str(body["token"])
+        if body.get("bump", True):
+            state.bump_profile(token)
+        return JSONResponse({"token": token, "text": state.profile_text(token)})
+
+    async def admin_add(request: Request) -> Response:
+        body = await request.json()
+        try:
+            return JSONResponse({"result": add(str(body["kind"]), str(body["name"]))})
+        except ValueError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
+
+    async def admin_log(request: Request) -> Response:
+        return JSONResponse(log.entries)
+
+    async def admin_reset_log(request: Request) -> Response:
+        log.entries.clear()
+        return JSONResponse({"ok": True})
+
+    async def admin_health(request: Request) -> Response:
+        return JSONResponse({"ok": True, "era": era})
+
+    admin = Router(
+        routes=[
+            Route("/admin/set", admin_set, methods=["POST"]),
+            Route("/admin/profile", admin_profile, methods=["POST"]),
+            Route("/admin/add", admin_add, methods=["POST"]),
+            Route("/admin/log", admin_log, methods=["GET"]),
+            Route("/admin/reset-log", admin_reset_log, methods=["POST"]),
+            Route("/admin/health", admin_health, methods=["GET"]),
+        ]
+    )
+    return _Front(mcp.streamable_http_app(), admin, log, legacy=era == "legacy")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--era", choices=["modern", "legacy"], required=True)
+    parser.add_argument("--read-ttl-ms", type=int, default=1000)
+    parser.add_argument("--list-ttl-ms", type=int, default=1000)
+    args = parser.parse_args(argv)
+    app = build_app(args.era, read_ttl_ms=args.read_ttl_ms, list_ttl_ms=args.list_ttl_ms)
+    # uvicorn binds host/port itself: SO_REUSEADDR (restart on the same port) and TCP_NODELAY.
+    config = uvicorn.Config(app, host="127.0.0.1", port=args.port, log_level="warning", timeout_graceful_shutdown=1)
+    uvicorn.Server(config).run()
+
+
+if __name__ == "__main__":
+    main()
