@@ -7,19 +7,24 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
+from sidecar.bus.memory import MemoryBus
 from sidecar.config import SidecarConfig
 from sidecar.downstream.handler import McpEndpoint, no_tracebacks
+from sidecar.downstream.listen import StreamHub
 from sidecar.observability.health import healthz, make_readyz
 from sidecar.observability.metrics import CONTENT_TYPE_LATEST, Metrics
 from sidecar.upstream.client import UpstreamClient
+from sidecar.watch.registry import WatchRegistry
 
-__all__ = ["CONFIG", "METRICS", "UPSTREAM", "build_app"]
+__all__ = ["CONFIG", "HUB", "METRICS", "REGISTRY", "UPSTREAM", "build_app"]
 
 logger = logging.getLogger(__name__)
 
 CONFIG = web.AppKey("config", SidecarConfig)
 METRICS = web.AppKey("metrics", Metrics)
 UPSTREAM = web.AppKey("upstream", UpstreamClient)
+REGISTRY = web.AppKey("registry", WatchRegistry)
+HUB = web.AppKey("hub", StreamHub)
 
 
 def build_app(config: SidecarConfig) -> web.Application:
@@ -31,8 +36,15 @@ def build_app(config: SidecarConfig) -> web.Application:
     app[METRICS] = metrics
     app[UPSTREAM] = upstream
     app.cleanup_ctx.append(_upstream_context)
+    bus = MemoryBus()
+    registry = WatchRegistry(upstream, config.polling, bus, metrics)
+    hub = StreamHub(registry, upstream, bus, config.streams, metrics)
+    app[REGISTRY] = registry
+    app[HUB] = hub
+    app.cleanup_ctx.append(_watch_context)
+    app.on_shutdown.append(_end_streams)
 
-    endpoint = McpEndpoint(config, upstream)
+    endpoint = McpEndpoint(config, upstream, listen=hub.handle_listen, observer=registry)
     path = config.listen.path
     app.router.add_post(path, endpoint.handle_post)
     app.router.add_get(path, _method_not_allowed, allow_head=False)
@@ -48,6 +60,17 @@ async def _upstream_context(app: web.Application) -> AsyncIterator[None]:
     await upstream.start()
     yield
     await upstream.aclose()
+
+
+async def _watch_context(app: web.Application) -> AsyncIterator[None]:
+    yield
+    app[HUB].aclose()
+    await app[REGISTRY].aclose()
+
+
+async def _end_streams(app: web.Application) -> None:
+    # Runs before aiohttp waits for handlers: each listen handler then writes its complete frame and returns.
+    await app[HUB].close_all("shutdown")
 
 
 async def _method_not_allowed(request: web.Request) -> web.Response:

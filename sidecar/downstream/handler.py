@@ -47,7 +47,13 @@ _PRIMITIVES = ("resources", "tools", "prompts")
 class ForwardObserver(Protocol):
     """Told about every forwarded request that succeeded (the watch engine learns from them)."""
 
-    def after_forward(self, method: str, params: JsonObject, credential: str | None, answer: JsonObject) -> None: ...
+    def ticket(self) -> int:
+        """Taken before forwarding, so what the answer shows is ordered against concurrent polls."""
+        ...
+
+    def after_forward(
+        self, method: str, params: JsonObject, credential: str | None, answer: JsonObject, ticket: int
+    ) -> None: ...
 
 
 def json_response(payload: JsonObject, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
@@ -134,11 +140,13 @@ class McpEndpoint:
             if self._listen is None:
                 raise MethodNotFound("Method not found", method)
             return await self._listen(request, message)
+        ticket = self._observer.ticket() if self._observer is not None else 0
         reply = await self._upstream.forward(message, request.headers)
-        if self._observer is not None and reply.message is not None and 200 <= reply.status < 300:
+        response = await self._write_reply(request, reply)
+        if self._observer is not None and reply.status < 500:
             credential = request.headers.get(HEADER_AUTHORIZATION)
-            self._observer.after_forward(method, message.params, credential, reply.message)
-        return await self._write_reply(request, reply)
+            self._observer.after_forward(method, message.params, credential, reply.message or {}, ticket)
+        return response
 
     async def _write_reply(self, request: web.Request, reply: Reply) -> web.StreamResponse:
         if reply.stream is None:

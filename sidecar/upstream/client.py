@@ -7,7 +7,7 @@ import base64
 import contextlib
 import itertools
 import logging
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,6 +85,8 @@ class UpstreamClient:
         self.up: bool | None = None
         """True once the upstream answered; False while it is unreachable; None before the first try."""
         self.last_error: str | None = None
+        self.on_recovered: Callable[[], None] | None = None
+        """Called when the upstream answers again after being unreachable."""
 
     @property
     def info(self) -> UpstreamInfo | None:
@@ -169,10 +171,13 @@ class UpstreamClient:
             self._mark_up()
 
     def _mark_up(self) -> None:
-        if self.up is False:
-            logger.info("upstream reachable again", extra={"upstream": self.url})
+        recovered = self.up is False
         self.up = True
         self.last_error = None
+        if recovered:
+            logger.info("upstream reachable again", extra={"upstream": self.url})
+            if self.on_recovered is not None:
+                self.on_recovered()
 
     # -- forwarding --------------------------------------------------------------------------------------
 

@@ -1,0 +1,246 @@
+"""`subscriptions/listen`: the ack, then a signal per change, as one SSE stream per request.
+
+Order (as the SDK's ListenHandler): register interest, send the ack, drain pending signals, and
+release interest in `finally`. Stamping and filtering happen here only; the bus never sees JSON-RPC.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from aiohttp import web
+from aiohttp_sse import EventSourceResponse
+
+from sidecar.bus.base import Bus, ChangeEvent
+from sidecar.config import StreamsConfig
+from sidecar.observability.metrics import Metrics
+from sidecar.protocol.constants import HEADER_AUTHORIZATION
+from sidecar.protocol.envelope import Message, RequestId
+from sidecar.protocol.errors import InvalidParams, Overloaded
+from sidecar.protocol.frames import ack_notification, complete_result, notification
+from sidecar.upstream.client import UpstreamClient
+from sidecar.watch.keys import WatchKey, WatchKind
+from sidecar.watch.registry import Handle, WatchRegistry
+
+__all__ = ["ListenStream", "StreamHub", "SubscriptionFilter", "parse_filter"]
+
+logger = logging.getLogger(__name__)
+
+_URI_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*:")
+_LIST_FIELDS: tuple[tuple[str, WatchKind, str], ...] = (
+    ("toolsListChanged", "tools_list", "tools"),
+    ("promptsListChanged", "prompts_list", "prompts"),
+    ("resourcesListChanged", "resources_list", "resources"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionFilter:
+    """What a listen request asked for: list kinds and resource URIs (deduplicated, in the order given)."""
+
+    lists: tuple[WatchKind, ...]
+    uris: tuple[str, ...]
+
+
+def parse_filter(params: dict[str, Any], max_uri_length: int) -> SubscriptionFilter:
+    """Validate `params.notifications`; a malformed filter is -32602 before any stream opens."""
+    notifications = params.get("notifications")
+    if not isinstance(notifications, dict):
+        raise InvalidParams("params.notifications must be an object (a SubscriptionFilter)")
+    lists: list[WatchKind] = []
+    for field, kind, _ in _LIST_FIELDS:
+        value = notifications.get(field, False)
+        if not isinstance(value, bool):
+            raise InvalidParams(f"notifications.{field} must be a boolean")
+        if value:
+            lists.append(kind)
+    uris = notifications.get("resourceSubscriptions", [])
+    if not isinstance(uris, list):
+        raise InvalidParams("notifications.resourceSubscriptions must be an array of URIs")
+    for uri in uris:
+        if not isinstance(uri, str) or not _URI_SCHEME.match(uri):
+            raise InvalidParams("notifications.resourceSubscriptions must contain only URIs")
+        if len(uri) > max_uri_length:
+            raise InvalidParams(f"a subscribed URI is longer than {max_uri_length} characters")
+    return SubscriptionFilter(tuple(lists), tuple(dict.fromkeys(uris)))
+
+
+class _EventStream(EventSourceResponse):
+    """aiohttp-sse's response, counting the keep-alive comments it writes."""
+
+    def __init__(self, metrics: Metrics, keepalive_s: float) -> None:
+        super().__init__(allow_all_methods=True, ping_interval=keepalive_s)
+        self._metrics = metrics
+
+    async def write(self, data: bytes | bytearray | memoryview) -> None:
+        if bytes(data[:1]) == b":":
+            self._metrics.keepalives.inc()
+        await super().write(data)
+
+
+class ListenStream:
+    """One listen request: a pending set of signals keyed by (method, uri), never a queue (invariant 11)."""
+
+    def __init__(self, subscription_id: RequestId, metrics: Metrics) -> None:
+        self.subscription_id = subscription_id
+        self.handles: list[Handle] = []
+        self.end_reason = "client"
+        self._metrics = metrics
+        self._pending: dict[tuple[str, str | None], float] = {}
+        self._wake = asyncio.Event()
+        self._closing = False
+
+    @property
+    def pending_count(self) -> int:
+        return len(self._pending)
+
+    def signal(self, method: str, uri: str | None, detected_at: float) -> None:
+        """Called by the bus fan-out; synchronous, never raises. A second signal before a drain merges."""
+        key = (method, uri)
+        if key in self._pending:
+            self._metrics.coalesced.inc()
+            return
+        self._pending[key] = detected_at
+        self._wake.set()
+
+    def close(self, reason: str) -> None:
+        """Start a graceful end: pending signals flush, then the complete result, then the stream closes."""
+        self._closing = True
+        self.end_reason = reason
+        self._wake.set()
+
+    async def pump(self, response: _EventStream) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            pending, self._pending = self._pending, {}
+            for (method, uri), detected_at in pending.items():
+                frame = notification(self.subscription_id, method, uri)
+                await response.send(orjson.dumps(frame).decode())
+                self._metrics.notifications.labels(method).inc()
+                self._metrics.delivery_latency.observe(max(0.0, time.time() - detected_at))
+            if self._closing:
+                await response.send(orjson.dumps(complete_result(self.subscription_id)).decode())
+                return
+
+
+class StreamHub:
+    """Every open listen stream of this process, indexed by the watch keys they hold."""
+
+    def __init__(
+        self, registry: WatchRegistry, upstream: UpstreamClient, bus: Bus, config: StreamsConfig, metrics: Metrics
+    ) -> None:
+        self._registry = registry
+        self._upstream = upstream
+        self._config = config
+        self._metrics = metrics
+        self._by_key: dict[WatchKey, set[ListenStream]] = {}
+        self._by_context: dict[str, set[ListenStream]] = {}
+        self._streams: set[ListenStream] = set()
+        self._unsubscribe: Callable[[], None] = bus.subscribe(self._on_change)
+        registry.on_auth_failure(self._on_auth_failure)
+
+    @property
+    def stream_count(self) -> int:
+        return len(self._streams)
+
+    def _on_change(self, event: ChangeEvent) -> None:
+        for stream in self._by_key.get(event.key, ()):
+            stream.signal(event.key.notification_method, event.key.uri, event.detected_at)
+
+    def _on_auth_failure(self, key: WatchKey, context: str) -> None:
+        # The credential was refused: end that context's streams on this key so its clients re-authenticate.
+        for stream in list(self._by_key.get(key, ())):
+            if any(handle.context == context and handle.key == key for handle in stream.handles):
+                stream.close("auth")
+
+    async def handle_listen(self, request: web.Request, message: Message) -> web.StreamResponse:
+        if message.id is None:
+            raise InvalidParams("subscriptions/listen must be a request with an id")
+        wanted = parse_filter(message.params, self._config.max_uri_length)
+        if len(self._streams) >= self._config.max_streams:
+            self._metrics.limit_rejections.labels("max_streams").inc()
+            raise Overloaded(f"this sidecar already serves {self._config.max_streams} listen streams; retry later")
+        credential = request.headers.get(HEADER_AUTHORIZATION)
+        stream = ListenStream(message.id, self._metrics)
+        self._streams.add(stream)
+        self._metrics.listen_streams.inc()
+        try:
+            honoured = await self._subscribe(stream, wanted, credential)
+            response = _EventStream(self._metrics, self._config.keepalive_s)
+            await response.prepare(request)
+            await response.send(orjson.dumps(ack_notification(message.id, honoured)).decode())
+            logger.debug("listen stream opened", extra={"subscription_id": message.id, "watches": len(stream.handles)})
+            await stream.pump(response)
+            await response.write_eof()
+            return response
+        except (ConnectionResetError, asyncio.CancelledError):
+            raise
+        finally:
+            self._end(stream)
+
+    async def _subscribe(
+        self, stream: ListenStream, wanted: SubscriptionFilter, credential: str | None
+    ) -> dict[str, Any]:
+        uris = wanted.uris[: self._config.max_uris_per_stream]
+        if len(wanted.uris) > len(uris):
+            self._metrics.limit_rejections.labels("max_uris_per_stream").inc(len(wanted.uris) - len(uris))
+        capabilities = (await self._upstream.ensure_info()).capabilities
+        # A list kind whose primitive the upstream lacks is left out of the ack (invariant 2).
+        lists = [
+            (field, kind)
+            for field, kind, primitive in _LIST_FIELDS
+            if kind in wanted.lists and primitive in capabilities
+        ]
+
+        async def join(kind: WatchKind, uri: str | None) -> bool:
+            handle = await self._registry.acquire(kind, uri, credential)
+            if handle is None:
+                return False
+            # Registered at once, before any other await, so a change after this baseline reaches us.
+            stream.handles.append(handle)
+            self._by_key.setdefault(handle.key, set()).add(stream)
+            return True
+
+        joined = await asyncio.gather(
+            *(join(kind, None) for _, kind in lists), *(join("resource", uri) for uri in uris)
+        )
+        honoured: dict[str, Any] = {field: True for (field, _), ok in zip(lists, joined, strict=False) if ok}
+        accepted = [uri for uri, ok in zip(uris, joined[len(lists) :], strict=True) if ok]
+        if accepted:
+            honoured["resourceSubscriptions"] = accepted
+        self._metrics.subscriptions.inc(len(accepted))
+        return honoured
+
+    def _end(self, stream: ListenStream) -> None:
+        self._streams.discard(stream)
+        for handle in stream.handles:
+            holders = self._by_key.get(handle.key)
+            if holders is not None:
+                holders.discard(stream)
+                if not holders:
+                    del self._by_key[handle.key]
+            if handle.key.kind == "resource":
+                self._metrics.subscriptions.dec()
+            handle.release()
+        stream.handles.clear()
+        self._metrics.listen_streams.dec()
+        self._metrics.streams_ended.labels(stream.end_reason).inc()
+        logger.debug(
+            "listen stream ended", extra={"subscription_id": stream.subscription_id, "reason": stream.end_reason}
+        )
+
+    async def close_all(self, reason: str = "shutdown") -> None:
+        """Graceful shutdown: every stream gets the complete result; callers wait for their handlers."""
+        for stream in list(self._streams):
+            stream.close(reason)
+
+    def aclose(self) -> None:
+        self._unsubscribe()

@@ -1,0 +1,200 @@
+"""One watch and the loop that keeps it fresh: our Reflector, the only caller of the upstream for its key.
+
+Target load: one read per key per interval (ttlMs clamped to [min, max], +/- jitter); while the upstream
+fails, exponential backoff from `backoff_initial_ms` to `backoff_max_ms`, so a dead upstream sees about
+one request per key per minute.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+
+from sidecar.bus.base import ChangeEvent
+from sidecar.config import PollingConfig
+from sidecar.observability.metrics import Metrics
+from sidecar.protocol.errors import UpstreamError, UpstreamHTTPError
+from sidecar.watch.keys import WatchKey
+from sidecar.watch.observe import Observation
+
+__all__ = ["Schedule", "Watch"]
+
+logger = logging.getLogger(__name__)
+
+Reader = Callable[["Watch"], Awaitable[Observation | None]]
+"""Looks at the upstream for a watch; None means there is nobody to poll for (no credential held)."""
+Sink = Callable[[ChangeEvent], Awaitable[None]]
+AuthFailure = Callable[["Watch", UpstreamHTTPError], None]
+
+_MIN_BACKOFF_JITTER = 0.1
+
+
+class Schedule:
+    """Interval, jitter and backoff (spec MUST: jitter on every interval, exponential backoff on errors)."""
+
+    def __init__(self, config: PollingConfig, rand: Callable[[], float] = random.random) -> None:
+        self._config = config
+        self._rand = rand
+
+    @property
+    def min_interval_s(self) -> float:
+        return self._config.min_interval_ms / 1000
+
+    def _jittered(self, base_ms: float, jitter: float) -> float:
+        return base_ms * (1 + jitter * (2 * self._rand() - 1)) / 1000
+
+    def interval_s(self, ttl_ms: int | None) -> float:
+        """ttlMs clamped to [min, max]; absent or 0 means the default interval."""
+        config = self._config
+        base = config.default_interval_ms if not ttl_ms else ttl_ms
+        base = min(max(base, config.min_interval_ms), config.max_interval_ms)
+        return self._jittered(base, config.jitter)
+
+    def backoff_s(self, consecutive_errors: int) -> float:
+        config = self._config
+        base = min(config.backoff_max_ms, config.backoff_initial_ms * 2 ** max(consecutive_errors - 1, 0))
+        return self._jittered(base, max(config.jitter, _MIN_BACKOFF_JITTER))
+
+
+class Watch:
+    """A polled key: its last fingerprint, generation and schedule state.
+
+    Generation rule (invariant 7): every look at the upstream takes a ticket from one counter when it
+    starts. An observation is applied only if its ticket is newer than the last applied one, so a slow
+    poll, a baseline read or a forwarded client read that started earlier never overwrites a fresher one.
+    """
+
+    def __init__(
+        self,
+        key: WatchKey,
+        baseline: Observation,
+        ticket: int,
+        *,
+        schedule: Schedule,
+        reader: Reader,
+        sink: Sink,
+        gate: asyncio.Semaphore,
+        next_ticket: Callable[[], int],
+        metrics: Metrics,
+        on_auth_failure: AuthFailure,
+    ) -> None:
+        self.key = key
+        self.fingerprint = baseline.fingerprint
+        self.ttl_ms = baseline.ttl_ms
+        self.generation = 0
+        self.refs = 0
+        self.consecutive_errors = 0
+        self.last_poll_at: float | None = None
+        self.last_change_at: float | None = None
+        self.verified: set[str] = set()
+        """Authorization contexts whose own read of this key succeeded (they may join a public watch)."""
+        self._applied_ticket = ticket
+        self._schedule = schedule
+        self._reader = reader
+        self._sink = sink
+        self._gate = gate
+        self._next_ticket = next_ticket
+        self._metrics = metrics
+        self._on_auth_failure = on_auth_failure
+        self._hint = asyncio.Event()
+        self._last_start = time.monotonic()
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def interval_s(self) -> float:
+        return self._schedule.interval_s(self.ttl_ms)
+
+    def offer(self, observation: Observation, ticket: int) -> ChangeEvent | None:
+        """Apply an observation that started at `ticket`; returns the change event, if it is one."""
+        if ticket <= self._applied_ticket:
+            return None
+        self._applied_ticket = ticket
+        self.ttl_ms = observation.ttl_ms
+        if observation.fingerprint == self.fingerprint:
+            return None
+        self.fingerprint = observation.fingerprint
+        self.generation += 1
+        self.last_change_at = time.time()
+        self._metrics.changes.labels(self.key.kind).inc()
+        logger.info(
+            "change detected",
+            extra={"watch": self.key.short_hash, "kind": self.key.kind, "generation": self.generation},
+        )
+        return ChangeEvent(self.key, self.fingerprint, self.generation, self.last_change_at)
+
+    def hint(self) -> None:
+        """Poll soon (not sooner than min_interval_ms after the last poll); repeated hints coalesce."""
+        self._hint.set()
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"watch-{self.key.short_hash}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            if self.consecutive_errors:
+                delay = self._schedule.backoff_s(self.consecutive_errors)
+            else:
+                delay = self.interval_s
+            due = self._last_start + delay
+            try:
+                await asyncio.wait_for(self._hint.wait(), timeout=max(0.0, due - time.monotonic()))
+            except TimeoutError:
+                pass
+            else:
+                # A hint never makes a key poll more often than min_interval_ms.
+                floor = self._last_start + self._schedule.min_interval_s
+                due = max(floor, time.monotonic())
+                if due > time.monotonic():
+                    await asyncio.sleep(due - time.monotonic())
+            self._hint.clear()
+            await self.poll_once(due)
+
+    async def poll_once(self, due: float) -> None:
+        if self._gate.locked():
+            self._metrics.limit_rejections.labels("poll_concurrency").inc()
+        async with self._gate:
+            started = time.monotonic()
+            self._last_start = started
+            self._metrics.poll_lag.observe(max(0.0, started - due))
+            ticket = self._next_ticket()
+            try:
+                observation = await self._reader(self)
+            except UpstreamError as exc:
+                self._failed(exc)
+                return
+            finally:
+                self._metrics.poll_duration.labels(self.key.kind).observe(time.monotonic() - started)
+        if observation is None:
+            return
+        self.last_poll_at = time.time()
+        self.consecutive_errors = 0
+        self._metrics.polls.labels(self.key.kind, "ok").inc()
+        event = self.offer(observation, ticket)
+        if event is not None:
+            await self._sink(event)
+
+    def _failed(self, exc: UpstreamError) -> None:
+        self.consecutive_errors += 1
+        self._metrics.polls.labels(self.key.kind, "error").inc()
+        if isinstance(exc, UpstreamHTTPError) and exc.is_auth_failure:
+            self._on_auth_failure(self, exc)
+            return
+        # Expected failures (upstream down) log once per outage at info; others at warning.
+        if self.consecutive_errors == 1:
+            level = logging.INFO if exc.is_transport_failure else logging.WARNING
+            logger.log(
+                level,
+                "poll failed; backing off",
+                extra={"watch": self.key.short_hash, "kind": self.key.kind, "reason": exc.reason},
+            )

@@ -1,0 +1,293 @@
+"""Our SharedInformer: one refcounted watch per key, shared by every stream that wants it.
+
+Guarantees:
+- Coalescing: one poll loop per WatchKey, however many streams hold it; concurrent first interests
+  share one baseline read per (kind, URI, authorization context).
+- Baseline first: `acquire` returns only after the watch has a fingerprint, so a change after the
+  caller's ack is never missed and the first poll never fires a spurious change.
+- Private stays private: a result that is not `public` is watched per authorization context, polled
+  with that context's own credential, held only while one of its streams holds the watch.
+- Release is idempotent; the last release starts a short linger so a reconnecting client does not
+  pay a cold start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from sidecar.bus.base import Bus
+from sidecar.config import PollingConfig
+from sidecar.observability.metrics import Metrics
+from sidecar.partition import ANONYMOUS, PUBLIC, context_id
+from sidecar.protocol.errors import UpstreamError, UpstreamHTTPError
+from sidecar.upstream.client import UpstreamClient
+from sidecar.watch.fingerprint import ABSENT
+from sidecar.watch.keys import WatchKey, WatchKind
+from sidecar.watch.observe import Observation, observation_from_read, observe
+from sidecar.watch.poller import Schedule, Watch
+
+__all__ = ["Handle", "WatchRegistry"]
+
+logger = logging.getLogger(__name__)
+
+JsonObject = dict[str, Any]
+AuthFailureListener = Callable[[WatchKey, str], None]
+"""Told that a context's credential was refused while polling a key (its streams should end)."""
+
+
+class Handle:
+    """One stream's interest in one watch; `release` is idempotent."""
+
+    __slots__ = ("_registry", "_released", "context", "key")
+
+    def __init__(self, registry: WatchRegistry, key: WatchKey, context: str) -> None:
+        self._registry = registry
+        self.key = key
+        self.context = context
+        self._released = False
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._registry._release(self)
+
+
+class WatchRegistry:
+    """WatchKey -> Watch, with credentials per context and the revalidate-on-write hints."""
+
+    def __init__(self, upstream: UpstreamClient, config: PollingConfig, bus: Bus, metrics: Metrics) -> None:
+        self._upstream = upstream
+        self._config = config
+        self._bus = bus
+        self._metrics = metrics
+        self._schedule = Schedule(config)
+        self._gate = asyncio.Semaphore(config.max_concurrency)
+        self._tickets = itertools.count(1)
+        self._watches: dict[WatchKey, Watch] = {}
+        self._baselines: dict[tuple[WatchKind, str | None, str], asyncio.Task[Watch | None]] = {}
+        # context -> [credential, number of handles]: the only place credentials live.
+        self._credentials: dict[WatchKey, dict[str, list[Any]]] = {}
+        self._lingers: dict[WatchKey, asyncio.TimerHandle] = {}
+        self._hinted_contexts: set[str] = set()
+        self._revalidate_timer: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._auth_listeners: list[AuthFailureListener] = []
+        upstream.on_recovered = self._upstream_recovered
+
+    # -- reading ---------------------------------------------------------------------------------------
+
+    def ticket(self) -> int:
+        """A ticket for a look at the upstream that starts now (see Watch's generation rule)."""
+        return next(self._tickets)
+
+    def watches(self) -> Iterable[Watch]:
+        return self._watches.values()
+
+    def on_auth_failure(self, listener: AuthFailureListener) -> None:
+        self._auth_listeners.append(listener)
+
+    # -- interest ----------------------------------------------------------------------------------------
+
+    async def acquire(self, kind: WatchKind, uri: str | None, credential: str | None) -> Handle | None:
+        """Join or start the watch for this client; None when its own read fails or finds nothing."""
+        context = context_id(credential)
+        watch = self._joinable(kind, uri, context)
+        if watch is None:
+            flight = (kind, uri, context)
+            task = self._baselines.get(flight)
+            if task is None:
+                task = asyncio.get_running_loop().create_task(self._baseline(kind, uri, context, credential))
+                self._baselines[flight] = task
+                task.add_done_callback(lambda _: self._baselines.pop(flight, None))
+            try:
+                # Shielded: one caller giving up must not cancel the read the others are waiting for.
+                watch = await asyncio.shield(task)
+            except UpstreamError:
+                return None
+            if watch is None:
+                return None
+        return self._add_ref(watch, context, credential)
+
+    def _joinable(self, kind: WatchKind, uri: str | None, context: str) -> Watch | None:
+        public = self._watches.get(WatchKey(kind, uri, PUBLIC))
+        if public is not None and context in public.verified:
+            return public
+        return self._watches.get(WatchKey(kind, uri, context))
+
+    async def _baseline(self, kind: WatchKind, uri: str | None, context: str, credential: str | None) -> Watch | None:
+        async with self._gate:
+            ticket = self.ticket()
+            observation = await observe(self._upstream, kind, uri, credential)
+        if not observation.found:
+            return None
+        key = WatchKey(kind, uri, PUBLIC if observation.public else context)
+        watch = self._watches.get(key)
+        if watch is None:
+            watch = self._start_watch(key, observation, ticket)
+        else:
+            self._apply(watch, observation, ticket)
+        watch.verified.add(context)
+        return watch
+
+    def _start_watch(self, key: WatchKey, baseline: Observation, ticket: int) -> Watch:
+        watch = Watch(
+            key,
+            baseline,
+            ticket,
+            schedule=self._schedule,
+            reader=self._read,
+            sink=self._bus.publish,
+            gate=self._gate,
+            next_ticket=self.ticket,
+            metrics=self._metrics,
+            on_auth_failure=self._auth_failed,
+        )
+        self._watches[key] = watch
+        self._credentials[key] = {}
+        watch.start()
+        self._metrics.watches.labels(key.kind).inc()
+        self._refresh_partitions()
+        logger.debug("watch started", extra={"watch": key.short_hash, "kind": key.kind})
+        self._linger(watch)  # until a caller takes a reference; all callers may have gone meanwhile
+        return watch
+
+    def _add_ref(self, watch: Watch, context: str, credential: str | None) -> Handle:
+        watch.refs += 1
+        linger = self._lingers.pop(watch.key, None)
+        if linger is not None:
+            linger.cancel()
+        holders = self._credentials[watch.key]
+        entry = holders.setdefault(context, [credential, 0])
+        entry[1] += 1
+        return Handle(self, watch.key, context)
+
+    def _release(self, handle: Handle) -> None:
+        watch = self._watches.get(handle.key)
+        if watch is None:
+            return
+        watch.refs -= 1
+        holders = self._credentials[handle.key]
+        entry = holders.get(handle.context)
+        if entry is not None:
+            entry[1] -= 1
+            if entry[1] <= 0:
+                del holders[handle.context]  # the credential leaves memory with its last stream
+        if watch.refs <= 0:
+            self._linger(watch)
+
+    def _linger(self, watch: Watch) -> None:
+        if watch.key in self._lingers:
+            return
+        loop = asyncio.get_running_loop()
+        self._lingers[watch.key] = loop.call_later(self._config.linger_ms / 1000, self._expire, watch.key)
+
+    def _expire(self, key: WatchKey) -> None:
+        self._lingers.pop(key, None)
+        watch = self._watches.get(key)
+        if watch is None or watch.refs > 0:
+            return
+        del self._watches[key]
+        self._credentials.pop(key, None)
+        self._metrics.watches.labels(key.kind).dec()
+        self._refresh_partitions()
+        self._spawn(watch.stop())
+        logger.debug("watch stopped", extra={"watch": key.short_hash, "kind": key.kind})
+
+    def _refresh_partitions(self) -> None:
+        self._metrics.partitions.set(len({key.partition for key in self._watches}))
+
+    async def _read(self, watch: Watch) -> Observation | None:
+        holders = self._credentials.get(watch.key)
+        if not holders:
+            return None  # lingering: no stream holds it, so no credential to poll with
+        # Public data is the same for everyone; prefer polling it without credentials when possible.
+        context = ANONYMOUS if ANONYMOUS in holders else next(iter(holders))
+        credential = holders[context][0]
+        observation = await observe(self._upstream, watch.key.kind, watch.key.uri, credential)
+        return observation
+
+    # -- evidence and hints --------------------------------------------------------------------------------
+
+    def after_forward(
+        self, method: str, params: JsonObject, credential: str | None, answer: JsonObject, ticket: int
+    ) -> None:
+        """A forwarded request taught us something: a write may have changed data; a read shows content."""
+        if method == "tools/call":
+            self.revalidate(credential)
+            return
+        if method != "resources/read" or not isinstance(params.get("uri"), str):
+            return
+        uri = params["uri"]
+        result = answer.get("result")
+        if isinstance(result, dict):
+            observation = observation_from_read(result)
+            scope = PUBLIC if observation.public else context_id(credential)
+            watch = self._watches.get(WatchKey("resource", uri, scope))
+            if watch is not None:
+                self._apply(watch, observation, ticket)
+            return
+        error = answer.get("error")
+        if isinstance(error, dict) and error.get("code") in (-32602, -32002):
+            gone = Observation(ABSENT, None, False)
+            for partition in (PUBLIC, context_id(credential)):
+                watch = self._watches.get(WatchKey("resource", uri, partition))
+                if watch is not None:
+                    self._apply(watch, gone, ticket)
+
+    def _apply(self, watch: Watch, observation: Observation, ticket: int) -> None:
+        event = watch.offer(observation, ticket)
+        if event is not None:
+            self._spawn(self._bus.publish(event))
+
+    def revalidate(self, credential: str | None) -> None:
+        """Hint the public watches and this context's watches to poll soon (debounced)."""
+        self._hinted_contexts.add(context_id(credential))
+        if self._revalidate_timer is None:
+            loop = asyncio.get_running_loop()
+            delay = self._config.revalidate_debounce_ms / 1000
+            self._revalidate_timer = loop.call_later(delay, self._fire_revalidate)
+
+    def _fire_revalidate(self) -> None:
+        contexts, self._hinted_contexts = self._hinted_contexts, set()
+        self._revalidate_timer = None
+        for watch in self._watches.values():
+            if watch.key.partition == PUBLIC or watch.key.partition in contexts:
+                watch.hint()
+
+    def _upstream_recovered(self) -> None:
+        # Every watch that failed during the outage re-reads now instead of waiting out its backoff.
+        for watch in self._watches.values():
+            if watch.consecutive_errors:
+                watch.hint()
+
+    def _auth_failed(self, watch: Watch, error: UpstreamHTTPError) -> None:
+        holders = self._credentials.get(watch.key, {})
+        contexts = [watch.key.partition] if watch.key.partition != PUBLIC else list(holders)
+        for context in contexts:
+            for listener in self._auth_listeners:
+                listener(watch.key, context)
+
+    # -- lifecycle -------------------------------------------------------------------------------------
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def aclose(self) -> None:
+        for timer in self._lingers.values():
+            timer.cancel()
+        self._lingers.clear()
+        if self._revalidate_timer is not None:
+            self._revalidate_timer.cancel()
+        for task in list(self._baselines.values()):
+            task.cancel()
+        watches = list(self._watches.values())
+        self._watches.clear()
+        await asyncio.gather(*(watch.stop() for watch in watches), return_exceptions=True)
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
