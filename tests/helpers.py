@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,3 +105,15 @@ async def sse_messages(resp: aiohttp.ClientResponse) -> AsyncIterator[dict[str, 
                 data = []
         elif line.startswith("data:"):
             data.append(line[5:].lstrip(" "))
+
+
+async def eventually(check: Callable[[], bool | Awaitable[bool]], within_s: float = 15.0, step: float = 0.02) -> None:
+    """Wait until `check()` is true: for state that has no event to await (a gauge, a count, a status)."""
+    async with asyncio.timeout(within_s):
+        while True:
+            outcome = check()
+            if isinstance(outcome, Awaitable):
+                outcome = await outcome
+            if outcome:
+                return
+            await asyncio.sleep(step)  # polling an outside observable, bounded

@@ -7,6 +7,7 @@ import base64
 import contextlib
 import itertools
 import logging
+import time
 from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,6 +48,9 @@ logger = logging.getLogger(__name__)
 
 JsonObject = dict[str, Any]
 
+_READY_FRESH_S = 2.0
+"""A readiness check trusts an answer this recent; older, it probes the upstream again."""
+
 _PASSTHROUGH_RESPONSE_HEADERS = ("Content-Type", "WWW-Authenticate")
 
 
@@ -85,6 +89,7 @@ class UpstreamClient:
         self.up: bool | None = None
         """True once the upstream answered; False while it is unreachable; None before the first try."""
         self.last_error: str | None = None
+        self._last_ok = 0.0
         self.on_recovered: Callable[[], None] | None = None
         """Called when the upstream answers again after being unreachable."""
 
@@ -116,7 +121,9 @@ class UpstreamClient:
             return self._info
 
     async def check(self) -> bool:
-        """Readiness: True when the upstream answers; a down upstream is probed again on every check."""
+        """Readiness: True when the upstream answers; without recent contact it is probed again."""
+        if self._info is not None and time.monotonic() - self._last_ok > _READY_FRESH_S:
+            self._info = None
         if self._info is None:
             with contextlib.suppress(UpstreamError):
                 await self.ensure_info()
@@ -173,6 +180,7 @@ class UpstreamClient:
     def _mark_up(self) -> None:
         recovered = self.up is False
         self.up = True
+        self._last_ok = time.monotonic()
         self.last_error = None
         if recovered:
             logger.info("upstream reachable again", extra={"upstream": self.url})

@@ -1,0 +1,252 @@
+"""Listen streams through the sidecar, against real SDK upstreams that cannot push."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+from mcp import Client
+from mcp.client.subscriptions import ResourceUpdated
+
+from sidecar.app import HUB, METRICS
+from tests.helpers import SUB_ID_KEY, Sidecar, eventually, headers, request, serve_sidecar, sse_messages
+from tests.peers import Upstream, start_upstream
+
+FAST = {
+    "min_interval_ms": 100,
+    "default_interval_ms": 300,
+    "linger_ms": 100,
+    "backoff_initial_ms": 100,
+    "backoff_max_ms": 500,
+}
+
+
+def _listen_body(request_id: Any, **notifications: Any) -> dict[str, Any]:
+    return request("subscriptions/listen", {"notifications": notifications}, request_id)
+
+
+async def _open(http: aiohttp.ClientSession, sidecar: Sidecar, request_id: Any, **notifications: Any) -> Any:
+    return await http.post(
+        sidecar.url,
+        json=_listen_body(request_id, **notifications),
+        headers=headers("subscriptions/listen"),
+        timeout=aiohttp.ClientTimeout(total=None, sock_read=None),
+    )
+
+
+async def _read(client: Client, uri: str = "catalog://price") -> str:
+    result = await client.read_resource(uri)
+    return result.contents[0].text  # type: ignore[union-attr]
+
+
+async def _next_update(sub: Any) -> Any:
+    async with asyncio.timeout(15):
+        async for event in sub:
+            if isinstance(event, ResourceUpdated):
+                return event
+    raise AssertionError("the stream ended without an update")
+
+
+@pytest.fixture
+async def fast_upstream(request: pytest.FixtureRequest) -> AsyncIterator[Upstream]:
+    era = getattr(request, "param", "modern")
+    async with await start_upstream(era, read_ttl_ms=300, list_ttl_ms=300) as up:
+        yield up
+
+
+@pytest.mark.invariant(6)
+@pytest.mark.parametrize("fast_upstream", ["modern", "legacy"], indirect=True)
+async def test_a_change_while_listening_is_notified_and_the_reread_is_fresh(fast_upstream: Upstream) -> None:
+    async with serve_sidecar(fast_upstream.url, polling=FAST) as sidecar, Client(sidecar.url, cache=None) as client:
+        async with client.listen(resource_subscriptions=["catalog://price"]) as sub:
+            assert sub.honored.resource_subscriptions == ["catalog://price"]
+            assert await _read(client) == "price=100"
+            await fast_upstream.set_price(120)
+            event = await _next_update(sub)
+            assert event.uri == "catalog://price"
+            assert await _read(client) == "price=120"
+
+
+@pytest.mark.invariant(5)
+async def test_a_change_while_disconnected_is_seen_on_the_read_after_listening_again(fast_upstream: Upstream) -> None:
+    async with serve_sidecar(fast_upstream.url, polling=FAST) as sidecar, Client(sidecar.url, cache=None) as client:
+        async with client.listen(resource_subscriptions=["catalog://price"]):
+            pass
+        await fast_upstream.set_price(140)
+        async with client.listen(resource_subscriptions=["catalog://price"]) as sub:
+            assert sub.honored.resource_subscriptions == ["catalog://price"]
+            assert await _read(client) == "price=140"
+
+
+@pytest.mark.invariant(11)
+async def test_two_quick_changes_give_at_least_one_update_and_the_last_value(fast_upstream: Upstream) -> None:
+    async with serve_sidecar(fast_upstream.url, polling=FAST) as sidecar, Client(sidecar.url, cache=None) as client:
+        async with client.listen(resource_subscriptions=["catalog://price"]) as sub:
+            await fast_upstream.set_price(150)
+            await fast_upstream.set_price(160)
+            await _next_update(sub)
+            async with asyncio.timeout(15):
+                while await _read(client) != "price=160":
+                    await _next_update(sub)
+
+
+@pytest.mark.invariant(3)
+@pytest.mark.parametrize("listen_id", [7, "l-1"], ids=["number", "string"])
+async def test_every_frame_carries_the_listen_id_with_its_type(
+    fast_upstream: Upstream, http: aiohttp.ClientSession, listen_id: Any
+) -> None:
+    async with serve_sidecar(fast_upstream.url, polling=FAST) as sidecar:
+        async with await _open(http, sidecar, listen_id, resourceSubscriptions=["catalog://price"]) as resp:
+            assert resp.headers["Content-Type"].startswith("text/event-stream")
+            assert resp.headers["Cache-Control"] == "no-cache"
+            assert resp.headers["X-Accel-Buffering"] == "no"
+            frames = sse_messages(resp)
+            ack = await anext(frames)
+            await fast_upstream.set_price(121)
+            update = await asyncio.wait_for(anext(frames), 15)
+            await sidecar.runner.shutdown()  # graceful end: the complete result closes the stream
+            final = await asyncio.wait_for(anext(frames), 15)
+    assert ack["method"] == "notifications/subscriptions/acknowledged"
+    assert update["method"] == "notifications/resources/updated"
+    complete = {"resultType": "complete", "_meta": {SUB_ID_KEY: listen_id}}
+    assert final == {"jsonrpc": "2.0", "id": listen_id, "result": complete}
+    for frame in (ack, update):
+        assert frame["params"]["_meta"][SUB_ID_KEY] == listen_id
+        assert type(frame["params"]["_meta"][SUB_ID_KEY]) is type(listen_id)
+    assert set(update["params"]) == {"_meta", "uri"}  # a signal, never content (invariant 1)
+
+
+@pytest.mark.invariant(1)
+@pytest.mark.invariant(13)
+async def test_shutdown_ends_every_stream_with_the_complete_result(
+    fast_upstream: Upstream, http: aiohttp.ClientSession
+) -> None:
+    async with serve_sidecar(fast_upstream.url, polling=FAST) as sidecar:
+        responses = [await _open(http, sidecar, i, resourceSubscriptions=["catalog://price"]) for i in range(5)]
+        streams = [sse_messages(resp) for resp in responses]
+        for stream in streams:
+            assert (await anext(stream))["method"] == "notifications/subscriptions/acknowledged"
+        await sidecar.runner.shutdown()
+        for i, stream in enumerate(streams):
+            final = await asyncio.wait_for(anext(stream), 15)
+            assert final["id"] == i and final["result"]["resultType"] == "complete"
+            with pytest.raises(StopAsyncIteration):
+                await anext(stream)
+        for resp in responses:
+            resp.release()
+
+
+@pytest.mark.invariant(12)
+async def test_a_quiet_stream_gets_keepalive_comments(fast_upstream: Upstream, http: aiohttp.ClientSession) -> None:
+    async with serve_sidecar(fast_upstream.url, polling=FAST, streams={"keepalive_s": 0.2}) as sidecar:
+        async with await _open(http, sidecar, 1, resourceSubscriptions=["catalog://price"]) as resp:
+            async with asyncio.timeout(10):
+                async for raw in resp.content:
+                    if raw.startswith(b":"):
+                        break
+            assert sidecar.app[METRICS].keepalives._value.get() >= 1
+
+
+@pytest.mark.invariant(2)
+@pytest.mark.parametrize(
+    "notifications",
+    [
+        {"resourceSubscriptions": "catalog://price"},
+        {"resourceSubscriptions": [42]},
+        {"resourceSubscriptions": ["not a uri"]},
+        {"toolsListChanged": "yes"},
+    ],
+    ids=["uris-not-a-list", "uri-not-a-string", "not-a-uri", "flag-not-a-boolean"],
+)
+async def test_a_malformed_filter_is_invalid_params_before_any_stream(
+    fast_upstream: Upstream, http: aiohttp.ClientSession, notifications: dict[str, Any]
+) -> None:
+    async with serve_sidecar(fast_upstream.url, polling=FAST) as sidecar:
+        async with await _open(http, sidecar, "bad", **notifications) as resp:
+            assert resp.status == 400
+            body = await resp.json()
+    assert body["id"] == "bad" and body["error"]["code"] == -32602
+
+
+async def test_listen_without_notifications_is_invalid_params(
+    fast_upstream: Upstream, http: aiohttp.ClientSession
+) -> None:
+    async with serve_sidecar(fast_upstream.url, polling=FAST) as sidecar:
+        body = request("subscriptions/listen", {}, 3)
+        async with http.post(sidecar.url, json=body, headers=headers("subscriptions/listen")) as resp:
+            assert resp.status == 400
+            assert (await resp.json())["error"]["code"] == -32602
+
+
+async def test_streams_over_the_limit_are_refused_and_existing_ones_are_untouched(
+    fast_upstream: Upstream, http: aiohttp.ClientSession
+) -> None:
+    async with serve_sidecar(fast_upstream.url, polling=FAST, streams={"max_streams": 2}) as sidecar:
+        first = await _open(http, sidecar, 1, resourceSubscriptions=["catalog://price"])
+        second = await _open(http, sidecar, 2, resourceSubscriptions=["catalog://price"])
+        frames = sse_messages(first)
+        await anext(frames)
+        async with await _open(http, sidecar, 3, resourceSubscriptions=["catalog://price"]) as third:
+            assert third.status == 503
+            assert (await third.json())["error"]["code"] == -32603
+        await fast_upstream.set_price(130)
+        update = await asyncio.wait_for(anext(frames), 15)
+        assert update["method"] == "notifications/resources/updated"
+        assert sidecar.app[METRICS].limit_rejections.labels("max_streams")._value.get() == 1
+        first.release()
+        second.release()
+
+
+@pytest.mark.invariant(8)
+async def test_a_write_through_the_sidecar_is_notified_without_waiting_for_the_poll(
+    http: aiohttp.ClientSession,
+) -> None:
+    # A 60 s interval: an update within the test's timeout can only come from revalidate-on-write.
+    slow = {"default_interval_ms": 60_000, "min_interval_ms": 100}
+    async with await start_upstream("modern", read_ttl_ms=60_000) as up, serve_sidecar(up.url, polling=slow) as sidecar:
+        async with Client(sidecar.url, cache=None) as client:
+            async with client.listen(resource_subscriptions=["catalog://price"]) as sub:
+                await client.call_tool("set_price", {"value": 175})
+                event = await _next_update(sub)
+                assert event.uri == "catalog://price"
+                assert await _read(client) == "price=175"
+
+
+@pytest.mark.invariant(14)
+@pytest.mark.parametrize("fast_upstream", ["modern", "legacy"], indirect=True)
+async def test_an_upstream_outage_keeps_streams_open_and_loses_no_change(
+    fast_upstream: Upstream, http: aiohttp.ClientSession
+) -> None:
+    async with serve_sidecar(fast_upstream.url, polling=FAST) as sidecar:
+        async with await _open(http, sidecar, "o", resourceSubscriptions=["catalog://price"]) as resp:
+            frames = sse_messages(resp)
+            await anext(frames)
+            await fast_upstream.set_price(120)
+            assert (await asyncio.wait_for(anext(frames), 15))["method"] == "notifications/resources/updated"
+            await fast_upstream.kill()
+
+            async def not_ready() -> bool:
+                async with http.get(f"{sidecar.base_url}/readyz") as ready:
+                    return ready.status == 503
+
+            await eventually(not_ready)
+            # The restarted upstream has lost its state: price=100 again, a change from 120.
+            await fast_upstream.restart()
+            update = await asyncio.wait_for(anext(frames), 20)
+            assert update["method"] == "notifications/resources/updated"
+            assert update["params"]["uri"] == "catalog://price"
+
+
+async def test_hub_counts_streams_back_to_zero_when_clients_leave(
+    fast_upstream: Upstream, http: aiohttp.ClientSession
+) -> None:
+    async with serve_sidecar(fast_upstream.url, polling=FAST) as sidecar:
+        hub = sidecar.app[HUB]
+        for i in range(10):
+            async with await _open(http, sidecar, i, resourceSubscriptions=["catalog://price"]) as resp:
+                await anext(sse_messages(resp))
+        await eventually(lambda: hub.stream_count == 0)
+        assert sidecar.app[METRICS].listen_streams._value.get() == 0
