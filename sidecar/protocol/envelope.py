@@ -29,7 +29,16 @@ from sidecar.protocol.errors import (
     UnsupportedVersion,
 )
 
-__all__ = ["Era", "Message", "RequestId", "decode_header_value", "detect_era", "parse_message", "validate_modern"]
+__all__ = [
+    "Era",
+    "Message",
+    "RequestId",
+    "decode_header_value",
+    "detect_era",
+    "encode_header_value",
+    "parse_message",
+    "validate_modern",
+]
 
 Era = Literal["modern", "legacy"]
 RequestId = str | int
@@ -158,3 +167,10 @@ def decode_header_value(value: str) -> str | None:
         return base64.b64decode(encoded, validate=True).decode("utf-8")
     except (binascii.Error, UnicodeDecodeError):
         return None
+
+
+def encode_header_value(value: str) -> str:
+    """Plain printable ASCII goes as is; anything else as `=?base64?...?=` (SEP-2243)."""
+    if value.isascii() and value.isprintable() and not value.startswith("=?base64?") and value == value.strip():
+        return value
+    return "=?base64?" + base64.b64encode(value.encode("utf-8")).decode("ascii") + "?="

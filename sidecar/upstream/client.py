@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import itertools
 import logging
@@ -25,7 +24,7 @@ from sidecar.protocol.constants import (
     MODERN_VERSION,
     NAMED_METHODS,
 )
-from sidecar.protocol.envelope import Era, Message
+from sidecar.protocol.envelope import Era, Message, encode_header_value
 from sidecar.protocol.errors import (
     UpstreamBadResponse,
     UpstreamError,
@@ -302,13 +301,6 @@ class UpstreamClient:
                     raise UpstreamBadResponse(self.url, "response has neither result nor error")
                 return result
         raise UpstreamBadResponse(self.url, "stream ended without a response")
-
-
-def encode_header_value(value: str) -> str:
-    """Plain printable ASCII goes as is; anything else as `=?base64?...?=` (SEP-2243)."""
-    if value.isascii() and value.isprintable() and not value.startswith("=?base64?") and value == value.strip():
-        return value
-    return "=?base64?" + base64.b64encode(value.encode("utf-8")).decode("ascii") + "?="
 
 
 def _auth_key(headers: Mapping[str, str]) -> str:

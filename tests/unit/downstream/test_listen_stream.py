@@ -1,0 +1,36 @@
+"""A listen stream's pending signals are a set: bounded by its subscriptions, whatever the change rate."""
+
+from __future__ import annotations
+
+import pytest
+
+from sidecar.downstream.listen import ListenStream, parse_filter
+from sidecar.observability.metrics import Metrics
+from sidecar.protocol.errors import InvalidParams
+
+
+@pytest.mark.invariant(11)
+def test_ten_thousand_changes_leave_one_pending_signal_per_subscription() -> None:
+    metrics = Metrics()
+    stream = ListenStream("l-1", metrics)
+    for i in range(10_000):
+        stream.signal("notifications/resources/updated", f"x://{i % 3}", 0.0)
+        stream.signal("notifications/tools/list_changed", None, 0.0)
+    assert stream.pending_count == 4
+    assert metrics.coalesced._value.get() == 20_000 - 4
+
+
+def test_filter_keeps_uris_in_order_without_duplicates() -> None:
+    wanted = parse_filter({"notifications": {"resourceSubscriptions": ["b:1", "a:1", "b:1"]}}, 100)
+    assert wanted.uris == ("b:1", "a:1")
+    assert wanted.lists == ()
+
+
+def test_filter_false_flags_subscribe_to_nothing() -> None:
+    wanted = parse_filter({"notifications": {"toolsListChanged": False, "promptsListChanged": True}}, 100)
+    assert wanted.lists == ("prompts_list",)
+
+
+def test_a_uri_longer_than_the_limit_is_invalid_params() -> None:
+    with pytest.raises(InvalidParams, match="longer than 16"):
+        parse_filter({"notifications": {"resourceSubscriptions": ["x:" + "a" * 20]}}, 16)
