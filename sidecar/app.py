@@ -11,6 +11,7 @@ from sidecar.bus.memory import MemoryBus
 from sidecar.config import SidecarConfig
 from sidecar.downstream.handler import McpEndpoint, no_tracebacks
 from sidecar.downstream.listen import StreamHub
+from sidecar.downstream.readthrough import ReadThrough
 from sidecar.observability.health import healthz, make_readyz
 from sidecar.observability.metrics import CONTENT_TYPE_LATEST, Metrics
 from sidecar.upstream.client import UpstreamClient
@@ -37,6 +38,9 @@ def build_app(config: SidecarConfig) -> web.Application:
     app[UPSTREAM] = upstream
     app.cleanup_ctx.append(_upstream_context)
     bus = MemoryBus()
+    readthrough = ReadThrough(config.cache, metrics)
+    # Subscribed before the streams: a change drops stale cache entries before anyone is told to re-read.
+    bus.subscribe(readthrough.on_change)
     registry = WatchRegistry(upstream, config.polling, bus, metrics)
     hub = StreamHub(registry, upstream, bus, config.streams, metrics)
     app[REGISTRY] = registry
@@ -44,7 +48,7 @@ def build_app(config: SidecarConfig) -> web.Application:
     app.cleanup_ctx.append(_watch_context)
     app.on_shutdown.append(_end_streams)
 
-    endpoint = McpEndpoint(config, upstream, listen=hub.handle_listen, observer=registry)
+    endpoint = McpEndpoint(config, upstream, listen=hub.handle_listen, observer=registry, readthrough=readthrough)
     path = config.listen.path
     app.router.add_post(path, endpoint.handle_post)
     app.router.add_get(path, _method_not_allowed, allow_head=False)

@@ -44,6 +44,8 @@ DEFAULT_BACKOFF_MAX_MS = 60_000
 DEFAULT_POLL_CONCURRENCY = 64
 DEFAULT_LINGER_MS = 5_000
 DEFAULT_REVALIDATE_DEBOUNCE_MS = 50
+DEFAULT_CACHE_ENTRIES = 10_000
+DEFAULT_CACHE_BYTES = 64 * 1_048_576
 DEFAULT_KEEPALIVE_S = 15.0  # aiohttp-sse's default; well under common 60 s proxy idle timeouts
 DEFAULT_MAX_STREAMS = 10_000
 DEFAULT_MAX_URIS_PER_STREAM = 1_000
@@ -121,9 +123,13 @@ class PollingConfig(_Section):
     @model_validator(mode="after")
     def _ordered(self) -> PollingConfig:
         if self.min_interval_ms > self.max_interval_ms:
-            raise ValueError("min_interval_ms must not exceed max_interval_ms")
+            raise ValueError(
+                f"min_interval_ms ({self.min_interval_ms}) must not exceed max_interval_ms ({self.max_interval_ms})"
+            )
         if self.backoff_initial_ms > self.backoff_max_ms:
-            raise ValueError("backoff_initial_ms must not exceed backoff_max_ms")
+            raise ValueError(
+                f"backoff_initial_ms ({self.backoff_initial_ms}) must not exceed backoff_max_ms ({self.backoff_max_ms})"
+            )
         return self
 
 
@@ -132,6 +138,8 @@ class CacheConfig(_Section):
         "private", description="cacheScope stamped on legacy results; private is the only safe default."
     )
     default_ttl_ms: int = Field(0, ge=0, description="ttlMs stamped on legacy results; 0 means always stale.")
+    max_entries: int = Field(DEFAULT_CACHE_ENTRIES, ge=0, description="Cached results at most; 0 turns caching off.")
+    max_bytes: int = Field(DEFAULT_CACHE_BYTES, ge=0, description="Bytes of cached results at most.")
 
 
 class StreamsConfig(_Section):
@@ -203,7 +211,8 @@ def load_config(path: str | Path | None = None, environ: dict[str, str] | None =
             loaded = {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of sections")
-        data = loaded
+        # A section whose keys are all commented out reads as null: it means "all defaults".
+        data = {section: {} if values is None else values for section, values in loaded.items()}
     for key, raw in (environ if environ is not None else dict(os.environ)).items():
         if not key.startswith(ENV_PREFIX):
             continue
@@ -224,6 +233,8 @@ def _validate(data: dict[str, Any]) -> SidecarConfig:
         problems = []
         for error in exc.errors():
             key = ".".join(str(part) for part in error["loc"]) or "(top level)"
-            message = "unknown key" if error["type"] == "extra_forbidden" else error["msg"]
+            message = (
+                "unknown key" if error["type"] == "extra_forbidden" else error["msg"].removeprefix("Value error, ")
+            )
             problems.append(f"{key}: {message}")
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems)) from exc

@@ -12,8 +12,11 @@ from aiohttp import web
 
 from sidecar.config import SidecarConfig
 from sidecar.downstream.guards import check_host_and_origin, read_body
+from sidecar.downstream.readthrough import ReadThrough, is_shareable
+from sidecar.partition import context_id
 from sidecar.protocol.constants import (
     HEADER_AUTHORIZATION,
+    HEADER_SESSION_ID,
     META_SERVER_INFO,
     META_UPSTREAM_SERVER_INFO,
     MODERN_VERSION,
@@ -100,11 +103,13 @@ class McpEndpoint:
         *,
         listen: ListenHandler | None = None,
         observer: ForwardObserver | None = None,
+        readthrough: ReadThrough | None = None,
     ) -> None:
         self._config = config
         self._upstream = upstream
         self._listen = listen
         self._observer = observer
+        self._readthrough = readthrough
 
     async def handle_post(self, request: web.Request) -> web.StreamResponse:
         request_id: RequestId | None = None
@@ -113,6 +118,10 @@ class McpEndpoint:
             if refused is not None:
                 raise refused
             body = await read_body(request, self._config.listen.max_body_bytes)
+            if HEADER_SESSION_ID in request.headers:
+                # A legacy session is the upstream's: whatever is posted on it (including the client's
+                # answers to the upstream's own requests, which are not requests) goes through untouched.
+                return await self._write_reply(request, await self._upstream.relay(body, request.headers))
             message = parse_message(body)
             request_id = message.id
             if detect_era(message, request.headers) == "legacy":
@@ -141,7 +150,20 @@ class McpEndpoint:
                 raise MethodNotFound("Method not found", method)
             return await self._listen(request, message)
         ticket = self._observer.ticket() if self._observer is not None else 0
-        reply = await self._upstream.forward(message, request.headers)
+        if self._readthrough is not None and is_shareable(method, message.params):
+            context = context_id(request.headers.get(HEADER_AUTHORIZATION))
+            cached = self._readthrough.lookup(method, message.params, context)
+            if cached is not None:
+                return json_response(result_response(message.id, cached))
+            reply, shared = await self._readthrough.fetch(
+                method, message.params, context, lambda: self._upstream.forward(message, request.headers)
+            )
+            if shared is not None:
+                return json_response({**shared, "id": message.id})
+            if reply is None:
+                reply = await self._upstream.forward(message, request.headers)
+        else:
+            reply = await self._upstream.forward(message, request.headers)
         response = await self._write_reply(request, reply)
         if self._observer is not None and reply.status < 500:
             credential = request.headers.get(HEADER_AUTHORIZATION)

@@ -94,6 +94,15 @@ class Metrics:
         self.streams_ended = Counter(
             "mcp_sidecar_streams_ended", "Listen streams ended, by reason", ["reason"], registry=r
         )
+        self.cache_hits = Counter("mcp_sidecar_cache_hits", "Requests answered from the response cache", registry=r)
+        self.cache_misses = Counter("mcp_sidecar_cache_misses", "Cacheable requests not in the cache", registry=r)
+        self.cache_evictions = Counter(
+            "mcp_sidecar_cache_evictions", "Entries evicted to stay within cache bounds", registry=r
+        )
+        self.cache_bytes = Gauge("mcp_sidecar_cache_bytes", "Bytes held by the response cache", registry=r)
+        self.singleflight_joins = Counter(
+            "mcp_sidecar_singleflight_joins", "Requests that joined an identical one in flight", registry=r
+        )
         build = Gauge("mcp_sidecar_build_info", "Build information", ["version", "python", "aiohttp"], registry=r)
         build.labels(__version__, platform.python_version(), aiohttp.__version__).set(1)
 

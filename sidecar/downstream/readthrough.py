@@ -1,0 +1,212 @@
+"""No re-read stampede: identical cacheable requests share one upstream request, and fresh results are reused.
+
+Keys are (method, the parameters that affect the result, partition): `public`, or the authorization
+context for private or unknown scope. A change published on the bus drops the cached entries of its
+key and makes requests already in flight for it unjoinable, before any notification is sent (the
+cache subscribes to the bus before the streams do), so a client that re-reads after `updated` gets a
+request that started after the change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from cachetools import TLRUCache
+
+from sidecar.bus.base import ChangeEvent
+from sidecar.config import CacheConfig
+from sidecar.observability.metrics import Metrics
+from sidecar.partition import PUBLIC
+from sidecar.protocol.constants import CACHEABLE_METHODS
+from sidecar.upstream.client import Reply
+
+__all__ = ["ReadThrough", "is_shareable"]
+
+logger = logging.getLogger(__name__)
+
+JsonObject = dict[str, Any]
+Group = tuple[str, str | None]
+"""(method, uri): what a change invalidates; lists use uri None."""
+CacheKey = tuple[str, bytes, str]
+
+_LIST_GROUPS: dict[str, tuple[str, ...]] = {
+    "tools_list": ("tools/list",),
+    "prompts_list": ("prompts/list",),
+    "resources_list": ("resources/list", "resources/templates/list"),
+}
+_MRTR_PARAMS = ("inputResponses", "requestState")
+_INDEX_PRUNE_EVERY = 1024
+
+
+def is_shareable(method: str, params: JsonObject) -> bool:
+    """Cacheable methods, except MRTR retries and requests that asked for progress (a stream of their own)."""
+    if method not in CACHEABLE_METHODS or any(name in params for name in _MRTR_PARAMS):
+        return False
+    meta = params.get("_meta")
+    return not (isinstance(meta, dict) and "progressToken" in meta)
+
+
+def _params_key(params: JsonObject) -> bytes:
+    return orjson.dumps({k: v for k, v in params.items() if k != "_meta"}, option=orjson.OPT_SORT_KEYS)
+
+
+def _group(method: str, params: JsonObject) -> Group:
+    uri = params.get("uri") if method == "resources/read" else None
+    return (method, uri if isinstance(uri, str) else None)
+
+
+@dataclass(slots=True)
+class _Entry:
+    result: JsonObject
+    expires_at: float
+    size: int
+
+
+class _EntryCache(TLRUCache[CacheKey, _Entry]):
+    """cachetools' time-aware LRU, bounded by bytes, counting what it evicts to stay in bounds."""
+
+    on_evict: Callable[[], None] = staticmethod(lambda: None)
+
+    def popitem(self) -> tuple[CacheKey, _Entry]:
+        item = super().popitem()
+        self.on_evict()
+        return item
+
+
+@dataclass(slots=True)
+class _Flight:
+    future: asyncio.Future[JsonObject | None]
+    group: Group
+    invalidated: bool = False
+    waiters: int = field(default=0)
+
+
+class ReadThrough:
+    """The single-flight table and the response cache, both bounded."""
+
+    def __init__(self, config: CacheConfig, metrics: Metrics, clock: Callable[[], float] = time.monotonic) -> None:
+        self._config = config
+        self._metrics = metrics
+        self._clock = clock
+        self._cache = _EntryCache(
+            maxsize=max(config.max_bytes, 1),
+            ttu=lambda _key, entry, _now: entry.expires_at,
+            timer=clock,
+            getsizeof=lambda entry: entry.size,
+        )
+        self._cache.on_evict = metrics.cache_evictions.inc
+        self._flights: dict[tuple[str, bytes, str], _Flight] = {}
+        self._index: dict[Group, set[CacheKey]] = {}
+        self._inserts = 0
+
+    # -- cache -----------------------------------------------------------------------------------------
+
+    def lookup(self, method: str, params: JsonObject, context: str) -> JsonObject | None:
+        """A fresh cached result: the public entry, else this context's own."""
+        if not self._config.max_entries:
+            return None
+        params_key = _params_key(params)
+        for partition in (PUBLIC, context):
+            entry = self._cache.get((method, params_key, partition))
+            if entry is not None:
+                self._metrics.cache_hits.inc()
+                result = dict(entry.result)
+                remaining_ms = int((entry.expires_at - self._clock()) * 1000)
+                result["ttlMs"] = max(remaining_ms, 0)  # what is left of the freshness the upstream granted
+                return result
+        self._metrics.cache_misses.inc()
+        return None
+
+    def _store(self, method: str, params: JsonObject, context: str, result: JsonObject, received_at: float) -> None:
+        ttl = result.get("ttlMs")
+        if not self._config.max_entries or not isinstance(ttl, int) or isinstance(ttl, bool) or ttl <= 0:
+            return
+        if result.get("resultType", "complete") != "complete":
+            return
+        partition = PUBLIC if result.get("cacheScope") == "public" else context
+        size = len(orjson.dumps(result))
+        if size > self._config.max_bytes:
+            return
+        key = (method, _params_key(params), partition)
+        while len(self._cache) >= self._config.max_entries and key not in self._cache:
+            self._cache.popitem()
+        self._cache[key] = _Entry(result, received_at + ttl / 1000, size)
+        self._index.setdefault(_group(method, params), set()).add(key)
+        self._metrics.cache_bytes.set(self._cache.currsize)
+        self._inserts += 1
+        if self._inserts % _INDEX_PRUNE_EVERY == 0:
+            self._prune_index()
+
+    def _prune_index(self) -> None:
+        # Entries also leave by expiry and eviction, which the index does not see; drop what is gone.
+        for group in list(self._index):
+            alive = {key for key in self._index[group] if key in self._cache}
+            if alive:
+                self._index[group] = alive
+            else:
+                del self._index[group]
+
+    @property
+    def entry_count(self) -> int:
+        return len(self._cache)
+
+    # -- single flight ---------------------------------------------------------------------------------
+
+    async def fetch(
+        self, method: str, params: JsonObject, context: str, forward: Callable[[], Awaitable[Reply]]
+    ) -> tuple[Reply | None, JsonObject | None]:
+        """Forward once for everyone asking the same now.
+
+        Returns (the leader's own reply, None) for the request that went upstream, or (None, shared
+        answer) for one that joined; (None, None) means the leader's answer could not be shared (a
+        stream) and the caller should forward on its own.
+        """
+        flight_key = (method, _params_key(params), context)
+        flight = self._flights.get(flight_key)
+        if flight is not None:
+            flight.waiters += 1
+            self._metrics.singleflight_joins.inc()
+            return None, await asyncio.shield(flight.future)
+        loop = asyncio.get_running_loop()
+        flight = _Flight(loop.create_future(), _group(method, params))
+        self._flights[flight_key] = flight
+        shared: JsonObject | None = None
+        try:
+            reply = await forward()
+            received_at = self._clock()
+            message = reply.message
+            if reply.stream is None and 200 <= reply.status < 300 and isinstance(message, dict):
+                if "result" in message or "error" in message:
+                    shared = message
+                if isinstance(message.get("result"), dict) and not flight.invalidated:
+                    self._store(method, params, context, message["result"], received_at)
+            return reply, None
+        finally:
+            if self._flights.get(flight_key) is flight:
+                del self._flights[flight_key]
+            if not flight.future.done():
+                flight.future.set_result(shared)
+
+    # -- invalidation ------------------------------------------------------------------------------------
+
+    def on_change(self, event: ChangeEvent) -> None:
+        """Bus listener: drop what the change made stale, before the streams hear of it."""
+        key = event.key
+        if key.kind == "resource":
+            groups: tuple[Group, ...] = (("resources/read", key.uri),)
+        else:
+            groups = tuple((method, None) for method in _LIST_GROUPS[key.kind])
+        for group in groups:
+            for cache_key in self._index.pop(group, ()):
+                self._cache.pop(cache_key, None)
+            for flight_key, flight in list(self._flights.items()):
+                if flight.group == group or (group[1] is None and flight.group[0] == group[0]):
+                    flight.invalidated = True
+                    del self._flights[flight_key]
+        self._metrics.cache_bytes.set(self._cache.currsize)
