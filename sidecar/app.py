@@ -14,6 +14,7 @@ from sidecar.downstream.listen import StreamHub
 from sidecar.downstream.readthrough import ReadThrough
 from sidecar.observability.health import healthz, make_readyz
 from sidecar.observability.metrics import CONTENT_TYPE_LATEST, Metrics
+from sidecar.observability.status import make_status
 from sidecar.upstream.client import UpstreamClient
 from sidecar.watch.registry import WatchRegistry
 
@@ -32,7 +33,7 @@ def build_app(config: SidecarConfig) -> web.Application:
     """The whole sidecar as one aiohttp application (the CLI runs it; tests serve it on a free port)."""
     app = web.Application(middlewares=[no_tracebacks], handler_args={"max_field_size": 16384})
     metrics = Metrics()
-    upstream = UpstreamClient(config.upstream, config.cache)
+    upstream = UpstreamClient(config.upstream, config.cache, metrics)
     app[CONFIG] = config
     app[METRICS] = metrics
     app[UPSTREAM] = upstream
@@ -48,7 +49,9 @@ def build_app(config: SidecarConfig) -> web.Application:
     app.cleanup_ctx.append(_watch_context)
     app.on_shutdown.append(_end_streams)
 
-    endpoint = McpEndpoint(config, upstream, listen=hub.handle_listen, observer=registry, readthrough=readthrough)
+    endpoint = McpEndpoint(
+        config, upstream, listen=hub.handle_listen, observer=registry, readthrough=readthrough, metrics=metrics
+    )
     path = config.listen.path
     app.router.add_post(path, endpoint.handle_post)
     app.router.add_get(path, _method_not_allowed, allow_head=False)
@@ -56,6 +59,7 @@ def build_app(config: SidecarConfig) -> web.Application:
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", make_readyz(upstream))
     app.router.add_get(config.metrics.path, _metrics_handler)
+    app.router.add_get("/status", make_status(upstream, registry, hub))
     return app
 
 

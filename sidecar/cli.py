@@ -34,10 +34,12 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("file")
     sub.add_parser("demo", help="an embedded legacy upstream with the sidecar in front, changing every few seconds")
     for command in (parser, run, sub.choices["demo"]):
-        command.add_argument("--upstream", help="upstream MCP URL (upstream.url)")
-        command.add_argument("--host", help="address to bind (listen.host)")
-        command.add_argument("--port", type=int, help="port to bind (listen.port)")
-        command.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+        # A subcommand's own default would overwrite the same flag given before it (`--port 9 run`).
+        default = None if command is parser else argparse.SUPPRESS
+        command.add_argument("--upstream", default=default, help="upstream MCP URL (upstream.url)")
+        command.add_argument("--host", default=default, help="address to bind (listen.host)")
+        command.add_argument("--port", default=default, type=int, help="port to bind (listen.port)")
+        command.add_argument("--log-level", default=default, choices=["debug", "info", "warning", "error"])
     return parser
 
 
@@ -92,10 +94,11 @@ async def serve(config: SidecarConfig, ready: asyncio.Event | None = None) -> in
             f"mcp-sidecar: cannot listen on {config.listen.host}:{config.listen.port}: {exc.strerror}", file=sys.stderr
         )
         return 1
-    address = runner.addresses[0]
+    host, port = runner.addresses[0][:2]
+    url_host = f"[{host}]" if ":" in host else host  # an IPv6 address needs brackets in a URL
     logger.info(
         "mcp-sidecar listening",
-        extra={"url": f"http://{address[0]}:{address[1]}{config.listen.path}", "upstream": config.upstream.url},
+        extra={"url": f"http://{url_host}:{port}{config.listen.path}", "upstream": config.upstream.url},
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

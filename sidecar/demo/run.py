@@ -48,7 +48,8 @@ async def run_demo(config: SidecarConfig) -> int:
         print("try: mcp-sidecar demo --port 0")
         return 1
     host, port = runner.addresses[0][:2]
-    url = f"http://{host}:{port}{config.listen.path}"
+    url_host = f"[{host}]" if ":" in host else host  # an IPv6 address needs brackets in a URL
+    url = f"http://{url_host}:{port}{config.listen.path}"
     print(f"demo upstream (2025-11-25, no subscriptions): {upstream.url}", flush=True)
     print(f"mcp-sidecar (2026-07-28, subscriptions):    {url}", flush=True)
     print("\nListen for changes (the basic plan's price changes every few seconds):\n", flush=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
@@ -13,6 +14,7 @@ from aiohttp import web
 from sidecar.config import SidecarConfig
 from sidecar.downstream.guards import check_host_and_origin, read_body
 from sidecar.downstream.readthrough import ReadThrough, is_shareable
+from sidecar.observability.metrics import Metrics, method_label
 from sidecar.partition import context_id
 from sidecar.protocol.constants import (
     HEADER_AUTHORIZATION,
@@ -40,6 +42,9 @@ logger = logging.getLogger(__name__)
 
 JsonObject = dict[str, Any]
 ListenHandler = Callable[[web.Request, Message], Awaitable[web.StreamResponse]]
+
+_METHOD_KEY = "mcp_sidecar.method"
+_OUTCOME_KEY = "mcp_sidecar.outcome"
 
 DISCOVER_TTL_MS = 300_000
 """Capabilities change only when the upstream is replaced; clients may cache discover for five minutes."""
@@ -104,7 +109,9 @@ class McpEndpoint:
         listen: ListenHandler | None = None,
         observer: ForwardObserver | None = None,
         readthrough: ReadThrough | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
+        self._metrics = metrics or Metrics()
         self._config = config
         self._upstream = upstream
         self._listen = listen
@@ -112,6 +119,16 @@ class McpEndpoint:
         self._readthrough = readthrough
 
     async def handle_post(self, request: web.Request) -> web.StreamResponse:
+        started = time.monotonic()
+        response = await self._handle(request)
+        method = method_label(request.get(_METHOD_KEY, "other"))
+        outcome = request.get(_OUTCOME_KEY) or ("ok" if response.status < 400 else "error")
+        self._metrics.requests.labels(method, outcome).inc()
+        if method != "subscriptions/listen":  # a stream's life is not a request's latency
+            self._metrics.request_duration.labels(method).observe(time.monotonic() - started)
+        return response
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
         request_id: RequestId | None = None
         try:
             refused = check_host_and_origin(request, self._config.listen)
@@ -124,6 +141,7 @@ class McpEndpoint:
                 return await self._write_reply(request, await self._upstream.relay(body, request.headers))
             message = parse_message(body)
             request_id = message.id
+            request[_METHOD_KEY] = message.method
             if detect_era(message, request.headers) == "legacy":
                 return await self._write_reply(request, await self._upstream.relay(body, request.headers))
             validate_modern(message, request.headers)
@@ -176,6 +194,8 @@ class McpEndpoint:
                 return web.Response(body=reply.body, status=reply.status, headers=reply.headers)
             if reply.message is None:
                 return web.Response(status=reply.status, headers=reply.headers)
+            if "error" in reply.message:
+                request[_OUTCOME_KEY] = "error"
             return json_response(reply.message, reply.status, reply.headers)
         response = web.StreamResponse(status=reply.status, headers=reply.headers)
         response.headers["Cache-Control"] = "no-cache"

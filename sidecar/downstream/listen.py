@@ -177,7 +177,7 @@ class StreamHub:
             response = _EventStream(self._metrics, self._config.keepalive_s)
             await response.prepare(request)
             await response.send(orjson.dumps(ack_notification(message.id, honoured)).decode())
-            logger.debug("listen stream opened", extra={"subscription_id": message.id, "watches": len(stream.handles)})
+            logger.info("listen stream opened", extra={"subscription_id": message.id, "watches": len(stream.handles)})
             await stream.pump(response)
             await response.write_eof()
             return response

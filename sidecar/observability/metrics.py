@@ -26,6 +26,8 @@ _KNOWN_METHODS = frozenset(
         "completion/complete",
         "initialize",
         "ping",
+        "probe",
+        "legacy-session",
     }
 )
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -56,6 +58,13 @@ class Metrics:
             "mcp_sidecar_upstream_requests",
             "Requests sent upstream by method and outcome",
             ["method", "outcome"],
+            registry=r,
+        )
+        self.upstream_duration = Histogram(
+            "mcp_sidecar_upstream_request_duration_seconds",
+            "Upstream request duration",
+            ["method"],
+            buckets=_LATENCY_BUCKETS,
             registry=r,
         )
         self.upstream_up = Gauge("mcp_sidecar_upstream_up", "1 while the upstream answers", registry=r)

@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 
 from sidecar.config import CacheConfig, UpstreamConfig
+from sidecar.observability.metrics import Metrics, method_label
 from sidecar.partition import context_id
 from sidecar.protocol.constants import (
     HEADER_AUTHORIZATION,
@@ -77,12 +78,13 @@ class Reply:
 class UpstreamClient:
     """Forwards client requests and makes the sidecar's own calls, in whichever era the upstream speaks."""
 
-    def __init__(self, config: UpstreamConfig, cache: CacheConfig) -> None:
+    def __init__(self, config: UpstreamConfig, cache: CacheConfig, metrics: Metrics | None = None) -> None:
         self.url = config.url
         self._config = config
         self._http = UpstreamHTTP(config)
         self._legacy = LegacyBridge(self._http, cache)
         self._info: UpstreamInfo | None = None
+        self._metrics = metrics or Metrics()
         self._probe_lock = asyncio.Lock()
         self._ids = itertools.count(1)
         self.up: bool | None = None
@@ -111,8 +113,10 @@ class UpstreamClient:
             return info
         async with self._probe_lock:
             if self._info is None:
-                with self._observe():
+                with self._observe("probe"):
                     self._info = await self._probe(dict(headers or {}))
+                self._metrics.upstream_era.labels(self._info.era).set(1)
+                self._metrics.upstream_era.labels("legacy" if self._info.era == "modern" else "modern").set(0)
                 logger.info(
                     "upstream era detected",
                     extra={"era": self._info.era, "upstream": self.url},
@@ -159,11 +163,16 @@ class UpstreamClient:
         )
 
     @contextlib.contextmanager
-    def _observe(self) -> Any:
-        """Track reachability: any answer means up; a transport failure means down and a re-probe later."""
+    def _observe(self, method: str) -> Any:
+        """Count and time one exchange, and track reachability: any answer means up; a transport failure
+        means down and a re-probe on the next request."""
+        started = time.monotonic()
+        label = method_label(method)
+        outcome = "ok"
         try:
             yield
         except UpstreamError as exc:
+            outcome = "unreachable" if exc.is_transport_failure else "error"
             if exc.is_transport_failure:
                 if self.up is not False:
                     logger.warning("upstream unreachable", extra={"upstream": self.url, "reason": exc.reason})
@@ -175,6 +184,9 @@ class UpstreamClient:
             raise
         else:
             self._mark_up()
+        finally:
+            self._metrics.upstream_requests.labels(label, outcome).inc()
+            self._metrics.upstream_duration.labels(label).observe(time.monotonic() - started)
 
     def _mark_up(self) -> None:
         recovered = self.up is False
@@ -197,7 +209,7 @@ class UpstreamClient:
         """Send a client's request upstream and return the answer for the client, in the client's era."""
         headers = self.forwarded_headers(client_headers)
         info = await self.ensure_info(headers)
-        with self._observe():
+        with self._observe(message.method):
             if info.era == "modern":
                 return await self._forward_modern(message, client_headers, headers)
             return await self._forward_legacy(message, headers)
@@ -217,7 +229,7 @@ class UpstreamClient:
         for name, value in client_headers.items():
             if name.lower() in ("mcp-protocol-version", "mcp-session-id"):
                 headers[name] = value
-        with self._observe():
+        with self._observe("legacy-session"):
             return await self._relay_post(body, headers, pass_session=True)
 
     async def _relay_post(self, body: bytes, headers: dict[str, str], *, pass_session: bool = False) -> Reply:
@@ -262,7 +274,7 @@ class UpstreamClient:
         """One request on the sidecar's behalf (a poll); returns the result or raises an UpstreamError."""
         headers = {HEADER_AUTHORIZATION: credential} if credential else {}
         info = await self.ensure_info(headers)
-        with self._observe():
+        with self._observe(method):
             if info.era == "modern":
                 return await self._modern_call(method, params, headers)
             answer = await self._legacy.request(context_id(credential), method, params, headers)

@@ -31,6 +31,27 @@ Sink = Callable[[ChangeEvent], Awaitable[None]]
 AuthFailure = Callable[["Watch", UpstreamHTTPError], None]
 
 _MIN_BACKOFF_JITTER = 0.1
+_ERROR_LOG_INTERVAL_S = 10.0
+
+
+class _RateLimiter:
+    """Allows one event per interval; counts what it held back."""
+
+    def __init__(self, interval_s: float) -> None:
+        self._interval_s = interval_s
+        self._last = -interval_s
+        self.suppressed = 0
+
+    def allow(self) -> bool:
+        now = time.monotonic()
+        if now - self._last >= self._interval_s:
+            self._last = now
+            return True
+        self.suppressed += 1
+        return False
+
+
+_error_log_limiter = _RateLimiter(_ERROR_LOG_INTERVAL_S)
 
 
 class Schedule:
@@ -116,13 +137,19 @@ class Watch:
         self.ttl_ms = observation.ttl_ms
         if observation.fingerprint == self.fingerprint:
             return None
-        self.fingerprint = observation.fingerprint
+        previous, self.fingerprint = self.fingerprint, observation.fingerprint
         self.generation += 1
         self.last_change_at = time.time()
         self._metrics.changes.labels(self.key.kind).inc()
         logger.info(
             "change detected",
-            extra={"watch": self.key.short_hash, "kind": self.key.kind, "generation": self.generation},
+            extra={
+                "watch": self.key.short_hash,
+                "kind": self.key.kind,
+                "generation": self.generation,
+                "old": previous[:8],
+                "new": self.fingerprint[:8],
+            },
         )
         return ChangeEvent(self.key, self.fingerprint, self.generation, self.last_change_at)
 
@@ -190,8 +217,9 @@ class Watch:
         if isinstance(exc, UpstreamHTTPError) and exc.is_auth_failure:
             self._on_auth_failure(self, exc)
             return
-        # Expected failures (upstream down) log once per outage at info; others at warning.
-        if self.consecutive_errors == 1:
+        # Expected failures (upstream down) log at info, others at warning; at most one line per interval
+        # for all watches together, so an outage with thousands of watches stays readable.
+        if self.consecutive_errors == 1 and _error_log_limiter.allow():
             level = logging.INFO if exc.is_transport_failure else logging.WARNING
             logger.log(
                 level,

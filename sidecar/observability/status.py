@@ -1,0 +1,114 @@
+"""`GET /status`: what the sidecar is doing right now, as JSON or, for a browser, a small HTML page."""
+
+from __future__ import annotations
+
+import html
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from sidecar import __version__
+from sidecar.downstream.listen import StreamHub
+from sidecar.observability.logs import INSTANCE_ID
+from sidecar.partition import PUBLIC
+from sidecar.upstream.client import UpstreamClient
+from sidecar.watch.registry import WatchRegistry
+
+__all__ = ["MAX_WATCHES_SHOWN", "make_status", "status_snapshot"]
+
+MAX_WATCHES_SHOWN = 100
+"""The page lists the most-subscribed watches only; totals count them all."""
+
+_STARTED = time.monotonic()
+
+
+def _when(timestamp: float | None) -> str | None:
+    if timestamp is None:
+        return None
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(timestamp))
+
+
+def status_snapshot(upstream: UpstreamClient, registry: WatchRegistry, hub: StreamHub) -> dict[str, Any]:
+    """The status document; partitions appear only as a short hash, never as a credential."""
+    watches = sorted(registry.watches(), key=lambda watch: watch.refs, reverse=True)
+    shown = []
+    for watch in watches[:MAX_WATCHES_SHOWN]:
+        key = watch.key
+        shown.append(
+            {
+                "kind": key.kind,
+                "uri": key.uri,
+                "partition": PUBLIC if key.partition == PUBLIC else key.short_hash[:8],
+                "interval_ms": int(watch.interval_s * 1000),
+                "last_poll": _when(watch.last_poll_at),
+                "last_change": _when(watch.last_change_at),
+                "consecutive_errors": watch.consecutive_errors,
+                "subscribers": watch.refs,
+            }
+        )
+    info = upstream.info
+    return {
+        "version": __version__,
+        "instance": INSTANCE_ID,
+        "uptime_s": round(time.monotonic() - _STARTED, 1),
+        "ready": bool(upstream.up),
+        "upstream": {
+            "url": upstream.url,
+            "era": info.era if info is not None else None,
+            "up": upstream.up,
+            "last_error": upstream.last_error,
+        },
+        "counts": {
+            "streams": hub.stream_count,
+            "watches": len(watches),
+            "partitions": len({watch.key.partition for watch in watches}),
+        },
+        "watches": shown,
+        "watches_shown": len(shown),
+    }
+
+
+def _render_html(status: dict[str, Any]) -> str:
+    def cell(value: Any) -> str:
+        return f"<td>{html.escape('' if value is None else str(value))}</td>"
+
+    columns = [
+        "kind",
+        "uri",
+        "partition",
+        "interval_ms",
+        "last_poll",
+        "last_change",
+        "consecutive_errors",
+        "subscribers",
+    ]
+    rows = "".join("<tr>" + "".join(cell(watch[c]) for c in columns) + "</tr>" for watch in status["watches"])
+    upstream = status["upstream"]
+    counts = status["counts"]
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'><title>mcp-sidecar status</title>"
+        "<style>body{font-family:sans-serif}td,th{padding:2px 8px;text-align:left}</style></head><body>"
+        f"<h1>mcp-sidecar {html.escape(status['version'])}</h1>"
+        f"<p>instance {html.escape(status['instance'])}, up {status['uptime_s']} s, "
+        f"ready: {'yes' if status['ready'] else 'no'}</p>"
+        f"<p>upstream {html.escape(upstream['url'])} (era {html.escape(str(upstream['era']))})"
+        f"{' — ' + html.escape(upstream['last_error']) if upstream['last_error'] else ''}</p>"
+        f"<p>{counts['streams']} streams, {counts['watches']} watches, {counts['partitions']} partitions "
+        f"(showing {status['watches_shown']})</p>"
+        "<table><tr>" + "".join(f"<th>{c}</th>" for c in columns) + f"</tr>{rows}</table></body></html>"
+    )
+
+
+def make_status(
+    upstream: UpstreamClient, registry: WatchRegistry, hub: StreamHub
+) -> Callable[[web.Request], Awaitable[web.Response]]:
+    async def status(request: web.Request) -> web.Response:
+        snapshot = status_snapshot(upstream, registry, hub)
+        if "text/html" in request.headers.get("Accept", ""):
+            return web.Response(text=_render_html(snapshot), content_type="text/html")
+        return web.Response(body=orjson.dumps(snapshot), content_type="application/json")
+
+    return status
