@@ -7,18 +7,22 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
+from sidecar.bus.base import Bus
 from sidecar.bus.memory import MemoryBus
+from sidecar.bus.redis import RedisCluster
 from sidecar.config import SidecarConfig
 from sidecar.downstream.handler import McpEndpoint, no_tracebacks
 from sidecar.downstream.listen import StreamHub
 from sidecar.downstream.readthrough import ReadThrough
 from sidecar.observability.health import healthz, make_readyz
+from sidecar.observability.logs import INSTANCE_ID
 from sidecar.observability.metrics import CONTENT_TYPE_LATEST, Metrics
 from sidecar.observability.status import make_status
+from sidecar.partition import set_partition_key
 from sidecar.upstream.client import UpstreamClient
 from sidecar.watch.registry import WatchRegistry
 
-__all__ = ["CONFIG", "HUB", "METRICS", "REGISTRY", "UPSTREAM", "build_app"]
+__all__ = ["CLUSTER", "CONFIG", "HUB", "METRICS", "REGISTRY", "UPSTREAM", "build_app"]
 
 logger = logging.getLogger(__name__)
 
@@ -27,6 +31,7 @@ METRICS = web.AppKey("metrics", Metrics)
 UPSTREAM = web.AppKey("upstream", UpstreamClient)
 REGISTRY = web.AppKey("registry", WatchRegistry)
 HUB = web.AppKey("hub", StreamHub)
+CLUSTER = web.AppKey("cluster", RedisCluster)
 
 
 def build_app(config: SidecarConfig) -> web.Application:
@@ -38,11 +43,25 @@ def build_app(config: SidecarConfig) -> web.Application:
     app[METRICS] = metrics
     app[UPSTREAM] = upstream
     app.cleanup_ctx.append(_upstream_context)
-    bus = MemoryBus()
+    bus: Bus
+    cluster: RedisCluster | None = None
+    if config.bus.backend == "redis":
+        cluster = RedisCluster(
+            config.bus.redis_url.get_secret_value(),
+            instance=INSTANCE_ID,
+            metrics=metrics,
+            lease_ms=config.bus.lease_ms,
+            fallback=config.bus.fallback == "local",
+        )
+        app[CLUSTER] = cluster
+        app.cleanup_ctx.append(_cluster_context)
+        bus = cluster
+    else:
+        bus = MemoryBus()
     readthrough = ReadThrough(config.cache, metrics)
     # Subscribed before the streams: a change drops stale cache entries before anyone is told to re-read.
     bus.subscribe(readthrough.on_change)
-    registry = WatchRegistry(upstream, config.polling, bus, metrics)
+    registry = WatchRegistry(upstream, config.polling, bus, metrics, coordinator=cluster)
     hub = StreamHub(registry, upstream, bus, config.streams, metrics)
     app[REGISTRY] = registry
     app[HUB] = hub
@@ -57,7 +76,7 @@ def build_app(config: SidecarConfig) -> web.Application:
     app.router.add_get(path, _method_not_allowed, allow_head=False)
     app.router.add_delete(path, _method_not_allowed)
     app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", make_readyz(upstream))
+    app.router.add_get("/readyz", make_readyz(upstream, lambda: cluster.degraded if cluster else None))
     app.router.add_get(config.metrics.path, _metrics_handler)
     app.router.add_get("/status", make_status(upstream, registry, hub))
     return app
@@ -68,6 +87,13 @@ async def _upstream_context(app: web.Application) -> AsyncIterator[None]:
     await upstream.start()
     yield
     await upstream.aclose()
+
+
+async def _cluster_context(app: web.Application) -> AsyncIterator[None]:
+    cluster = app[CLUSTER]
+    set_partition_key(await cluster.start())
+    yield
+    await cluster.aclose()
 
 
 async def _watch_context(app: web.Application) -> AsyncIterator[None]:

@@ -6,7 +6,9 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
+import subprocess
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -15,12 +17,15 @@ from aiohttp import web
 
 from sidecar import __version__
 from sidecar.app import build_app
+from sidecar.bus.redis import RedisUnavailable
 from sidecar.config import ConfigError, SidecarConfig, load_config
 from sidecar.observability.logs import configure_logging
 
-__all__ = ["main", "serve"]
+__all__ = ["main", "run_workers", "serve"]
 
 logger = logging.getLogger(__name__)
+
+_WORKER_ENV = "MCP_SIDECAR_WORKER"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -30,6 +35,9 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command")
     run = sub.add_parser("run", help="run the sidecar in the foreground until SIGTERM or Ctrl-C")
     run.add_argument("--config", dest="run_config", help="YAML config file")
+    run.add_argument(
+        "--workers", type=int, default=1, help="processes sharing the port (SO_REUSEPORT); >1 needs bus.backend: redis"
+    )
     check = sub.add_parser("check-config", help="validate a config file and print the effective config")
     check.add_argument("file")
     sub.add_parser("demo", help="an embedded legacy upstream with the sidecar in front, changing every few seconds")
@@ -71,22 +79,60 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(run_demo(config))
         path = getattr(args, "run_config", None) or args.config
         config = load_config(path).with_overrides(_flag_overrides(args))
+        workers = getattr(args, "workers", 1)
+        _check_workers(config, workers)
     except ConfigError as exc:
         print(f"mcp-sidecar: {exc}", file=sys.stderr)
         return 1
     configure_logging(config.logging.level, config.logging.format)
-    return asyncio.run(serve(config))
+    if workers > 1 and os.environ.get(_WORKER_ENV) is None:
+        return run_workers(workers, argv if argv is not None else sys.argv[1:])
+    return asyncio.run(serve(config, reuse_port=workers > 1))
 
 
-async def serve(config: SidecarConfig, ready: asyncio.Event | None = None) -> int:
+def _check_workers(config: SidecarConfig, workers: int) -> None:
+    if workers < 1:
+        raise ConfigError("--workers: must be at least 1")
+    if workers > 1 and config.bus.backend != "redis":
+        raise ConfigError(
+            f"bus.backend: --workers {workers} needs bus.backend: redis (each worker is its own process; "
+            "without a shared bus a change seen by one would not reach the streams of another)"
+        )
+    if workers > 1 and config.listen.port == 0:
+        raise ConfigError("listen.port: --workers needs a fixed port for the workers to share")
+
+
+def run_workers(count: int, argv: Sequence[str]) -> int:
+    """Start `count` worker processes on one port and forward SIGTERM/SIGINT to them until all exit."""
+    env = {**os.environ, _WORKER_ENV: "1"}
+    command = [sys.executable, "-m", "sidecar.cli", *argv]
+    children = [subprocess.Popen(command, env=env) for _ in range(count)]
+
+    def forward(signum: int, _frame: object) -> None:
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    codes = [child.wait() for child in children]
+    return max(codes, default=0)
+
+
+async def serve(config: SidecarConfig, ready: asyncio.Event | None = None, *, reuse_port: bool = False) -> int:
     """Serve until SIGTERM or SIGINT, then shut down in order: streams end, requests drain, parts close."""
     app = build_app(config)
     runner = web.AppRunner(
         app, handler_cancellation=True, shutdown_timeout=config.listen.shutdown_grace_s, access_log=None
     )
-    await runner.setup()
     try:
-        site = web.TCPSite(runner, config.listen.host, config.listen.port)
+        await runner.setup()
+    except RedisUnavailable as exc:
+        print(f"mcp-sidecar: {exc} (set bus.fallback: local to start without it)", file=sys.stderr)
+        await runner.cleanup()
+        return 1
+    try:
+        site = web.TCPSite(runner, config.listen.host, config.listen.port, reuse_port=reuse_port or None)
         await site.start()
     except OSError as exc:
         await runner.cleanup()
@@ -94,6 +140,8 @@ async def serve(config: SidecarConfig, ready: asyncio.Event | None = None) -> in
             f"mcp-sidecar: cannot listen on {config.listen.host}:{config.listen.port}: {exc.strerror}", file=sys.stderr
         )
         return 1
+    # SecretStr fields dump as asterisks: the summary never carries a token or a password.
+    logger.info("configuration", extra={"config": config.model_dump(mode="json")})
     host, port = runner.addresses[0][:2]
     url_host = f"[{host}]" if ":" in host else host  # an IPv6 address needs brackets in a URL
     logger.info(

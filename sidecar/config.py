@@ -46,6 +46,7 @@ DEFAULT_LINGER_MS = 5_000
 DEFAULT_REVALIDATE_DEBOUNCE_MS = 50
 DEFAULT_CACHE_ENTRIES = 10_000
 DEFAULT_CACHE_BYTES = 64 * 1_048_576
+DEFAULT_LEASE_MS = 5_000
 DEFAULT_KEEPALIVE_S = 15.0  # aiohttp-sse's default; well under common 60 s proxy idle timeouts
 DEFAULT_MAX_STREAMS = 10_000
 DEFAULT_MAX_URIS_PER_STREAM = 1_000
@@ -151,7 +152,11 @@ class StreamsConfig(_Section):
 
 class BusConfig(_Section):
     backend: Literal["memory", "redis"] = Field("memory", description="redis for several replicas.")
-    redis_url: SecretStr = Field(SecretStr("redis://127.0.0.1:6379/0"))
+    redis_url: SecretStr = Field(SecretStr("redis://127.0.0.1:6379/0"), description="Used when backend is redis.")
+    fallback: Literal["none", "local"] = Field(
+        "none", description="Redis unreachable at start: none fails, local starts polling on its own."
+    )
+    lease_ms: int = Field(DEFAULT_LEASE_MS, ge=300, description="Poll lease life; renewed at a third of it.")
 
 
 class MetricsConfig(_Section):

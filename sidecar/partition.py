@@ -6,7 +6,7 @@ import hashlib
 import hmac
 import secrets
 
-__all__ = ["ANONYMOUS", "PUBLIC", "context_id"]
+__all__ = ["ANONYMOUS", "PUBLIC", "context_id", "set_partition_key"]
 
 PUBLIC = "public"
 """The partition of results whose cacheScope is public: shared by every client."""
@@ -14,12 +14,18 @@ PUBLIC = "public"
 ANONYMOUS = "anon"
 """The authorization context of requests without credentials."""
 
-_PROCESS_KEY = secrets.token_bytes(32)
+_key = secrets.token_bytes(32)
+
+
+def set_partition_key(key: bytes) -> None:
+    """Use a key shared by every replica (from Redis), so one credential names one context cluster-wide."""
+    global _key
+    _key = key
 
 
 def context_id(authorization: str | None, key: bytes | None = None) -> str:
     """A short, stable, non-reversible name for the authorization context of a credential."""
     if not authorization:
         return ANONYMOUS
-    digest = hmac.new(key or _PROCESS_KEY, authorization.encode("utf-8"), hashlib.sha256).hexdigest()
+    digest = hmac.new(key or _key, authorization.encode("utf-8"), hashlib.sha256).hexdigest()
     return f"ctx-{digest[:20]}"

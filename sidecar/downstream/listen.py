@@ -172,19 +172,19 @@ class StreamHub:
         stream = ListenStream(message.id, self._metrics)
         self._streams.add(stream)
         self._metrics.listen_streams.inc()
+        response = _EventStream(self._metrics, self._config.keepalive_s)
         try:
             honoured = await self._subscribe(stream, wanted, credential)
-            response = _EventStream(self._metrics, self._config.keepalive_s)
             await response.prepare(request)
             await response.send(orjson.dumps(ack_notification(message.id, honoured)).decode())
             logger.info("listen stream opened", extra={"subscription_id": message.id, "watches": len(stream.handles)})
             await stream.pump(response)
             await response.write_eof()
-            return response
-        except (ConnectionResetError, asyncio.CancelledError):
-            raise
+        except ConnectionResetError:
+            stream.end_reason = "client"  # gone mid-write: an ordinary end, nothing to answer
         finally:
             self._end(stream)
+        return response
 
     async def _subscribe(
         self, stream: ListenStream, wanted: SubscriptionFilter, credential: str | None

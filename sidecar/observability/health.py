@@ -16,11 +16,17 @@ async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
-def make_readyz(upstream: UpstreamClient) -> Callable[[web.Request], Awaitable[web.Response]]:
+def make_readyz(
+    upstream: UpstreamClient, degraded: Callable[[], str | None] = lambda: None
+) -> Callable[[web.Request], Awaitable[web.Response]]:
     async def readyz(request: web.Request) -> web.Response:
-        """200 once the upstream answers; 503 with the reason while it does not."""
+        """200 once the upstream answers (with `degraded` when Redis is lost); 503 while it does not."""
         if await upstream.check():
-            return web.json_response({"status": "ready", "upstream": upstream.url})
+            body: dict[str, str] = {"status": "ready", "upstream": upstream.url}
+            reason = degraded()
+            if reason is not None:
+                body["degraded"] = reason
+            return web.json_response(body)
         reason = upstream.last_error or "upstream not reached yet"
         return web.json_response({"status": "not ready", "upstream": upstream.url, "reason": reason}, status=503)
 

@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from sidecar import __version__
+from sidecar.protocol.constants import LIST_CHANGED_METHODS, RESOURCE_UPDATED_METHOD
 
 __all__ = ["CONTENT_TYPE_LATEST", "Metrics", "method_label"]
 
@@ -30,6 +31,11 @@ _KNOWN_METHODS = frozenset(
         "legacy-session",
     }
 )
+_WATCH_KINDS = ("resource", *LIST_CHANGED_METHODS)
+_NOTIFICATION_METHODS = (RESOURCE_UPDATED_METHOD, *LIST_CHANGED_METHODS.values())
+_POLL_OUTCOMES = ("ok", "error")
+_LIMITS = ("max_streams", "max_uris_per_stream", "poll_concurrency")
+_END_REASONS = ("client", "shutdown", "auth")
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
@@ -70,6 +76,9 @@ class Metrics:
         self.upstream_up = Gauge("mcp_sidecar_upstream_up", "1 while the upstream answers", registry=r)
         self.upstream_era = Gauge("mcp_sidecar_upstream_era_info", "The era the upstream speaks", ["era"], registry=r)
         self.listen_streams = Gauge("mcp_sidecar_listen_streams", "Open listen streams", registry=r)
+        self.stream_limit = Gauge(
+            "mcp_sidecar_stream_limit", "Configured streams.max_streams (0 until the app sets it)", registry=r
+        )
         self.subscriptions = Gauge("mcp_sidecar_subscriptions", "Stream x URI subscriptions", registry=r)
         self.watches = Gauge("mcp_sidecar_watches", "Active watches by kind", ["kind"], registry=r)
         self.partitions = Gauge("mcp_sidecar_partitions", "Authorization contexts with a watch", registry=r)
@@ -112,6 +121,29 @@ class Metrics:
         self.singleflight_joins = Counter(
             "mcp_sidecar_singleflight_joins", "Requests that joined an identical one in flight", registry=r
         )
+        self.redis_up = Gauge("mcp_sidecar_redis_up", "1 while Redis answers (redis bus only)", registry=r)
+        self.leases_held = Gauge("mcp_sidecar_leases_held", "Poll leases this replica holds", registry=r)
+        self.lease_acquisitions = Counter("mcp_sidecar_lease_acquisitions", "Poll leases acquired", registry=r)
+        self.lease_losses = Counter("mcp_sidecar_lease_losses", "Poll leases lost to another replica", registry=r)
+        self.bus_messages = Counter(
+            "mcp_sidecar_bus_messages", "Change events through Redis, by direction", ["direction"], registry=r
+        )
+        self.bus_publish_failures = Counter(
+            "mcp_sidecar_bus_publish_failures", "Change events that could not be published to Redis", registry=r
+        )
+        # Series of the known label values exist from the start, at 0: a ratio or `increase()` then sees the
+        # first error, rejection or change instead of a series that appears already at 1.
+        for kind in _WATCH_KINDS:
+            self.watches.labels(kind)
+            self.changes.labels(kind)
+            for outcome in _POLL_OUTCOMES:
+                self.polls.labels(kind, outcome)
+        for method in _NOTIFICATION_METHODS:
+            self.notifications.labels(method)
+        for limit in _LIMITS:
+            self.limit_rejections.labels(limit)
+        for reason in _END_REASONS:
+            self.streams_ended.labels(reason)
         build = Gauge("mcp_sidecar_build_info", "Build information", ["version", "python", "aiohttp"], registry=r)
         build.labels(__version__, platform.python_version(), aiohttp.__version__).set(1)
 

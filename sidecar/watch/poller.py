@@ -18,6 +18,7 @@ from sidecar.bus.base import ChangeEvent
 from sidecar.config import PollingConfig
 from sidecar.observability.metrics import Metrics
 from sidecar.protocol.errors import UpstreamError, UpstreamHTTPError
+from sidecar.watch.coordination import LocalCoordinator, PollCoordinator
 from sidecar.watch.keys import WatchKey
 from sidecar.watch.observe import Observation
 
@@ -102,6 +103,7 @@ class Watch:
         next_ticket: Callable[[], int],
         metrics: Metrics,
         on_auth_failure: AuthFailure,
+        coordinator: PollCoordinator | None = None,
     ) -> None:
         self.key = key
         self.fingerprint = baseline.fingerprint
@@ -121,6 +123,7 @@ class Watch:
         self._next_ticket = next_ticket
         self._metrics = metrics
         self._on_auth_failure = on_auth_failure
+        self._coordinator: PollCoordinator = coordinator or LocalCoordinator()
         self._hint = asyncio.Event()
         self._last_start = time.monotonic()
         self._task: asyncio.Task[None] | None = None
@@ -152,6 +155,12 @@ class Watch:
             },
         )
         return ChangeEvent(self.key, self.fingerprint, self.generation, self.last_change_at)
+
+    def adopt(self, fingerprint: str, generation: int) -> None:
+        """Take the cluster's newer state (another replica polled this key and saw a change)."""
+        if generation > self.generation:
+            self.fingerprint = fingerprint
+            self.generation = generation
 
     def hint(self) -> None:
         """Poll soon (not sooner than min_interval_ms after the last poll); repeated hints coalesce."""
@@ -185,7 +194,10 @@ class Watch:
                 if due > time.monotonic():
                     await asyncio.sleep(due - time.monotonic())
             self._hint.clear()
-            await self.poll_once(due)
+            if self._coordinator.may_poll(self.key):
+                await self.poll_once(due)
+            else:
+                self._last_start = time.monotonic()  # another replica holds the lease; look again later
 
     async def poll_once(self, due: float) -> None:
         if self._gate.locked():
@@ -209,6 +221,7 @@ class Watch:
         self._metrics.polls.labels(self.key.kind, "ok").inc()
         event = self.offer(observation, ticket)
         if event is not None:
+            await self._coordinator.record(self.key, event.fingerprint, event.generation)
             await self._sink(event)
 
     def _failed(self, exc: UpstreamError) -> None:

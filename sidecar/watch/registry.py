@@ -19,12 +19,13 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from sidecar.bus.base import Bus
+from sidecar.bus.base import Bus, ChangeEvent
 from sidecar.config import PollingConfig
 from sidecar.observability.metrics import Metrics
 from sidecar.partition import ANONYMOUS, PUBLIC, context_id
 from sidecar.protocol.errors import UpstreamError, UpstreamHTTPError
 from sidecar.upstream.client import UpstreamClient
+from sidecar.watch.coordination import LocalCoordinator, PollCoordinator
 from sidecar.watch.fingerprint import ABSENT
 from sidecar.watch.keys import WatchKey, WatchKind
 from sidecar.watch.observe import Observation, observation_from_read, observe
@@ -59,8 +60,16 @@ class Handle:
 class WatchRegistry:
     """WatchKey -> Watch, with credentials per context and the revalidate-on-write hints."""
 
-    def __init__(self, upstream: UpstreamClient, config: PollingConfig, bus: Bus, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        upstream: UpstreamClient,
+        config: PollingConfig,
+        bus: Bus,
+        metrics: Metrics,
+        coordinator: PollCoordinator | None = None,
+    ) -> None:
         self._upstream = upstream
+        self._coordinator: PollCoordinator = coordinator or LocalCoordinator()
         self._config = config
         self._bus = bus
         self._metrics = metrics
@@ -77,6 +86,8 @@ class WatchRegistry:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._auth_listeners: list[AuthFailureListener] = []
         upstream.on_recovered = self._upstream_recovered
+        self._unsubscribe = bus.subscribe(self._on_change)
+        self._coordinator.on_revalidate(self._hint_contexts)
 
     # -- reading ---------------------------------------------------------------------------------------
 
@@ -145,6 +156,7 @@ class WatchRegistry:
             next_ticket=self.ticket,
             metrics=self._metrics,
             on_auth_failure=self._auth_failed,
+            coordinator=self._coordinator,
         )
         self._watches[key] = watch
         self._credentials[key] = {}
@@ -157,6 +169,8 @@ class WatchRegistry:
 
     def _add_ref(self, watch: Watch, context: str, credential: str | None) -> Handle:
         watch.refs += 1
+        if watch.refs == 1:
+            self._coordinator.track(watch)
         linger = self._lingers.pop(watch.key, None)
         if linger is not None:
             linger.cancel()
@@ -177,6 +191,8 @@ class WatchRegistry:
             if entry[1] <= 0:
                 del holders[handle.context]  # the credential leaves memory with its last stream
         if watch.refs <= 0:
+            # No local interest: the lease goes to a replica that still has some; we linger, unpolled.
+            self._coordinator.untrack(watch.key)
             self._linger(watch)
 
     def _linger(self, watch: Watch) -> None:
@@ -252,11 +268,21 @@ class WatchRegistry:
             self._revalidate_timer = loop.call_later(delay, self._fire_revalidate)
 
     def _fire_revalidate(self) -> None:
-        contexts, self._hinted_contexts = self._hinted_contexts, set()
+        contexts, self._hinted_contexts = frozenset(self._hinted_contexts), set()
         self._revalidate_timer = None
+        self._spawn(self._coordinator.announce_revalidate(contexts))
+        self._hint_contexts(contexts)
+
+    def _hint_contexts(self, contexts: frozenset[str]) -> None:
         for watch in self._watches.values():
             if watch.key.partition == PUBLIC or watch.key.partition in contexts:
                 watch.hint()
+
+    def _on_change(self, event: ChangeEvent) -> None:
+        # Changes seen by other replicas keep this replica's copy current, for when it takes the lease.
+        watch = self._watches.get(event.key)
+        if watch is not None:
+            watch.adopt(event.fingerprint, event.generation)
 
     def _upstream_recovered(self) -> None:
         # Every watch that failed during the outage re-reads now instead of waiting out its backoff.
@@ -279,6 +305,7 @@ class WatchRegistry:
         task.add_done_callback(self._tasks.discard)
 
     async def aclose(self) -> None:
+        self._unsubscribe()
         for timer in self._lingers.values():
             timer.cancel()
         self._lingers.clear()
