@@ -12,6 +12,7 @@ from sidecar.bus.memory import MemoryBus
 from sidecar.bus.redis import RedisCluster
 from sidecar.config import SidecarConfig
 from sidecar.downstream.handler import McpEndpoint, no_tracebacks
+from sidecar.downstream.legacy import LegacySessions
 from sidecar.downstream.listen import StreamHub
 from sidecar.downstream.readthrough import ReadThrough
 from sidecar.observability.health import healthz, make_readyz
@@ -22,7 +23,7 @@ from sidecar.partition import set_partition_key
 from sidecar.upstream.client import UpstreamClient
 from sidecar.watch.registry import WatchRegistry
 
-__all__ = ["CLUSTER", "CONFIG", "HUB", "METRICS", "REGISTRY", "UPSTREAM", "build_app"]
+__all__ = ["CLUSTER", "CONFIG", "HUB", "LEGACY", "METRICS", "REGISTRY", "UPSTREAM", "build_app"]
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +33,7 @@ UPSTREAM = web.AppKey("upstream", UpstreamClient)
 REGISTRY = web.AppKey("registry", WatchRegistry)
 HUB = web.AppKey("hub", StreamHub)
 CLUSTER = web.AppKey("cluster", RedisCluster)
+LEGACY = web.AppKey("legacy", LegacySessions)
 
 
 def build_app(config: SidecarConfig) -> web.Application:
@@ -63,18 +65,26 @@ def build_app(config: SidecarConfig) -> web.Application:
     bus.subscribe(readthrough.on_change)
     registry = WatchRegistry(upstream, config.polling, bus, metrics, coordinator=cluster)
     hub = StreamHub(registry, upstream, bus, config.streams, metrics)
+    legacy = LegacySessions(upstream, registry, hub, config.streams, metrics)
     app[REGISTRY] = registry
     app[HUB] = hub
+    app[LEGACY] = legacy
     app.cleanup_ctx.append(_watch_context)
     app.on_shutdown.append(_end_streams)
 
     endpoint = McpEndpoint(
-        config, upstream, listen=hub.handle_listen, observer=registry, readthrough=readthrough, metrics=metrics
+        config,
+        upstream,
+        listen=hub.handle_listen,
+        observer=registry,
+        readthrough=readthrough,
+        metrics=metrics,
+        legacy=legacy,
     )
     path = config.listen.path
     app.router.add_post(path, endpoint.handle_post)
-    app.router.add_get(path, _method_not_allowed, allow_head=False)
-    app.router.add_delete(path, _method_not_allowed)
+    app.router.add_get(path, endpoint.handle_get, allow_head=False)
+    app.router.add_delete(path, endpoint.handle_delete)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", make_readyz(upstream, lambda: cluster.degraded if cluster else None))
     app.router.add_get(config.metrics.path, _metrics_handler)
@@ -97,7 +107,9 @@ async def _cluster_context(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _watch_context(app: web.Application) -> AsyncIterator[None]:
+    app[LEGACY].start()
     yield
+    await app[LEGACY].aclose()
     app[HUB].aclose()
     await app[REGISTRY].aclose()
 
@@ -105,11 +117,7 @@ async def _watch_context(app: web.Application) -> AsyncIterator[None]:
 async def _end_streams(app: web.Application) -> None:
     # Runs before aiohttp waits for handlers: each listen handler then writes its complete frame and returns.
     await app[HUB].close_all("shutdown")
-
-
-async def _method_not_allowed(request: web.Request) -> web.Response:
-    # 2026-07-28 removed the GET stream and DELETE; a modern endpoint answers 405 (protocol.md §4.6).
-    return web.Response(status=405, headers={"Allow": "POST"})
+    await app[LEGACY].aclose()
 
 
 async def _metrics_handler(request: web.Request) -> web.Response:

@@ -13,6 +13,7 @@ from aiohttp import web
 
 from sidecar.config import SidecarConfig
 from sidecar.downstream.guards import check_host_and_origin, read_body
+from sidecar.downstream.legacy import LegacySessions
 from sidecar.downstream.readthrough import ReadThrough, is_shareable
 from sidecar.observability.metrics import Metrics, method_label
 from sidecar.partition import context_id
@@ -43,8 +44,9 @@ logger = logging.getLogger(__name__)
 JsonObject = dict[str, Any]
 ListenHandler = Callable[[web.Request, Message], Awaitable[web.StreamResponse]]
 
-_METHOD_KEY = "mcp_sidecar.method"
-_OUTCOME_KEY = "mcp_sidecar.outcome"
+# Typed keys: a plain string key makes aiohttp warn (NotAppKeyWarning), an error under our test settings.
+_METHOD_KEY = web.RequestKey("mcp_sidecar.method", str)
+_OUTCOME_KEY = web.RequestKey("mcp_sidecar.outcome", str)
 
 DISCOVER_TTL_MS = 300_000
 """Capabilities change only when the upstream is replaced; clients may cache discover for five minutes."""
@@ -110,7 +112,9 @@ class McpEndpoint:
         observer: ForwardObserver | None = None,
         readthrough: ReadThrough | None = None,
         metrics: Metrics | None = None,
+        legacy: LegacySessions,
     ) -> None:
+        self._legacy = legacy
         self._metrics = metrics or Metrics()
         self._config = config
         self._upstream = upstream
@@ -135,15 +139,15 @@ class McpEndpoint:
             if refused is not None:
                 raise refused
             body = await read_body(request, self._config.listen.max_body_bytes)
-            if HEADER_SESSION_ID in request.headers:
-                # A legacy session is the upstream's: whatever is posted on it (including the client's
-                # answers to the upstream's own requests, which are not requests) goes through untouched.
-                return await self._write_reply(request, await self._upstream.relay(body, request.headers))
-            message = parse_message(body)
-            request_id = message.id
-            request[_METHOD_KEY] = message.method
-            if detect_era(message, request.headers) == "legacy":
-                return await self._write_reply(request, await self._upstream.relay(body, request.headers))
+            message: Message | None = None
+            if HEADER_SESSION_ID not in request.headers:
+                message = parse_message(body)
+                request_id = message.id
+                request[_METHOD_KEY] = message.method
+            if message is None or detect_era(message, request.headers) == "legacy":
+                # Legacy sessions are served by the sidecar, riding on an upstream session of their own.
+                answer = await self._legacy.handle_post(request, body)
+                return answer if isinstance(answer, web.StreamResponse) else await self._write_reply(request, answer)
             validate_modern(message, request.headers)
             if message.is_notification:
                 return web.Response(status=202)
@@ -154,6 +158,34 @@ class McpEndpoint:
             return self._error(request_id, exc.to_rpc(), exc.headers)
         except UpstreamError as exc:
             return self._error(request_id, exc.to_rpc())
+        except Exception:  # boundary: a bug handling one request must not reach the client as a traceback
+            logger.exception("unexpected failure handling a request")
+            return self._error(request_id, InternalError("internal error"))
+
+    async def handle_get(self, request: web.Request) -> web.StreamResponse:
+        """GET: a legacy session's SSE stream; without a session, 405 (the modern era has no GET)."""
+        if HEADER_SESSION_ID not in request.headers:
+            return web.Response(status=405, headers={"Allow": "POST"})
+        return await self._legacy_call(request, self._legacy.handle_get)
+
+    async def handle_delete(self, request: web.Request) -> web.StreamResponse:
+        """DELETE: end a legacy session; without a session, 405."""
+        if HEADER_SESSION_ID not in request.headers:
+            return web.Response(status=405, headers={"Allow": "POST"})
+        return await self._legacy_call(request, self._legacy.handle_delete)
+
+    async def _legacy_call(
+        self, request: web.Request, call: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        refused = check_host_and_origin(request, self._config.listen)
+        try:
+            if refused is not None:
+                raise refused
+            return await call(request)
+        except RpcError as exc:
+            return self._error(None, exc)
+        except UpstreamError as exc:
+            return self._error(None, exc.to_rpc())
 
     async def _route(self, request: web.Request, message: Message) -> web.StreamResponse:
         method = message.method

@@ -12,7 +12,7 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 from aiohttp import web
@@ -29,7 +29,7 @@ from sidecar.upstream.client import UpstreamClient
 from sidecar.watch.keys import WatchKey, WatchKind
 from sidecar.watch.registry import Handle, WatchRegistry
 
-__all__ = ["ListenStream", "StreamHub", "SubscriptionFilter", "parse_filter"]
+__all__ = ["ListenStream", "SignalSink", "StreamHub", "SubscriptionFilter", "parse_filter"]
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +83,17 @@ class _EventStream(EventSourceResponse):
         if bytes(data[:1]) == b":":
             self._metrics.keepalives.inc()
         await super().write(data)
+
+
+class SignalSink(Protocol):
+    """Something the hub delivers change signals to: a listen stream, or a legacy session."""
+
+    @property
+    def handles(self) -> list[Handle]: ...
+
+    def signal(self, method: str, uri: str | None, detected_at: float) -> None: ...
+
+    def close(self, reason: str) -> None: ...
 
 
 class ListenStream:
@@ -141,8 +152,7 @@ class StreamHub:
         self._upstream = upstream
         self._config = config
         self._metrics = metrics
-        self._by_key: dict[WatchKey, set[ListenStream]] = {}
-        self._by_context: dict[str, set[ListenStream]] = {}
+        self._by_key: dict[WatchKey, set[SignalSink]] = {}
         self._streams: set[ListenStream] = set()
         self._unsubscribe: Callable[[], None] = bus.subscribe(self._on_change)
         registry.on_auth_failure(self._on_auth_failure)
@@ -150,6 +160,17 @@ class StreamHub:
     @property
     def stream_count(self) -> int:
         return len(self._streams)
+
+    def attach(self, sink: SignalSink, handle: Handle) -> None:
+        """Deliver changes of `handle`'s key to `sink` (a listen stream or a legacy session)."""
+        self._by_key.setdefault(handle.key, set()).add(sink)
+
+    def detach(self, sink: SignalSink, handle: Handle) -> None:
+        holders = self._by_key.get(handle.key)
+        if holders is not None:
+            holders.discard(sink)
+            if not holders:
+                del self._by_key[handle.key]
 
     def _on_change(self, event: ChangeEvent) -> None:
         for stream in self._by_key.get(event.key, ()):
@@ -206,7 +227,7 @@ class StreamHub:
                 return False
             # Registered at once, before any other await, so a change after this baseline reaches us.
             stream.handles.append(handle)
-            self._by_key.setdefault(handle.key, set()).add(stream)
+            self.attach(stream, handle)
             return True
 
         joined = await asyncio.gather(
@@ -222,11 +243,7 @@ class StreamHub:
     def _end(self, stream: ListenStream) -> None:
         self._streams.discard(stream)
         for handle in stream.handles:
-            holders = self._by_key.get(handle.key)
-            if holders is not None:
-                holders.discard(stream)
-                if not holders:
-                    del self._by_key[handle.key]
+            self.detach(stream, handle)
             if handle.key.kind == "resource":
                 self._metrics.subscriptions.dec()
             handle.release()

@@ -79,6 +79,7 @@ class Metrics:
         self.stream_limit = Gauge(
             "mcp_sidecar_stream_limit", "Configured streams.max_streams (0 until the app sets it)", registry=r
         )
+        self.legacy_sessions = Gauge("mcp_sidecar_legacy_sessions", "Open 2025-11-25 client sessions", registry=r)
         self.subscriptions = Gauge("mcp_sidecar_subscriptions", "Stream x URI subscriptions", registry=r)
         self.watches = Gauge("mcp_sidecar_watches", "Active watches by kind", ["kind"], registry=r)
         self.partitions = Gauge("mcp_sidecar_partitions", "Authorization contexts with a watch", registry=r)

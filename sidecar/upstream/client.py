@@ -223,21 +223,34 @@ class UpstreamClient:
                 headers[name] = value
         return await self._relay_post(orjson.dumps(message.raw), headers)
 
-    async def relay(self, body: bytes, client_headers: Mapping[str, str]) -> Reply:
-        """Pass a legacy-era client's POST through untouched; the upstream owns that session."""
+    async def relay(
+        self,
+        body: bytes | None,
+        client_headers: Mapping[str, str],
+        *,
+        session_id: str | None = None,
+        http_method: str = "POST",
+    ) -> Reply:
+        """Pass a legacy-era client's request through on the upstream session `session_id` (the upstream's
+        own id; the client's session header is replaced by it, or dropped when None)."""
         headers = self.forwarded_headers(client_headers)
         for name, value in client_headers.items():
-            if name.lower() in ("mcp-protocol-version", "mcp-session-id"):
+            if name.lower() == "mcp-protocol-version":
                 headers[name] = value
+        if session_id is not None:
+            headers[HEADER_SESSION_ID] = session_id
         with self._observe("legacy-session"):
-            return await self._relay_post(body, headers, pass_session=True)
+            return await self._relay_post(body, headers, pass_session=True, http_method=http_method)
 
-    async def _relay_post(self, body: bytes, headers: dict[str, str], *, pass_session: bool = False) -> Reply:
-        headers["Content-Type"] = "application/json"
-        headers["Accept"] = "application/json, text/event-stream"
+    async def _relay_post(
+        self, body: bytes | None, headers: dict[str, str], *, pass_session: bool = False, http_method: str = "POST"
+    ) -> Reply:
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+        headers["Accept"] = "application/json, text/event-stream" if http_method == "POST" else SSE_CONTENT_TYPE
         names = (*_PASSTHROUGH_RESPONSE_HEADERS, HEADER_SESSION_ID) if pass_session else _PASSTHROUGH_RESPONSE_HEADERS
         stack = contextlib.AsyncExitStack()
-        response = await stack.enter_async_context(self._http.post(body, headers, streaming=True))
+        response = await stack.enter_async_context(self._http.send(http_method, body, headers, streaming=True))
         try:
             passthrough = {name: response.headers[name] for name in names if name in response.headers}
             if response.headers.get("Content-Type", "").startswith(SSE_CONTENT_TYPE) and response.status < 300:
@@ -248,6 +261,8 @@ class UpstreamClient:
             raise
         await stack.aclose()
         decoded = _try_json(body)
+        if http_method != "POST" and response.status < 500:
+            return Reply(response.status, passthrough, message=decoded, body=body)
         if response.status in (401, 403) or isinstance(decoded, dict) or (response.status < 300 and not body):
             return Reply(response.status, passthrough, message=decoded, body=body)
         if 200 <= response.status < 300:

@@ -80,16 +80,23 @@ class UpstreamHTTP:
             await self._session.close()
             self._session = None
 
-    @contextlib.asynccontextmanager
-    async def post(
+    def post(
         self, body: bytes, headers: Mapping[str, str], *, streaming: bool = False
-    ) -> AsyncIterator[aiohttp.ClientResponse]:
+    ) -> contextlib.AbstractAsyncContextManager[aiohttp.ClientResponse]:
         """POST to the upstream; the response is released when the block ends."""
+        return self.send("POST", body, headers, streaming=streaming)
+
+    @contextlib.asynccontextmanager
+    async def send(
+        self, method: str, body: bytes | None, headers: Mapping[str, str], *, streaming: bool = False
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
+        """One HTTP exchange with the upstream endpoint; the response is released when the block ends."""
         if self._session is None:
-            raise RuntimeError("UpstreamHTTP.post() called before start() or after aclose()")
+            raise RuntimeError("UpstreamHTTP.send() called before start() or after aclose()")
         merged = {**headers, **self._static_headers}
         with translate_errors(self.url):
-            async with self._session.post(
+            async with self._session.request(
+                method,
                 self.url,
                 data=body,
                 headers=merged,

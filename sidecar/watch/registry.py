@@ -36,6 +36,8 @@ __all__ = ["Handle", "WatchRegistry"]
 logger = logging.getLogger(__name__)
 
 JsonObject = dict[str, Any]
+_NEW_WATCH_GRACE_S = 1.0
+
 AuthFailureListener = Callable[[WatchKey, str], None]
 """Told that a context's credential was refused while polling a key (its streams should end)."""
 
@@ -164,7 +166,9 @@ class WatchRegistry:
         self._metrics.watches.labels(key.kind).inc()
         self._refresh_partitions()
         logger.debug("watch started", extra={"watch": key.short_hash, "kind": key.kind})
-        self._linger(watch)  # until a caller takes a reference; all callers may have gone meanwhile
+        # Until a caller takes a reference (all callers may have given up meanwhile); never sooner than the
+        # callers waiting on this baseline can resume, however short the configured linger.
+        self._linger(watch, minimum_s=_NEW_WATCH_GRACE_S)
         return watch
 
     def _add_ref(self, watch: Watch, context: str, credential: str | None) -> Handle:
@@ -195,11 +199,12 @@ class WatchRegistry:
             self._coordinator.untrack(watch.key)
             self._linger(watch)
 
-    def _linger(self, watch: Watch) -> None:
+    def _linger(self, watch: Watch, minimum_s: float = 0.0) -> None:
         if watch.key in self._lingers:
             return
         loop = asyncio.get_running_loop()
-        self._lingers[watch.key] = loop.call_later(self._config.linger_ms / 1000, self._expire, watch.key)
+        delay = max(self._config.linger_ms / 1000, minimum_s)
+        self._lingers[watch.key] = loop.call_later(delay, self._expire, watch.key)
 
     def _expire(self, key: WatchKey) -> None:
         self._lingers.pop(key, None)
@@ -248,11 +253,10 @@ class WatchRegistry:
             return
         error = answer.get("error")
         if isinstance(error, dict) and error.get("code") in (-32602, -32002):
-            gone = Observation(ABSENT, None, False)
-            for partition in (PUBLIC, context_id(credential)):
-                watch = self._watches.get(WatchKey("resource", uri, partition))
-                if watch is not None:
-                    self._apply(watch, gone, ticket)
+            # Only this context's own watch: a resource hidden from one user is not gone for everyone.
+            watch = self._watches.get(WatchKey("resource", uri, context_id(credential)))
+            if watch is not None:
+                self._apply(watch, Observation(ABSENT, None, False), ticket)
 
     def _apply(self, watch: Watch, observation: Observation, ticket: int) -> None:
         event = watch.offer(observation, ticket)

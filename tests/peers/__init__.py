@@ -10,6 +10,9 @@ Usage, the one supported shape::
 leaving it calls :meth:`Upstream.stop`. ``era="modern"`` is the dual-era 2.3 server without
 subscriptions; ``era="legacy"`` only speaks the handshake era (2025-11-25). See
 ``tests/peers/shop_server.py`` for the resources, tools and admin routes.
+
+``start_bare_upstream`` starts ``tests/peers/bare_server.py`` the same way: a lowlevel-``Server``
+upstream with resources and tools but no prompts (only the log and health admin routes work).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import Any, Literal
 
 import aiohttp
 
-__all__ = ["Upstream", "start_upstream"]
+__all__ = ["BARE_SERVER", "SHOP_SERVER", "Upstream", "start_bare_upstream", "start_upstream"]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 15.0
@@ -36,6 +39,9 @@ _POLL_INTERVAL_S = 0.05
 
 Era = Literal["modern", "legacy"]
 Kind = Literal["tool", "prompt", "resource", "template"]
+
+SHOP_SERVER = "tests.peers.shop_server"
+BARE_SERVER = "tests.peers.bare_server"
 
 
 def _free_port() -> int:
@@ -46,10 +52,14 @@ def _free_port() -> int:
 
 
 class Upstream:
-    """One shop-server subprocess on 127.0.0.1; admin calls go over HTTP to the same port."""
+    """One peer-server subprocess (``module``, the shop server by default) on 127.0.0.1; admin calls go
+    over HTTP to the same port."""
 
-    def __init__(self, era: Era, port: int, *, read_ttl_ms: int = 1000, list_ttl_ms: int = 1000) -> None:
+    def __init__(
+        self, era: Era, port: int, *, read_ttl_ms: int = 1000, list_ttl_ms: int = 1000, module: str = SHOP_SERVER
+    ) -> None:
         self.era = era
+        self.module = module
         self.port = port
         self.read_ttl_ms = read_ttl_ms
         self.list_ttl_ms = list_ttl_ms
@@ -76,7 +86,7 @@ class Upstream:
         if self.running:
             raise RuntimeError(f"upstream on port {self.port} is already running")
         args = [
-            sys.executable, "-m", "tests.peers.shop_server", "--port", str(self.port), "--era", self.era,
+            sys.executable, "-m", self.module, "--port", str(self.port), "--era", self.era,
             "--read-ttl-ms", str(self.read_ttl_ms), "--list-ttl-ms", str(self.list_ttl_ms),
         ]  # fmt: skip
         with self.log_path.open("ab") as out:
@@ -98,14 +108,14 @@ class Upstream:
             while True:
                 assert self._proc is not None
                 if self._proc.returncode is not None:
-                    raise RuntimeError(f"shop server exited with {self._proc.returncode}:\n{self.log_tail()}")
+                    raise RuntimeError(f"{self.module} exited with {self._proc.returncode}:\n{self.log_tail()}")
                 with contextlib.suppress(aiohttp.ClientError, TimeoutError):
                     async with session.get(f"{self.base_url}/admin/health") as resp:
                         if resp.status == 200:
                             return
                 if loop.time() > deadline:
                     raise TimeoutError(
-                        f"shop server on port {self.port} not ready after {READY_TIMEOUT_S} s:\n{self.log_tail()}"
+                        f"{self.module} on port {self.port} not ready after {READY_TIMEOUT_S} s:\n{self.log_tail()}"
                     )
                 await asyncio.sleep(_POLL_INTERVAL_S)
 
@@ -192,5 +202,14 @@ async def start_upstream(
 ) -> Upstream:
     """Start a shop server of ``era`` on ``port`` (a free one if None) and wait until it is ready."""
     upstream = Upstream(era, port or _free_port(), read_ttl_ms=read_ttl_ms, list_ttl_ms=list_ttl_ms)
+    await upstream.start()
+    return upstream
+
+
+async def start_bare_upstream(
+    era: Era = "modern", *, port: int | None = None, read_ttl_ms: int = 1000, list_ttl_ms: int = 1000
+) -> Upstream:
+    """Start a bare server (resources and tools, no prompts) of ``era`` and wait until it is ready."""
+    upstream = Upstream(era, port or _free_port(), read_ttl_ms=read_ttl_ms, list_ttl_ms=list_ttl_ms, module=BARE_SERVER)
     await upstream.start()
     return upstream

@@ -1,0 +1,333 @@
+"""2025-11-25 clients: sessions minted by the sidecar, relayed to the upstream, with synthesised subscriptions.
+
+A legacy session is the upstream's session under a name of our own (random, unguessable): requests
+travel on the upstream session as they are (progress, logs and server requests on the POST stream
+reach the client untouched), while `resources/subscribe`, `resources/unsubscribe` and `ping` are
+served here on the watch engine, and the session's GET stream carries our `notifications/resources/
+updated` and `*/list_changed`, merged with whatever the upstream's own GET stream sends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from sidecar.config import StreamsConfig
+from sidecar.downstream.listen import StreamHub
+from sidecar.observability.metrics import Metrics
+from sidecar.protocol.constants import HEADER_AUTHORIZATION, HEADER_SESSION_ID
+from sidecar.protocol.envelope import Message, parse_message
+from sidecar.protocol.errors import InvalidParams, InvalidRequest, RpcError
+from sidecar.protocol.frames import error_response, result_response
+from sidecar.upstream.client import Reply, UpstreamClient
+from sidecar.watch.keys import WatchKind
+from sidecar.watch.registry import Handle, WatchRegistry
+
+__all__ = ["LegacySession", "LegacySessions"]
+
+logger = logging.getLogger(__name__)
+
+JsonObject = dict[str, Any]
+
+_LOCAL_METHODS = ("ping", "resources/subscribe", "resources/unsubscribe")
+_LIST_KINDS: tuple[tuple[str, WatchKind], ...] = (
+    ("tools", "tools_list"),
+    ("prompts", "prompts_list"),
+    ("resources", "resources_list"),
+)
+_MAX_INITIALIZE_BYTES = 1_048_576
+_UPSTREAM_FRAMES = 256
+"""Frames from the upstream's GET stream waiting for the client; a slow client slows that stream down."""
+
+
+class LegacySession:
+    """One client session: the upstream session it rides on, its subscriptions, its pending signals."""
+
+    def __init__(self, session_id: str, upstream_session: str | None, credential: str | None) -> None:
+        self.session_id = session_id
+        self.upstream_session = upstream_session
+        self.credential = credential
+        self.last_seen = time.monotonic()
+        self.subscriptions: dict[str, Handle] = {}
+        self.list_handles: list[Handle] = []
+        self.get_streams = 0
+        self._pending: dict[tuple[str, str | None], float] = {}
+        self._wake = asyncio.Event()
+
+    @property
+    def handles(self) -> list[Handle]:
+        return [*self.subscriptions.values(), *self.list_handles]
+
+    def signal(self, method: str, uri: str | None, detected_at: float) -> None:
+        """Bus fan-out: synchronous, never raises; pending signals are a set, as on listen streams."""
+        self._pending[(method, uri)] = self._pending.get((method, uri), detected_at)
+        self._wake.set()
+
+    def close(self, reason: str) -> None:
+        self._wake.set()
+
+    def drain(self) -> list[JsonObject]:
+        pending, self._pending = self._pending, {}
+        self._wake.clear()
+        return [
+            {"jsonrpc": "2.0", "method": method, "params": {"uri": uri} if uri is not None else {}}
+            for method, uri in pending
+        ]
+
+    async def wait(self) -> None:
+        await self._wake.wait()
+
+
+class LegacySessions:
+    """Every legacy session of this process, with its idle expiry."""
+
+    def __init__(
+        self,
+        upstream: UpstreamClient,
+        registry: WatchRegistry,
+        hub: StreamHub,
+        config: StreamsConfig,
+        metrics: Metrics,
+    ) -> None:
+        self._upstream = upstream
+        self._registry = registry
+        self._hub = hub
+        self._config = config
+        self._metrics = metrics
+        self._sessions: dict[str, LegacySession] = {}
+        self._reaper: asyncio.Task[None] | None = None
+
+    @property
+    def count(self) -> int:
+        return len(self._sessions)
+
+    def start(self) -> None:
+        self._reaper = asyncio.get_running_loop().create_task(self._reap())
+
+    async def aclose(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
+        for session_id in list(self._sessions):
+            self._end(session_id)
+
+    # -- POST --------------------------------------------------------------------------------------------
+
+    async def handle_post(self, request: web.Request, body: bytes) -> web.StreamResponse | Reply:
+        """A legacy-era POST; returns either our own response or the upstream's reply to relay."""
+        session_id = request.headers.get(HEADER_SESSION_ID)
+        message = _try_parse(body)
+        if session_id is None:
+            if message is not None and message.method == "initialize":
+                return await self._initialize(request, body, message)
+            raise InvalidRequest("Bad Request: Mcp-Session-Id header is required", http_status=400)
+        session = self._sessions.get(session_id)
+        if session is None:
+            raise _session_not_found()
+        session.last_seen = time.monotonic()
+        if message is not None and message.method in _LOCAL_METHODS and not message.is_notification:
+            return await self._serve_locally(session, message)
+        return await self._upstream.relay(body, request.headers, session_id=session.upstream_session)
+
+    async def _initialize(self, request: web.Request, body: bytes, message: Message) -> web.StreamResponse:
+        reply = await self._upstream.relay(body, request.headers, session_id=None)
+        answer = await _first_response(reply)
+        if answer is None or reply.status >= 300 or not isinstance(answer.get("result"), dict):
+            payload = answer or error_response(message.id, InvalidRequest("upstream refused initialize"))
+            return web.json_response(payload, status=reply.status if reply.status >= 400 else 502)
+        result = answer["result"]
+        capabilities = result.get("capabilities")
+        if isinstance(capabilities, dict):
+            for primitive in ("resources", "tools", "prompts"):
+                if isinstance(capabilities.get(primitive), dict):
+                    capabilities[primitive]["listChanged"] = True
+            if isinstance(capabilities.get("resources"), dict):
+                capabilities["resources"]["subscribe"] = True
+        session_id = secrets.token_urlsafe(24)
+        upstream_session = reply.headers.get(HEADER_SESSION_ID)
+        self._sessions[session_id] = LegacySession(
+            session_id, upstream_session, request.headers.get(HEADER_AUTHORIZATION)
+        )
+        self._metrics.legacy_sessions.set(len(self._sessions))
+        logger.info("legacy session opened")
+        return web.json_response(answer, headers={HEADER_SESSION_ID: session_id}, dumps=_dumps)
+
+    async def _serve_locally(self, session: LegacySession, message: Message) -> web.StreamResponse:
+        try:
+            result = await self._local_result(session, message)
+        except RpcError as exc:
+            return web.json_response(error_response(message.id, exc), dumps=_dumps)
+        return web.json_response(result_response(message.id, result), dumps=_dumps)
+
+    async def _local_result(self, session: LegacySession, message: Message) -> JsonObject:
+        if message.method == "ping":
+            return {}
+        uri = message.params.get("uri")
+        if not isinstance(uri, str) or not uri:
+            raise InvalidParams("params.uri must be a URI")
+        if message.method == "resources/unsubscribe":
+            handle = session.subscriptions.pop(uri, None)
+            if handle is not None:
+                self._hub.detach(session, handle)
+            return {}
+        if uri in session.subscriptions:
+            return {}
+        if len(session.subscriptions) >= self._config.max_uris_per_stream:
+            self._metrics.limit_rejections.labels("max_uris_per_stream").inc()
+            raise InvalidParams(f"a session may subscribe to at most {self._config.max_uris_per_stream} URIs")
+        handle = await self._registry.acquire("resource", uri, session.credential)
+        if handle is None:
+            error = RpcError("Resource not found", {"uri": uri}, code=-32002)
+            raise error
+        if session.session_id not in self._sessions:  # ended while the baseline was read
+            handle.release()
+            raise _session_not_found()
+        session.subscriptions[uri] = handle
+        self._hub.attach(session, handle)
+        return {}
+
+    # -- GET and DELETE ------------------------------------------------------------------------------------
+
+    async def handle_get(self, request: web.Request) -> web.StreamResponse:
+        session = self._session_of(request)
+        if session.get_streams == 0:
+            await self._watch_lists(session)
+        session.get_streams += 1
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        )
+        frames: asyncio.Queue[bytes] = asyncio.Queue(maxsize=_UPSTREAM_FRAMES)
+        relay = asyncio.get_running_loop().create_task(self._pump_upstream(request, session, frames))
+        try:
+            await response.prepare(request)
+            while session.session_id in self._sessions:
+                waiter = asyncio.ensure_future(session.wait())
+                getter = asyncio.ensure_future(frames.get())
+                done, _ = await asyncio.wait(
+                    {waiter, getter}, timeout=self._config.keepalive_s, return_when=asyncio.FIRST_COMPLETED
+                )
+                for task in (waiter, getter):
+                    if task not in done:
+                        task.cancel()
+                if getter in done:
+                    await response.write(getter.result())
+                for frame in session.drain():
+                    await response.write(b"event: message\r\ndata: " + _dumps(frame).encode() + b"\r\n\r\n")
+                    self._metrics.notifications.labels(frame["method"]).inc()
+                if not done:
+                    await response.write(b": ping\r\n\r\n")
+                    self._metrics.keepalives.inc()
+        except ConnectionResetError:
+            pass
+        finally:
+            relay.cancel()
+            session.get_streams -= 1
+        return response
+
+    async def _pump_upstream(self, request: web.Request, session: LegacySession, frames: asyncio.Queue[bytes]) -> None:
+        """Merge the upstream's own GET stream (logs, list changes it does send) into the client's."""
+        with contextlib.suppress(Exception):  # boundary: the upstream may have no GET stream; ours goes on
+            reply = await self._upstream.relay(
+                None, request.headers, session_id=session.upstream_session, http_method="GET"
+            )
+            if reply.stream is None:
+                return
+            async with contextlib.aclosing(reply.stream) as chunks:
+                async for chunk in chunks:
+                    await frames.put(chunk)
+
+    async def handle_delete(self, request: web.Request) -> web.StreamResponse:
+        session = self._session_of(request)
+        with contextlib.suppress(Exception):  # boundary: ending our side must not depend on the upstream
+            await self._upstream.relay(None, request.headers, session_id=session.upstream_session, http_method="DELETE")
+        self._end(session.session_id)
+        return web.Response(status=200)
+
+    def _session_of(self, request: web.Request) -> LegacySession:
+        session_id = request.headers.get(HEADER_SESSION_ID)
+        if session_id is None:
+            raise InvalidRequest("Bad Request: Mcp-Session-Id header is required", http_status=400)
+        session = self._sessions.get(session_id)
+        if session is None:
+            raise _session_not_found()
+        session.last_seen = time.monotonic()
+        return session
+
+    async def _watch_lists(self, session: LegacySession) -> None:
+        # Legacy sessions get list changes whenever the capability is on: watch the lists the upstream has.
+        capabilities = (await self._upstream.ensure_info()).capabilities
+        kinds = [kind for primitive, kind in _LIST_KINDS if primitive in capabilities]
+        handles = await asyncio.gather(*(self._registry.acquire(kind, None, session.credential) for kind in kinds))
+        for handle in handles:
+            if handle is not None:
+                session.list_handles.append(handle)
+                self._hub.attach(session, handle)
+
+    # -- lifetime -------------------------------------------------------------------------------------------
+
+    def _end(self, session_id: str) -> None:
+        session = self._sessions.pop(session_id, None)
+        if session is None:
+            return
+        for handle in session.handles:
+            self._hub.detach(session, handle)
+            handle.release()
+        session.subscriptions.clear()
+        session.list_handles.clear()
+        session.close("ended")
+        self._metrics.legacy_sessions.set(len(self._sessions))
+        logger.info("legacy session ended")
+
+    async def _reap(self) -> None:
+        idle_s = self._config.session_idle_s
+        while True:
+            await asyncio.sleep(max(idle_s / 4, 0.05))
+            now = time.monotonic()
+            for session_id, session in list(self._sessions.items()):
+                if session.get_streams == 0 and now - session.last_seen > idle_s:
+                    self._end(session_id)
+
+
+def _session_not_found() -> InvalidRequest:
+    return InvalidRequest("Session not found", http_status=404)
+
+
+def _try_parse(body: bytes) -> Message | None:
+    try:
+        return parse_message(body)
+    except RpcError:
+        return None
+
+
+def _dumps(value: Any) -> str:
+    return orjson.dumps(value).decode()
+
+
+async def _first_response(reply: Reply) -> JsonObject | None:
+    """The JSON-RPC response in an upstream answer (JSON body, or the first response event of an SSE stream)."""
+    if reply.stream is None:
+        return reply.message if isinstance(reply.message, dict) else None
+    buffer = b""
+    async with contextlib.aclosing(reply.stream) as chunks:
+        async for chunk in chunks:
+            buffer += chunk
+            if len(buffer) > _MAX_INITIALIZE_BYTES:
+                return None
+            while b"\n\n" in buffer.replace(b"\r\n", b"\n"):
+                normalized = buffer.replace(b"\r\n", b"\n")
+                event, _, rest = normalized.partition(b"\n\n")
+                buffer = rest
+                data = b"\n".join(line[5:].lstrip() for line in event.split(b"\n") if line.startswith(b"data:"))
+                with contextlib.suppress(orjson.JSONDecodeError):
+                    message = orjson.loads(data) if data else None
+                    if isinstance(message, dict) and ("result" in message or "error" in message):
+                        return message
+    return None
