@@ -204,6 +204,8 @@ class StreamHub:
         except ConnectionResetError:
             stream.end_reason = "client"  # gone mid-write: an ordinary end, nothing to answer
         finally:
+            if response.prepared:
+                response.stop_streaming()  # the keep-alive task must not outlive the stream
             self._end(stream)
         return response
 
