@@ -40,6 +40,7 @@ def build_app(config: SidecarConfig) -> web.Application:
     """The whole sidecar as one aiohttp application (the CLI runs it; tests serve it on a free port)."""
     app = web.Application(middlewares=[no_tracebacks], handler_args={"max_field_size": 16384})
     metrics = Metrics()
+    metrics.stream_limit.set(config.streams.max_streams)
     upstream = UpstreamClient(config.upstream, config.cache, metrics)
     app[CONFIG] = config
     app[METRICS] = metrics

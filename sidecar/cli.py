@@ -141,12 +141,14 @@ async def serve(config: SidecarConfig, ready: asyncio.Event | None = None, *, re
         )
         return 1
     # SecretStr fields dump as asterisks: the summary never carries a token or a password.
-    logger.info("configuration", extra={"config": config.model_dump(mode="json")})
+    summary = config.model_dump(mode="json")
+    summary["upstream"]["url"] = config.upstream.display_url
+    logger.info("configuration", extra={"config": summary})
     host, port = runner.addresses[0][:2]
     url_host = f"[{host}]" if ":" in host else host  # an IPv6 address needs brackets in a URL
     logger.info(
         "mcp-sidecar listening",
-        extra={"url": f"http://{url_host}:{port}{config.listen.path}", "upstream": config.upstream.url},
+        extra={"url": f"http://{url_host}:{port}{config.listen.path}", "upstream": config.upstream.display_url},
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -6,6 +6,7 @@ import logging
 import os
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
@@ -104,6 +105,16 @@ class UpstreamConfig(_Section):
         if not value.startswith(("http://", "https://")):
             raise ValueError("must be an http:// or https:// URL")
         return value
+
+    @property
+    def display_url(self) -> str:
+        """The URL for logs, errors and the status page: any user:password in it is masked."""
+        parts = urlsplit(self.url)
+        if parts.username is None and parts.password is None:
+            return self.url
+        host = parts.hostname or ""
+        netloc = f"***@{host}" + (f":{parts.port}" if parts.port else "")
+        return urlunsplit(parts._replace(netloc=netloc))
 
     @field_validator("forward_headers")
     @classmethod

@@ -124,13 +124,21 @@ class McpEndpoint:
 
     async def handle_post(self, request: web.Request) -> web.StreamResponse:
         started = time.monotonic()
-        response = await self._handle(request)
-        method = method_label(request.get(_METHOD_KEY, "other"))
-        outcome = request.get(_OUTCOME_KEY) or ("ok" if response.status < 400 else "error")
-        self._metrics.requests.labels(method, outcome).inc()
-        if method != "subscriptions/listen":  # a stream's life is not a request's latency
-            self._metrics.request_duration.labels(method).observe(time.monotonic() - started)
-        return response
+        status: int | None = None
+        try:
+            response = await self._handle(request)
+            status = response.status
+            return response
+        finally:
+            # Counted in `finally`: a listen stream ends with the client going away, which cancels us.
+            method = method_label(request.get(_METHOD_KEY, "other"))
+            if status is None:
+                outcome = "ok" if method == "subscriptions/listen" else "cancelled"
+            else:
+                outcome = request.get(_OUTCOME_KEY) or ("ok" if status < 400 else "error")
+            self._metrics.requests.labels(method, outcome).inc()
+            if method != "subscriptions/listen":  # a stream's life is not a request's latency
+                self._metrics.request_duration.labels(method).observe(time.monotonic() - started)
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         request_id: RequestId | None = None

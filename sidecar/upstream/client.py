@@ -79,7 +79,7 @@ class UpstreamClient:
     """Forwards client requests and makes the sidecar's own calls, in whichever era the upstream speaks."""
 
     def __init__(self, config: UpstreamConfig, cache: CacheConfig, metrics: Metrics | None = None) -> None:
-        self.url = config.url
+        self.url = config.display_url
         self._config = config
         self._http = UpstreamHTTP(config)
         self._legacy = LegacyBridge(self._http, cache)
@@ -240,7 +240,9 @@ class UpstreamClient:
         if session_id is not None:
             headers[HEADER_SESSION_ID] = session_id
         with self._observe("legacy-session"):
-            return await self._relay_post(body, headers, pass_session=True, http_method=http_method)
+            # The upstream's session id is handed back only when a session is being opened (to the caller,
+            # which names it anew); on a session's later answers it must never reach the client.
+            return await self._relay_post(body, headers, pass_session=session_id is None, http_method=http_method)
 
     async def _relay_post(
         self, body: bytes | None, headers: dict[str, str], *, pass_session: bool = False, http_method: str = "POST"

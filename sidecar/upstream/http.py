@@ -57,7 +57,9 @@ class UpstreamHTTP:
     """Owns the connection pool; every request to the upstream goes through `post`."""
 
     def __init__(self, config: UpstreamConfig) -> None:
-        self.url = config.url
+        self.url = config.display_url
+        """The upstream as it may be shown (credentials masked); requests go to the configured URL."""
+        self._target = config.url
         self._config = config
         self._timeout = aiohttp.ClientTimeout(total=config.timeout_s, connect=config.connect_timeout_s)
         self._stream_timeout = aiohttp.ClientTimeout(
@@ -97,7 +99,7 @@ class UpstreamHTTP:
         with translate_errors(self.url):
             async with self._session.request(
                 method,
-                self.url,
+                self._target,
                 data=body,
                 headers=merged,
                 timeout=self._stream_timeout if streaming else self._timeout,

@@ -13,8 +13,12 @@ from sidecar.watch.observe import Observation
 from sidecar.watch.poller import Schedule, Watch
 
 CONFIG = PollingConfig(
-    default_interval_ms=5000, min_interval_ms=250, max_interval_ms=60000, jitter=0.1,
-    backoff_initial_ms=1000, backoff_max_ms=8000,
+    default_interval_ms=5000,
+    min_interval_ms=250,
+    max_interval_ms=60000,
+    jitter=0.1,
+    backoff_initial_ms=1000,
+    backoff_max_ms=8000,
 )
 
 

@@ -1,0 +1,248 @@
+"""The `mcp-sidecar` command as a real process: check-config, demo and run, started and stopped as an operator would."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from sidecar.config import SidecarConfig
+from tests.helpers import rpc
+from tests.peers import Upstream
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO_ROOT / "config" / "sidecar.example.yaml"
+START_TIMEOUT_S = 20.0
+EXIT_TIMEOUT_S = 10.0
+"""How long a signalled process may take to exit; shutdown with nothing in flight is near instant."""
+
+
+def _env(**overrides: str) -> dict[str, str]:
+    """This environment without any MCP_SIDECAR__ variable of the developer's, plus `overrides`."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("MCP_SIDECAR__")}
+    return {**env, "PYTHONUNBUFFERED": "1", **overrides}
+
+
+def _check_config(path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "sidecar.cli", "check-config", str(path)],
+        cwd=REPO_ROOT,
+        env=_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=START_TIMEOUT_S,
+        check=False,
+    )
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "sidecar.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+# -- check-config ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "env", "named"),
+    [
+        pytest.param("polling:\n  intervl: 5000\n", {}, "polling.intervl: unknown key", id="misspelt-key"),
+        pytest.param("listen:\n  port: x\n", {}, "listen.port: ", id="bad-value"),
+        pytest.param(
+            "polling:\n  min_interval_ms: 900\n  max_interval_ms: 100\n",
+            {},
+            "min_interval_ms (900) must not exceed max_interval_ms (100)",
+            id="min-above-max",
+        ),
+        pytest.param(
+            "upstream:\n  timeout_s: 5\n",
+            {"MCP_SIDECAR__UPSTREAM__TIMEOUT_S": "soon"},
+            "upstream.timeout_s: ",
+            id="bad-env-override",
+        ),
+    ],
+)
+def test_check_config_rejects_a_bad_file_naming_the_key(
+    tmp_path: Path, text: str, env: dict[str, str], named: str
+) -> None:
+    done = _check_config(_write(tmp_path, text), **env)
+    assert done.returncode == 1
+    assert named in done.stderr
+    assert done.stdout == ""
+    assert "Traceback" not in done.stderr
+
+
+def test_check_config_on_a_missing_file_says_so(tmp_path: Path) -> None:
+    done = _check_config(tmp_path / "nope.yaml")
+    assert done.returncode == 1
+    assert "nope.yaml: cannot read" in done.stderr
+
+
+def test_check_config_accepts_the_example_and_prints_the_defaults() -> None:
+    done = _check_config(EXAMPLE)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == json.loads(SidecarConfig().model_dump_json())
+
+
+def test_check_config_applies_environment_overrides(tmp_path: Path) -> None:
+    done = _check_config(_write(tmp_path, "upstream:\n  timeout_s: 30\n"), MCP_SIDECAR__UPSTREAM__TIMEOUT_S="7.5")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["upstream"]["timeout_s"] == 7.5
+
+
+def test_check_config_never_prints_secrets(tmp_path: Path) -> None:
+    text = "upstream:\n  headers:\n    x-api-key: s3cret-api-key\nbus:\n  redis_url: redis://:hunter2@db:6379/0\n"
+    done = _check_config(_write(tmp_path, text))
+    assert done.returncode == 0, done.stderr
+    assert "x-api-key" in done.stdout
+    assert "s3cret-api-key" not in done.stdout + done.stderr
+    assert "hunter2" not in done.stdout + done.stderr
+
+
+# -- long-running commands ---------------------------------------------------------------------------------
+
+
+class _Cli:
+    """One running `python -m sidecar.cli ...`; stdout and stderr lines are collected as they arrive."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+        self.lines: dict[str, list[str]] = {"stdout": [], "stderr": []}
+        self._arrived = asyncio.Condition()
+        assert proc.stdout is not None and proc.stderr is not None
+        self._readers = [
+            asyncio.create_task(self._collect("stdout", proc.stdout)),
+            asyncio.create_task(self._collect("stderr", proc.stderr)),
+        ]
+
+    async def _collect(self, name: str, stream: asyncio.StreamReader) -> None:
+        while line := await stream.readline():
+            async with self._arrived:
+                self.lines[name].append(line.decode(errors="replace").rstrip("\n"))
+                self._arrived.notify_all()
+        async with self._arrived:
+            self._arrived.notify_all()  # end of output: let waiters see the exit
+
+    async def wait_for_line(self, name: str, pattern: str) -> re.Match[str]:
+        """The first line of `name` matching `pattern`; fails if the process exits or START_TIMEOUT_S passes."""
+        regex = re.compile(pattern)
+        async with asyncio.timeout(START_TIMEOUT_S), self._arrived:
+            while True:
+                for line in self.lines[name]:
+                    if match := regex.search(line):
+                        return match
+                if self.proc.returncode is not None or all(task.done() for task in self._readers):
+                    pytest.fail(f"exited ({self.proc.returncode}) before printing {pattern!r}:\n{self.output()}")
+                await self._arrived.wait()
+
+    async def stop(self, signum: signal.Signals) -> int:
+        """Send `signum` and wait (bounded) for the exit code."""
+        self.proc.send_signal(signum)
+        async with asyncio.timeout(EXIT_TIMEOUT_S):
+            code = await self.proc.wait()
+            await asyncio.gather(*self._readers)
+        return code
+
+    def output(self) -> str:
+        return "\n".join(["-- stdout --", *self.lines["stdout"], "-- stderr --", *self.lines["stderr"]])
+
+    async def aclose(self) -> None:
+        if self.proc.returncode is None:
+            self.proc.kill()
+            await self.proc.wait()
+        for task in self._readers:
+            task.cancel()
+        await asyncio.gather(*self._readers, return_exceptions=True)
+
+
+@contextlib.asynccontextmanager
+async def _cli(*args: str) -> AsyncIterator[_Cli]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "sidecar.cli", *args, cwd=REPO_ROOT, env=_env(),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    cli = _Cli(proc)
+    try:
+        yield cli
+    finally:
+        await cli.aclose()
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize(
+    "host",
+    [
+        pytest.param("127.0.0.1", id="ipv4"),
+        pytest.param("::1", id="ipv6", marks=pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback")),
+    ],
+)
+async def test_demo_serves_a_changing_catalog_and_stops_on_ctrl_c(host: str, http: aiohttp.ClientSession) -> None:
+    async with _cli("demo", "--host", host, "--port", "0") as demo:
+        url = (await demo.wait_for_line("stdout", r"^mcp-sidecar .*?(http://\S+/mcp)$")).group(1)
+        status, discover = await rpc(http, url, "server/discover")
+        assert status == 200, demo.output()
+        assert discover["result"]["supportedVersions"] == ["2026-07-28"]
+        assert discover["result"]["_meta"]["io.github.mcp-sidecar/upstreamServerInfo"]["name"] == "demo-catalog"
+        status, read = await rpc(http, url, "resources/read", {"uri": "catalog://plans/basic"})
+        assert status == 200, demo.output()
+        assert re.fullmatch(r"price=\d+", read["result"]["contents"][0]["text"])
+        assert await demo.stop(signal.SIGINT) == 0, demo.output()
+    assert "Traceback" not in demo.output()
+
+
+async def test_run_serves_the_configured_upstream_and_stops_on_sigterm(
+    tmp_path: Path, modern_upstream: Upstream, http: aiohttp.ClientSession
+) -> None:
+    path = _write(tmp_path, f"upstream:\n  url: {modern_upstream.url}\nlisten:\n  port: 0\nlogging:\n  format: json\n")
+    async with _cli("run", "--config", str(path)) as run:
+        line = (await run.wait_for_line("stderr", r'"msg": ?"mcp-sidecar listening"')).string
+        url = json.loads(line)["url"]
+        status, reply = await rpc(http, url, "resources/read", {"uri": "catalog://price"})
+        assert status == 200, run.output()
+        assert reply["result"]["contents"][0]["text"] == "price=100"
+        assert await run.stop(signal.SIGTERM) == 0, run.output()
+    assert "Traceback" not in run.output()
+
+
+async def test_run_flags_given_before_the_subcommand_apply(
+    modern_upstream: Upstream, http: aiohttp.ClientSession
+) -> None:
+    async with _cli("--upstream", modern_upstream.url, "--port", "0", "--log-level", "info", "run") as run:
+        line = (await run.wait_for_line("stderr", r'"msg": ?"mcp-sidecar listening"')).string
+        assert json.loads(line)["upstream"] == modern_upstream.url
+        status, reply = await rpc(http, json.loads(line)["url"], "tools/list")
+        assert status == 200, run.output()
+        assert "echo" in {tool["name"] for tool in reply["result"]["tools"]}
+        assert await run.stop(signal.SIGTERM) == 0, run.output()
+
+
+async def test_run_on_a_port_in_use_exits_1_saying_why(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        path = _write(tmp_path, f"listen:\n  port: {port}\n")
+        async with _cli("run", "--config", str(path)) as run:
+            await run.wait_for_line("stderr", rf"cannot listen on 127\.0\.0\.1:{port}")
+            async with asyncio.timeout(EXIT_TIMEOUT_S):
+                assert await run.proc.wait() == 1

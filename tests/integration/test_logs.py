@@ -1,0 +1,184 @@
+"""The logs of `mcp-sidecar run` as a real process: JSON lines naming the instance, the expected events, and
+neither a credential nor any resource content, even at debug level."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.helpers import rpc
+from tests.observing import UPDATED, ListenStream
+from tests.peers import Upstream, start_upstream
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+TOKEN = "s3cr3t-token"
+AUTHORIZATION = f"Bearer {TOKEN}"
+API_KEY = "k3y-s3cr3t"
+"""A secret of the configuration (a header sent upstream): the configuration line must mask it."""
+PRICE = "catalog://price"
+PROFILE = "catalog://profile"
+START_TIMEOUT_S = 20.0
+EXIT_TIMEOUT_S = 15.0
+CONTENTS = ("price=100", "price=120", "profile of")
+"""Resource texts the session reads or causes; none may reach a log line."""
+
+
+class _Process:
+    """`python -m sidecar.cli run --config FILE`, its stderr collected line by line."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+        self.stderr: list[str] = []
+        self._arrived = asyncio.Condition()
+        assert proc.stderr is not None
+        self._reader = asyncio.get_running_loop().create_task(self._collect(proc.stderr))
+
+    async def _collect(self, stream: asyncio.StreamReader) -> None:
+        while line := await stream.readline():
+            async with self._arrived:
+                self.stderr.append(line.decode(errors="replace").rstrip("\n"))
+                self._arrived.notify_all()
+        async with self._arrived:
+            self._arrived.notify_all()
+
+    async def wait_for_msg(self, msg: str) -> dict[str, Any]:
+        """The first JSON line whose `msg` is `msg` (bounded; fails if the process exits first)."""
+        async with asyncio.timeout(START_TIMEOUT_S), self._arrived:
+            while True:
+                for line in self.stderr:
+                    with contextlib.suppress(ValueError):
+                        entry = json.loads(line)
+                        if isinstance(entry, dict) and entry.get("msg") == msg:
+                            return entry
+                if self._reader.done():
+                    pytest.fail(f"exited ({self.proc.returncode}) before logging {msg!r}:\n" + "\n".join(self.stderr))
+                await self._arrived.wait()
+
+    async def terminate(self) -> tuple[int, bytes]:
+        """SIGTERM, then the exit code and stdout (bounded)."""
+        self.proc.send_signal(signal.SIGTERM)
+        assert self.proc.stdout is not None
+        async with asyncio.timeout(EXIT_TIMEOUT_S):
+            stdout = await self.proc.stdout.read()
+            code = await self.proc.wait()
+            await self._reader
+        return code, stdout
+
+    async def aclose(self) -> None:
+        if self.proc.returncode is None:
+            self.proc.kill()
+            await self.proc.wait()
+        self._reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._reader
+
+
+@contextlib.asynccontextmanager
+async def _run_cli(config: Path) -> AsyncIterator[_Process]:
+    env = {key: value for key, value in os.environ.items() if not key.startswith("MCP_SIDECAR__")}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "sidecar.cli", "run", "--config", str(config),
+        cwd=REPO_ROOT, env={**env, "PYTHONUNBUFFERED": "1"},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    process = _Process(proc)
+    try:
+        yield process
+    finally:
+        await process.aclose()
+
+
+def _config(tmp_path: Path, upstream: Upstream) -> Path:
+    path = tmp_path / "sidecar.yaml"
+    path.write_text(
+        f"upstream:\n  url: {upstream.url}\n  headers:\n    x-api-key: {API_KEY}\n"
+        "listen:\n  port: 0\n"
+        "polling:\n  min_interval_ms: 100\n  default_interval_ms: 300\n  linger_ms: 100\n"
+        "logging:\n  level: debug\n  format: json\n",
+        encoding="utf-8",
+    )
+    return path
+
+
+@pytest.fixture
+async def fast_upstream() -> AsyncIterator[Upstream]:
+    async with await start_upstream("modern", read_ttl_ms=300, list_ttl_ms=300) as up:
+        yield up
+
+
+async def test_logs_are_json_with_the_instance_and_never_show_tokens_or_contents(
+    tmp_path: Path, fast_upstream: Upstream, http: aiohttp.ClientSession
+) -> None:
+    auth = {"Authorization": AUTHORIZATION}
+    async with _run_cli(_config(tmp_path, fast_upstream)) as cli:
+        url = (await cli.wait_for_msg("mcp-sidecar listening"))["url"]
+        status, profile = await rpc(http, url, "resources/read", {"uri": PROFILE}, extra_headers=auth)
+        assert status == 200 and profile["result"]["contents"][0]["text"] == f"profile of {TOKEN} v1"
+        status, price = await rpc(http, url, "resources/read", {"uri": PRICE}, extra_headers=auth)
+        assert status == 200 and price["result"]["contents"][0]["text"] == "price=100"
+
+        leaving = ListenStream(http, url, "leaving", [PRICE], authorization=AUTHORIZATION)
+        staying = ListenStream(http, url, "staying", [PRICE, PROFILE], authorization=AUTHORIZATION)
+        try:
+            for stream in (leaving, staying):
+                await stream.open()
+            await fast_upstream.set_price(120)
+            await fast_upstream.bump_profile(TOKEN)  # the private profile changes too: v2
+            updated = {(await staying.next())["params"]["uri"] for _ in range(2)}
+            assert updated == {PRICE, PROFILE}
+            assert (await leaving.next())["method"] == UPDATED
+            await leaving.close()
+            await cli.wait_for_msg("listen stream ended")
+            code, stdout = await cli.terminate()
+            # Graceful shutdown: the stream still open gets the complete result before the process exits.
+            final = await staying.next()
+            assert final["id"] == "staying" and final["result"]["resultType"] == "complete"
+        finally:
+            await leaving.close()
+            await staying.close()
+        lines = cli.stderr
+
+    everything = "\n".join(lines)
+    assert code == 0, everything
+    assert "Traceback" not in everything
+    assert stdout == b""
+    for secret in (TOKEN, "Bearer", API_KEY, *CONTENTS):
+        offending = [line for line in lines if secret in line]
+        assert not offending, f"{secret!r} logged: {offending}"
+
+    entries = [json.loads(line) for line in lines]  # every line is one JSON object
+    assert entries and all(isinstance(entry, dict) for entry in entries)
+    instances = {entry.get("instance") for entry in entries}
+    assert len(instances) == 1 and None not in instances, instances
+    for entry in entries:
+        assert {"ts", "level", "logger", "msg"} <= set(entry), entry
+
+    def logged(msg: str) -> list[dict[str, Any]]:
+        return [entry for entry in entries if entry["msg"] == msg]
+
+    (configuration,) = logged("configuration")
+    assert configuration["config"]["upstream"]["url"] == fast_upstream.url
+    assert configuration["config"]["upstream"]["headers"] == {"x-api-key": "**********"}
+    assert configuration["config"]["polling"]["default_interval_ms"] == 300
+    (listening,) = logged("mcp-sidecar listening")
+    assert listening["upstream"] == fast_upstream.url
+    assert [entry["era"] for entry in logged("upstream era detected")] == ["modern"]
+    assert sorted(entry["subscription_id"] for entry in logged("listen stream opened")) == ["leaving", "staying"]
+    ended = {entry["subscription_id"]: entry["reason"] for entry in logged("listen stream ended")}
+    assert ended == {"leaving": "client", "staying": "shutdown"}
+    changes = logged("change detected")
+    assert {entry["kind"] for entry in changes} == {"resource"} and len(changes) == 2
+    for entry in changes:
+        # Watches are named by a short hash: neither the URI nor the partition shows.
+        assert len(entry["watch"]) == 12 and entry["generation"] == 1
+    assert logged("watch started") and logged("shutting down")

@@ -1,0 +1,144 @@
+"""`GET /status` shows the watches that exist, as JSON and as an HTML page, and never a credential."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from html.parser import HTMLParser
+
+import aiohttp
+import pytest
+
+from sidecar import __version__
+from sidecar.app import REGISTRY
+from sidecar.observability.logs import INSTANCE_ID
+from sidecar.partition import context_id
+from tests.helpers import Sidecar, eventually, serve_sidecar
+from tests.observing import WAIT_S, ListenStream, listening
+from tests.peers import Upstream, start_upstream
+
+PRICE = "catalog://price"
+PROFILE = "catalog://profile"
+TOKEN = "s3cr3t-token"
+AUTHORIZATION = f"Bearer {TOKEN}"
+COLUMNS = ["kind", "uri", "partition", "interval_ms", "last_poll", "last_change", "consecutive_errors", "subscribers"]
+POLLING = {"min_interval_ms": 100, "default_interval_ms": 300, "linger_ms": 100}
+
+
+@pytest.fixture
+async def fast_upstream() -> AsyncIterator[Upstream]:
+    async with await start_upstream("modern", read_ttl_ms=300, list_ttl_ms=300) as up:
+        yield up
+
+
+class _Tables(HTMLParser):
+    """The rows of every table on a page, as lists of cell texts (header rows included)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[list[str]] = []
+        self.text: list[str] = []
+        self._cell: list[str] | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "tr":
+            self.rows.append([])
+        elif tag in ("td", "th"):
+            self._cell = []
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("td", "th") and self._cell is not None:
+            self.rows[-1].append("".join(self._cell))
+            self._cell = None
+
+    def handle_data(self, data: str) -> None:
+        self.text.append(data)
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+async def _status_json(http: aiohttp.ClientSession, sidecar: Sidecar) -> tuple[str, dict[str, object]]:
+    async with http.get(f"{sidecar.base_url}/status") as resp:
+        assert resp.status == 200
+        assert resp.headers["Content-Type"].startswith("application/json")
+        text = await resp.text()
+        return text, await resp.json()
+
+
+async def _status_html(http: aiohttp.ClientSession, sidecar: Sidecar) -> str:
+    async with http.get(f"{sidecar.base_url}/status", headers={"Accept": "text/html,*/*;q=0.8"}) as resp:
+        assert resp.status == 200
+        assert resp.headers["Content-Type"].startswith("text/html")
+        return await resp.text()
+
+
+async def test_status_lists_the_watches_that_exist_without_credentials(
+    fast_upstream: Upstream, http: aiohttp.ClientSession
+) -> None:
+    async with serve_sidecar(fast_upstream.url, polling=POLLING) as sidecar:
+        streams = [
+            ListenStream(http, sidecar.url, 1, [PRICE]),
+            ListenStream(http, sidecar.url, 2, [PRICE, PROFILE], authorization=AUTHORIZATION),
+            ListenStream(http, sidecar.url, 3, [], toolsListChanged=True),
+        ]
+        async with listening(*streams):
+            # Wait for one poll of each watch, so last_poll is a time on both pages.
+            await eventually(
+                lambda: all(watch.last_poll_at is not None for watch in sidecar.app[REGISTRY].watches()),
+                within_s=WAIT_S,
+            )
+            raw, status = await _status_json(http, sidecar)
+            page = await _status_html(http, sidecar)
+
+    for text in (raw, page):
+        assert TOKEN not in text and "Bearer" not in text
+        assert context_id(AUTHORIZATION) not in text  # not even the partition's keyed hash: only a short name
+
+    assert status["version"] == __version__ and status["instance"] == INSTANCE_ID
+    assert status["ready"] is True
+    assert status["upstream"] == {"url": fast_upstream.url, "era": "modern", "up": True, "last_error": None}
+    assert status["counts"] == {"streams": 3, "watches": 3, "partitions": 2}
+    watches = status["watches"]
+    assert isinstance(watches, list) and status["watches_shown"] == 3
+    by_uri = {(watch["kind"], watch["uri"]): watch for watch in watches}
+    assert set(by_uri) == {("resource", PRICE), ("resource", PROFILE), ("tools_list", None)}
+
+    price, profile, tools = by_uri["resource", PRICE], by_uri["resource", PROFILE], by_uri["tools_list", None]
+    assert (price["partition"], price["subscribers"]) == ("public", 2)  # one watch shared by both streams
+    assert (tools["partition"], tools["subscribers"]) == ("public", 1)
+    # The private profile is watched in the caller's own partition, named by a short hash.
+    assert profile["subscribers"] == 1
+    assert profile["partition"] != "public"
+    assert len(profile["partition"]) == 8 and all(c in "0123456789abcdef" for c in profile["partition"])
+    for watch in watches:
+        assert list(watch) == COLUMNS
+        assert watch["consecutive_errors"] == 0
+        assert watch["last_poll"] is not None and watch["last_poll"].endswith("Z")
+        assert 100 <= watch["interval_ms"] <= 400  # ttlMs 300 with jitter
+    assert watches[0] == price  # the most subscribed first
+
+    # The page shows the same watches, cell for cell (interval_ms is jittered on each render).
+    tables = _Tables()
+    tables.feed(page)
+    header, *rows = tables.rows
+    assert header == COLUMNS
+    shown = {(row[0], row[1]): row for row in rows}
+    assert len(shown) == len(rows) == 3
+    for watch in watches:
+        row = shown[watch["kind"], watch["uri"] or ""]
+        expected = ["" if watch[column] is None else str(watch[column]) for column in COLUMNS]
+        interval = COLUMNS.index("interval_ms")
+        assert row[:interval] + row[interval + 1 :] == expected[:interval] + expected[interval + 1 :]
+    text = " ".join(tables.text)
+    assert f"mcp-sidecar {__version__}" in text and INSTANCE_ID in text
+    assert "3 streams, 3 watches, 2 partitions" in text
+    assert fast_upstream.url in text and "era modern" in text
+
+
+async def test_status_page_escapes_what_it_shows(fast_upstream: Upstream, http: aiohttp.ClientSession) -> None:
+    uri = "catalog://items/a\"b'c"  # the shop's template accepts quotes (not < or &)
+    async with serve_sidecar(fast_upstream.url, polling=POLLING) as sidecar:
+        async with listening(ListenStream(http, sidecar.url, 1, [uri])) as (ack,):
+            assert ack["params"]["notifications"]["resourceSubscriptions"] == [uri]
+            page = await _status_html(http, sidecar)
+    assert uri not in page
+    assert "catalog://items/a&quot;b&#x27;c" in page
