@@ -242,7 +242,9 @@ def load_config(path: str | Path | None = None, environ: dict[str, str] | None =
         section = data.setdefault(parts[0], {})
         if not isinstance(section, dict):
             raise ConfigError(f"{parts[0]}: must be a mapping")
-        section[parts[1]] = yaml.safe_load(raw) if raw else raw
+        # Plain text stays text (a token may hold "#" or read "no"); pydantic converts numbers and booleans.
+        # Only a list or mapping needs parsing, written in YAML/JSON flow style.
+        section[parts[1]] = yaml.safe_load(raw) if raw.lstrip()[:1] in ("[", "{") else raw
     return _validate(data)
 
 
