@@ -20,9 +20,11 @@ def _plain(model: Any) -> Any:
 
 
 async def test_sdk_client_gets_the_upstreams_answers_through_the_sidecar(upstream: Upstream) -> None:
-    async with serve_sidecar(upstream.url) as sidecar, Client(sidecar.url, cache=None) as via, Client(
-        upstream.url, cache=None
-    ) as direct:
+    async with (
+        serve_sidecar(upstream.url) as sidecar,
+        Client(sidecar.url, cache=None) as via,
+        Client(upstream.url, cache=None) as direct,
+    ):
         assert via.protocol_version == "2026-07-28"
         for call in (
             lambda c: c.list_resources(),

@@ -1,0 +1,26 @@
+# mcp-sidecar: a reverse proxy that gives MCP resource subscriptions to servers that lack them.
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    # Inside a container the sidecar must listen on every interface; loopback-only checks then step aside.
+    MCP_SIDECAR__LISTEN__HOST=0.0.0.0
+
+RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin sidecar
+
+WORKDIR /opt/mcp-sidecar
+COPY pyproject.toml README.md ./
+COPY sidecar ./sidecar
+# The package installed is this checkout; its dependency ranges live in pyproject.toml.
+# hadolint ignore=DL3013
+RUN pip install --no-cache-dir ".[redis]"
+COPY config/sidecar.example.yaml /etc/mcp-sidecar/sidecar.yaml
+
+USER 10001
+EXPOSE 8080
+HEALTHCHECK --interval=15s --timeout=3s --start-period=5s --retries=3 \
+    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8080/healthz', timeout=2)"]
+ENTRYPOINT ["mcp-sidecar"]
+CMD ["run", "--config", "/etc/mcp-sidecar/sidecar.yaml"]
