@@ -86,6 +86,8 @@ def build_app(config: SidecarConfig) -> web.Application:
     app.router.add_post(path, endpoint.handle_post)
     app.router.add_get(path, endpoint.handle_get, allow_head=False)
     app.router.add_delete(path, endpoint.handle_delete)
+    app.router.add_get("/.well-known/oauth-protected-resource", endpoint.handle_protected_resource_metadata)
+    app.router.add_get("/.well-known/oauth-protected-resource/{path:.*}", endpoint.handle_protected_resource_metadata)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", make_readyz(upstream, lambda: cluster.degraded if cluster else None))
     app.router.add_get(config.metrics.path, _metrics_handler)

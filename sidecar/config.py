@@ -98,6 +98,18 @@ class UpstreamConfig(_Section):
     forward_headers: list[str] = Field(
         default_factory=lambda: list(_FORWARD_HEADERS), description="Client headers forwarded upstream."
     )
+    public_url: str | None = Field(
+        None,
+        description="The MCP URL clients use to reach the sidecar; auth challenges and protected-resource "
+        "metadata are rewritten to it. Absent: passed through as the upstream sent them.",
+    )
+
+    @field_validator("public_url")
+    @classmethod
+    def _public_url_is_http(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL")
+        return value
 
     @field_validator("url")
     @classmethod

@@ -163,12 +163,20 @@ class McpEndpoint:
         except RpcError as exc:
             return self._error(exc.request_id if exc.request_id is not None else request_id, exc)
         except UpstreamHTTPError as exc:
-            return self._error(request_id, exc.to_rpc(), exc.headers)
+            return self._error(request_id, exc.to_rpc(), self._upstream.public_headers(exc.headers))
         except UpstreamError as exc:
             return self._error(request_id, exc.to_rpc())
         except Exception:  # boundary: a bug handling one request must not reach the client as a traceback
             logger.exception("unexpected failure handling a request")
             return self._error(request_id, InternalError("internal error"))
+
+    async def handle_protected_resource_metadata(self, request: web.Request) -> web.Response:
+        """GET /.well-known/oauth-protected-resource[/path]: the upstream's metadata, naming the sidecar."""
+        public_url = self._config.upstream.public_url or f"{request.scheme}://{request.host}{self._config.listen.path}"
+        document = await self._upstream.protected_resource_metadata(public_url)
+        if document is None:
+            return web.json_response({"error": "the upstream publishes no protected-resource metadata"}, status=404)
+        return json_response(document)
 
     async def handle_get(self, request: web.Request) -> web.StreamResponse:
         """GET: a legacy session's SSE stream; without a session, 405 (the modern era has no GET)."""

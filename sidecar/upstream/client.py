@@ -10,6 +10,7 @@ import time
 from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import orjson
 
@@ -33,6 +34,7 @@ from sidecar.protocol.errors import (
     UpstreamRpcError,
 )
 from sidecar.protocol.frames import modern_request_meta
+from sidecar.upstream.auth import metadata_paths, rewrite_challenge, rewrite_metadata
 from sidecar.upstream.http import (
     SSE_CONTENT_TYPE,
     UpstreamHTTP,
@@ -198,6 +200,28 @@ class UpstreamClient:
             if self.on_recovered is not None:
                 self.on_recovered()
 
+    def public_headers(self, headers: dict[str, str]) -> dict[str, str]:
+        """Response headers for the client: an auth challenge points at the sidecar when public_url is set."""
+        public_url = self._config.public_url
+        if public_url is None:
+            return headers
+        return {
+            name: rewrite_challenge(value, public_url) if name.lower() == "www-authenticate" else value
+            for name, value in headers.items()
+        }
+
+    async def protected_resource_metadata(self, public_url: str) -> JsonObject | None:
+        """The upstream's OAuth protected-resource metadata, rewritten to name `public_url`; None if it has none."""
+        parts = urlsplit(self._config.url)
+        for path in metadata_paths(self._config.url):
+            url = urlunsplit((parts.scheme, parts.netloc, path, "", ""))
+            with contextlib.suppress(UpstreamError):
+                status, body = await self._http.get(url, self._http.max_response_bytes)
+                document = _try_json(body) if status == 200 else None
+                if document is not None:
+                    return rewrite_metadata(document, public_url)
+        return None
+
     # -- forwarding --------------------------------------------------------------------------------------
 
     def forwarded_headers(self, client_headers: Mapping[str, str]) -> dict[str, str]:
@@ -254,7 +278,9 @@ class UpstreamClient:
         stack = contextlib.AsyncExitStack()
         response = await stack.enter_async_context(self._http.send(http_method, body, headers, streaming=True))
         try:
-            passthrough = {name: response.headers[name] for name in names if name in response.headers}
+            passthrough = self.public_headers(
+                {name: response.headers[name] for name in names if name in response.headers}
+            )
             if response.headers.get("Content-Type", "").startswith(SSE_CONTENT_TYPE) and response.status < 300:
                 return Reply(response.status, passthrough, stream=self._relay(response.content, stack))
             body = await read_limited(response, self._http.max_response_bytes, self.url)

@@ -107,6 +107,14 @@ class UpstreamHTTP:
             ) as response:
                 yield response
 
+    async def get(self, url: str, limit: int) -> tuple[int, bytes]:
+        """A plain GET of another URL on the upstream's host (its OAuth metadata); (status, body)."""
+        if self._session is None:
+            raise RuntimeError("UpstreamHTTP.get() called before start() or after aclose()")
+        with translate_errors(self.url):
+            async with self._session.get(url, headers=self._static_headers, timeout=self._timeout) as response:
+                return response.status, await read_limited(response, limit, self.url)
+
     async def send_quietly(self, body: bytes, headers: Mapping[str, str]) -> None:
         """Fire a message upstream and drop the answer (a notification, a reply to a server request)."""
         with contextlib.suppress(UpstreamError):
