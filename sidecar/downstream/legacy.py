@@ -177,6 +177,7 @@ class LegacySessions:
             handle = session.subscriptions.pop(uri, None)
             if handle is not None:
                 self._hub.detach(session, handle)
+                handle.release()
             return {}
         if uri in session.subscriptions:
             return {}

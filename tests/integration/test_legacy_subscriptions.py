@@ -1,0 +1,141 @@
+"""2025-11-25 clients subscribe through the sidecar to an upstream that cannot, and share its watches."""
+
+from __future__ import annotations
+
+import asyncio
+import warnings
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+from mcp import Client, MCPError
+from mcp.shared.exceptions import MCPDeprecationWarning
+
+from sidecar.app import LEGACY, REGISTRY
+from tests.helpers import eventually, headers, request, serve_sidecar, sse_messages
+from tests.peers import Upstream, start_upstream
+
+FAST = {"min_interval_ms": 100, "default_interval_ms": 300, "linger_ms": 100}
+PRICE = "catalog://price"
+
+
+class _Updates:
+    """Resource-updated notifications a legacy SDK client received on its GET stream."""
+
+    def __init__(self) -> None:
+        self.uris: asyncio.Queue[str] = asyncio.Queue()
+
+    async def __call__(self, message: Any) -> None:
+        if getattr(message, "method", None) == "notifications/resources/updated":
+            await self.uris.put(message.params.uri)
+
+    async def next(self) -> str:
+        return await asyncio.wait_for(self.uris.get(), 15)
+
+
+@pytest.fixture(params=["modern", "legacy"])
+async def fast_upstream(request: pytest.FixtureRequest) -> AsyncIterator[Upstream]:
+    async with await start_upstream(request.param, read_ttl_ms=300, list_ttl_ms=300) as up:
+        yield up
+
+
+def _legacy(url: str, updates: _Updates) -> Client:
+    return Client(url, mode="legacy", cache=None, message_handler=updates)
+
+
+async def test_a_legacy_client_subscribes_and_is_told_of_an_out_of_band_change(fast_upstream: Upstream) -> None:
+    updates = _Updates()
+    async with serve_sidecar(fast_upstream.url, polling=FAST) as sidecar, _legacy(sidecar.url, updates) as client:
+        assert client.protocol_version == "2025-11-25"
+        assert client.server_capabilities.resources is not None
+        assert client.server_capabilities.resources.subscribe is True
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", MCPDeprecationWarning)  # the SDK's nudge towards listen
+            await client.subscribe_resource(PRICE)
+            await fast_upstream.set_price(125)
+            assert await updates.next() == PRICE
+            assert (await client.read_resource(PRICE)).contents[0].text == "price=125"  # type: ignore[union-attr]
+            await client.unsubscribe_resource(PRICE)
+
+
+async def test_unsubscribe_stops_the_notifications(fast_upstream: Upstream) -> None:
+    updates = _Updates()
+    async with serve_sidecar(fast_upstream.url, polling=FAST) as sidecar, _legacy(sidecar.url, updates) as client:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", MCPDeprecationWarning)
+            await client.subscribe_resource(PRICE)
+            await client.unsubscribe_resource(PRICE)
+        # With no subscriber left the watch lingers out; a change after that reaches nobody.
+        await eventually(lambda: not any(w.key.kind == "resource" for w in sidecar.app[REGISTRY].watches()))
+        await fast_upstream.set_price(126)
+        await client.read_resource(PRICE)  # the session is alive and served
+        assert updates.uris.empty()
+
+
+async def test_subscribing_to_a_missing_resource_is_resource_not_found(fast_upstream: Upstream) -> None:
+    async with serve_sidecar(fast_upstream.url, polling=FAST) as sidecar, _legacy(sidecar.url, _Updates()) as client:
+        with warnings.catch_warnings(), pytest.raises(MCPError) as refused:
+            warnings.simplefilter("ignore", MCPDeprecationWarning)
+            await client.subscribe_resource("catalog://nope")
+    assert refused.value.error.code == -32002
+
+
+async def test_a_legacy_session_and_a_listen_stream_share_one_watch(
+    fast_upstream: Upstream, http: aiohttp.ClientSession
+) -> None:
+    updates = _Updates()
+    async with serve_sidecar(fast_upstream.url, polling=FAST) as sidecar, _legacy(sidecar.url, updates) as client:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", MCPDeprecationWarning)
+            await client.subscribe_resource(PRICE)
+        body = request("subscriptions/listen", {"notifications": {"resourceSubscriptions": [PRICE]}}, "L")
+        async with http.post(sidecar.url, json=body, headers=headers("subscriptions/listen")) as resp:
+            frames = sse_messages(resp)
+            assert (await anext(frames))["params"]["notifications"]["resourceSubscriptions"] == [PRICE]
+            resource_watches = [w for w in sidecar.app[REGISTRY].watches() if w.key.kind == "resource"]
+            assert len(resource_watches) == 1 and resource_watches[0].refs == 2
+            await fast_upstream.set_price(127)
+            assert (await asyncio.wait_for(anext(frames), 15))["params"]["uri"] == PRICE
+            assert await updates.next() == PRICE
+
+
+async def test_a_legacy_session_gets_list_changes_on_its_get_stream(fast_upstream: Upstream) -> None:
+    got = asyncio.Event()
+
+    async def on_message(message: Any) -> None:
+        if getattr(message, "method", None) == "notifications/tools/list_changed":
+            got.set()
+
+    async with (
+        serve_sidecar(fast_upstream.url, polling=FAST) as sidecar,
+        Client(sidecar.url, mode="legacy", cache=None, message_handler=on_message) as client,
+    ):
+        await eventually(lambda: any(w.key.kind == "tools_list" for w in sidecar.app[REGISTRY].watches()))
+        await fast_upstream.add("tool", "brand_new")
+        await asyncio.wait_for(got.wait(), 15)
+        assert "brand_new" in {tool.name for tool in (await client.list_tools()).tools}
+
+
+async def test_an_idle_session_expires_and_its_watches_are_released(
+    fast_upstream: Upstream, http: aiohttp.ClientSession
+) -> None:
+    init = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}},
+    }
+    plain = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+    async with serve_sidecar(fast_upstream.url, polling=FAST, streams={"session_idle_s": 0.5}) as sidecar:
+        async with http.post(sidecar.url, json=init, headers=plain) as resp:
+            session = resp.headers["Mcp-Session-Id"]
+        on_session = {**plain, "Mcp-Session-Id": session, "MCP-Protocol-Version": "2025-11-25"}
+        subscribe = {"jsonrpc": "2.0", "id": 2, "method": "resources/subscribe", "params": {"uri": PRICE}}
+        async with http.post(sidecar.url, json=subscribe, headers=on_session) as resp:
+            assert (await resp.json())["result"] == {}
+        assert sidecar.app[LEGACY].count == 1
+        await eventually(lambda: sidecar.app[LEGACY].count == 0)
+        await eventually(lambda: not any(w.key.kind == "resource" for w in sidecar.app[REGISTRY].watches()))
+        async with http.post(sidecar.url, json=subscribe, headers=on_session) as resp:
+            assert resp.status == 404  # the client initializes again
