@@ -1,0 +1,263 @@
+"""Shared pieces of the bench: processes on 127.0.0.1, /proc readings, /metrics parsing, statistics, MCP framing."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import os
+import resource
+import signal
+import socket
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+__all__ = [
+    "MODERN",
+    "REPO_ROOT",
+    "Proc",
+    "Samples",
+    "children",
+    "cpu_seconds",
+    "free_port",
+    "histogram_quantile",
+    "http_ok",
+    "mcp_body",
+    "mcp_headers",
+    "percentile",
+    "python_argv",
+    "raise_fd_limit",
+    "rss_bytes",
+    "scrape",
+]
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+MODERN = "2026-07-28"
+META: dict[str, Any] = {
+    "io.modelcontextprotocol/protocolVersion": MODERN,
+    "io.modelcontextprotocol/clientCapabilities": {},
+    "io.modelcontextprotocol/clientInfo": {"name": "bench", "version": "0"},
+}
+_NAMED = {"resources/read": "uri", "tools/call": "name", "prompts/get": "name"}
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+START_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 10.0
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def raise_fd_limit() -> int:
+    """Raise RLIMIT_NOFILE to the hard limit (children inherit it); returns the new soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 65536)
+    if soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def mcp_headers(method: str, params: dict[str, Any] | None = None) -> dict[str, str]:
+    """The headers of a 2026-07-28 request (Mcp-Name mirrors the named parameter)."""
+    headers = {
+        "Content-Type": "application/json",
+        "Accept": "application/json, text/event-stream",
+        "MCP-Protocol-Version": MODERN,
+        "Mcp-Method": method,
+    }
+    named = _NAMED.get(method)
+    if named is not None:
+        headers["Mcp-Name"] = str((params or {}).get(named, ""))
+    return headers
+
+
+def mcp_body(method: str, params: dict[str, Any] | None = None, request_id: int | str = 1) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": request_id, "method": method, "params": {**(params or {}), "_meta": META}}
+
+
+# -- processes --------------------------------------------------------------------------------------------
+
+
+class Proc:
+    """One foreground child process on 127.0.0.1; output goes to a log file; `stop` is SIGTERM then SIGKILL."""
+
+    def __init__(self, name: str, argv: Sequence[str], log_path: Path, env: dict[str, str] | None = None) -> None:
+        self.name = name
+        self.argv = list(argv)
+        self.log_path = log_path
+        base = {k: v for k, v in os.environ.items() if not k.startswith("MCP_SIDECAR__")}
+        self.env = {**base, "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.proc: asyncio.subprocess.Process | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None, f"{self.name} was never started"
+        return self.proc.pid
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None
+
+    async def spawn(self, *, pipes: bool = False, limit: int = 2**16) -> None:
+        with self.log_path.open("ab") as out:
+            self.proc = await asyncio.create_subprocess_exec(
+                *self.argv,
+                cwd=REPO_ROOT,
+                env=self.env,
+                stdin=asyncio.subprocess.PIPE if pipes else asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE if pipes else out,
+                stderr=out,
+                limit=limit,
+            )
+
+    def log_tail(self, lines: int = 30) -> str:
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return f"-- {self.name} ({self.log_path}) --\n" + "\n".join(text.splitlines()[-lines:])
+
+    async def wait_ready(self, probe: Callable[[], Awaitable[bool]], within_s: float = START_TIMEOUT_S) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within_s
+        while True:
+            if not self.running:
+                code = self.proc.returncode if self.proc is not None else None
+                raise RuntimeError(f"{self.name} exited with {code} before it was ready\n{self.log_tail()}")
+            if await probe():
+                return
+            if loop.time() > deadline:
+                raise TimeoutError(f"{self.name} not ready after {within_s} s\n{self.log_tail()}")
+            await asyncio.sleep(0.05)  # polling another process until it listens, bounded
+
+    async def stop(self, within_s: float = STOP_TIMEOUT_S) -> None:
+        proc = self.proc
+        if proc is None or proc.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), within_s)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+
+
+async def http_ok(url: str, timeout_s: float = 2.0) -> bool:
+    """True when GET `url` answers 200 (a fresh connection each time)."""
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    with contextlib.suppress(aiohttp.ClientError, TimeoutError, OSError):
+        async with (
+            aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(force_close=True)) as http,
+            http.get(url) as resp,
+        ):
+            return resp.status == 200
+    return False
+
+
+def python_argv(module: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", module, *args]
+
+
+# -- /proc ------------------------------------------------------------------------------------------------
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of `pid` in seconds (/proc/<pid>/stat fields 14 and 15)."""
+    text = Path(f"/proc/{pid}/stat").read_text()
+    fields = text[text.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+
+
+def children(pid: int) -> list[int]:
+    """The direct child processes of `pid` (from each process's parent id in /proc/<pid>/stat)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            text = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if int(text[text.rindex(")") + 2 :].split()[1]) == pid:
+            found.append(int(entry.name))
+    return sorted(found)
+
+
+def rss_bytes(pid: int) -> int:
+    """VmRSS of `pid` in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+# -- /metrics -----------------------------------------------------------------------------------------------
+
+
+class Samples:
+    """One /metrics scrape: (name, labels, value) triples."""
+
+    def __init__(self, text: str) -> None:
+        self.samples: list[tuple[str, dict[str, str], float]] = [
+            (s.name, dict(s.labels), s.value) for family in text_string_to_metric_families(text) for s in family.samples
+        ]
+
+    def value(self, name: str, **labels: str) -> float:
+        """Sum of the samples named `name` whose labels include `labels`."""
+        return sum(v for n, have, v in self.samples if n == name and all(have.get(k) == x for k, x in labels.items()))
+
+    def buckets(self, name: str) -> dict[float, float]:
+        """Cumulative histogram buckets `{le: count}` of `name` (without the `_bucket` suffix)."""
+        out: dict[float, float] = {}
+        for n, labels, v in self.samples:
+            if n == f"{name}_bucket":
+                le = float(labels["le"])
+                out[le] = out.get(le, 0.0) + v
+        return out
+
+
+async def scrape(base_url: str, path: str = "/metrics") -> Samples:
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http,
+        http.get(base_url + path) as resp,
+    ):
+        resp.raise_for_status()
+        return Samples(await resp.text())
+
+
+def histogram_quantile(q: float, before: dict[float, float], after: dict[float, float]) -> float | None:
+    """Prometheus-style quantile (linear within a bucket) of the observations between two scrapes."""
+    bounds = sorted(after)
+    counts = [after[b] - before.get(b, 0.0) for b in bounds]
+    if not counts or counts[-1] <= 0:
+        return None
+    rank = q * counts[-1]
+    lower, below = 0.0, 0.0
+    for bound, cumulative in zip(bounds, counts, strict=True):
+        if cumulative >= rank:
+            if math.isinf(bound):
+                return lower  # above the last finite bucket: report its bound, as Prometheus does
+            inside = cumulative - below
+            return lower + (bound - lower) * ((rank - below) / inside if inside else 1.0)
+        lower, below = bound, cumulative
+    return lower
+
+
+# -- statistics -------------------------------------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-quantile (0..1) of `values` by nearest rank; NaN when empty."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))
+    return ordered[index]

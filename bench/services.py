@@ -1,0 +1,312 @@
+"""Everything the bench starts, each a child process on 127.0.0.1 on a free port, stopped when its stack unwinds.
+
+Every `start_*` registers the stop on the caller's AsyncExitStack, so a scenario that fails or is cancelled
+(Ctrl-C) still stops what it started; `ALL` lets the bench kill leftovers as a last resort.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import grp
+import importlib.util
+import os
+import pwd
+import shutil
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import yaml
+
+from bench.common import Proc, free_port, http_ok, python_argv
+
+__all__ = [
+    "ALL",
+    "CONFIGS",
+    "LoadClient",
+    "Service",
+    "Sidecar",
+    "kill_leftovers",
+    "peer_proxy_missing",
+    "redis_missing",
+    "start_fast_upstream",
+    "start_loadgen",
+    "start_nginx",
+    "start_peer_proxy",
+    "start_redis",
+    "start_sdk_upstream",
+    "start_sidecar",
+]
+
+ALL: list[Proc] = []
+"""Every process the bench started, for a last-resort SIGKILL."""
+CONFIGS: dict[str, dict[str, Any]] = {}
+"""Every sidecar's config, by process name (for RESULTS.md)."""
+
+
+def kill_leftovers() -> None:
+    for proc in ALL:
+        if proc.running:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGKILL)
+
+
+@dataclass
+class Service:
+    name: str
+    port: int
+    proc: Proc
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"{self.base_url}/mcp"
+
+
+@dataclass
+class Sidecar(Service):
+    config: dict[str, Any]
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+
+async def _start(
+    stack: contextlib.AsyncExitStack, proc: Proc, probe_url: str, within_s: float = 30.0, *, pipes: bool = False
+) -> None:
+    ALL.append(proc)
+    stack.push_async_callback(proc.stop)
+    await proc.spawn(pipes=pipes)
+
+    async def probe() -> bool:
+        return await http_ok(probe_url)
+
+    await proc.wait_ready(probe, within_s)
+
+
+async def start_fast_upstream(stack: contextlib.AsyncExitStack, workdir: Path) -> Service:
+    port = free_port()
+    proc = Proc("fast-upstream", python_argv("bench.fast_upstream", "--port", str(port)), workdir / "fast-upstream.log")
+    service = Service("fast-upstream", port, proc)
+    await _start(stack, proc, f"{service.base_url}/admin/health")
+    return service
+
+
+async def start_sdk_upstream(stack: contextlib.AsyncExitStack, workdir: Path, read_ttl_ms: int) -> Service:
+    port = free_port()
+    argv = python_argv("bench.sdk_upstream", "--port", str(port), "--read-ttl-ms", str(read_ttl_ms))
+    proc = Proc("sdk-upstream", argv, workdir / f"sdk-upstream-{port}.log")
+    service = Service("sdk-upstream", port, proc)
+    await _start(stack, proc, f"{service.base_url}/admin/health")
+    return service
+
+
+def sidecar_config(upstream_url: str, port: int, sections: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "upstream": {"url": upstream_url},
+        "listen": {"host": "127.0.0.1", "port": port, "shutdown_grace_s": 2},
+        "logging": {"level": "warning", "format": "json"},
+    }
+    for name, values in sections.items():
+        data.setdefault(name, {}).update(values)
+    return data
+
+
+async def start_sidecar(
+    stack: contextlib.AsyncExitStack,
+    workdir: Path,
+    name: str,
+    upstream_url: str,
+    sections: dict[str, dict[str, Any]] | None = None,
+    workers: int = 1,
+) -> Sidecar:
+    """`python -m sidecar.cli run --config FILE [--workers N]`, ready when /readyz answers 200."""
+    port = free_port()
+    config = sidecar_config(upstream_url, port, sections or {})
+    path = workdir / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    argv = python_argv("sidecar.cli", "run", "--config", str(path))
+    if workers > 1:
+        argv += ["--workers", str(workers)]
+    proc = Proc(name, argv, workdir / f"{name}.log")
+    sidecar = Sidecar(name, port, proc, config)
+    CONFIGS[name] = config
+    await _start(stack, proc, f"{sidecar.base_url}/readyz")
+    return sidecar
+
+
+def _nginx_binary() -> str | None:
+    return shutil.which("nginx") or shutil.which("nginx", path="/usr/local/sbin:/usr/sbin:/sbin")
+
+
+_NGINX_CONF = """\
+{user}worker_processes 1;
+pid {dir}/nginx.pid;
+error_log {dir}/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    client_body_temp_path {dir}/client_body;
+    proxy_temp_path {dir}/proxy;
+    fastcgi_temp_path {dir}/fastcgi;
+    uwsgi_temp_path {dir}/uwsgi;
+    scgi_temp_path {dir}/scgi;
+    upstream backend {{
+        server 127.0.0.1:{backend};
+        keepalive 64;
+    }}
+    server {{
+        listen 127.0.0.1:{port} backlog=4096;
+        location / {{
+            proxy_pass http://backend;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }}
+    }}
+}}
+"""
+
+
+def nginx_missing() -> str | None:
+    return None if _nginx_binary() else "nginx is not installed (Debian package `nginx`)"
+
+
+async def start_nginx(stack: contextlib.AsyncExitStack, workdir: Path, backend_port: int) -> Service:
+    """nginx as a plain reverse proxy (one worker, keep-alive to the backend) with a temp config."""
+    binary = _nginx_binary()
+    assert binary is not None
+    home = workdir / "nginx"
+    home.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    user = f"user {pwd.getpwuid(0).pw_name} {grp.getgrgid(0).gr_name};\n" if os.geteuid() == 0 else ""
+    conf = home / "nginx.conf"
+    conf.write_text(_NGINX_CONF.format(user=user, dir=home, backend=backend_port, port=port), encoding="utf-8")
+    argv = [binary, "-p", str(home), "-c", str(conf), "-e", str(home / "error.log"), "-g", "daemon off;"]
+    proc = Proc("nginx", argv, home / "nginx.out")
+    service = Service("nginx", port, proc)
+    # nginx proxies /admin/health to the backend: ready means both listen.
+    await _start(stack, proc, f"{service.base_url}/admin/health")
+    return service
+
+
+def redis_missing() -> str | None:
+    if not (shutil.which("redis-server") or shutil.which("redis-server", path="/usr/local/sbin:/usr/sbin:/sbin")):
+        return "redis-server is not installed (Debian package `redis-server`)"
+    if importlib.util.find_spec("redis") is None:
+        return "the `redis` Python package is missing (pip install -e '.[redis]')"
+    return None
+
+
+async def start_redis(stack: contextlib.AsyncExitStack, workdir: Path) -> str:
+    """redis-server in the foreground without persistence; returns its URL."""
+    binary = shutil.which("redis-server") or shutil.which("redis-server", path="/usr/local/sbin:/usr/sbin:/sbin")
+    assert binary is not None
+    home = workdir / "redis"
+    home.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+            "--dir", str(home)]  # fmt: skip
+    proc = Proc("redis-server", argv, home / "redis.log")
+    ALL.append(proc)
+    stack.push_async_callback(proc.stop)
+    await proc.spawn()
+
+    async def ping() -> bool:
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 1.0)
+        except (OSError, TimeoutError):
+            return False
+        try:
+            writer.write(b"PING\r\n")
+            await writer.drain()
+            return await asyncio.wait_for(reader.readline(), 1.0) == b"+PONG\r\n"
+        except (OSError, TimeoutError):
+            return False
+        finally:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+
+    await proc.wait_ready(ping)
+    return f"redis://127.0.0.1:{port}/0"
+
+
+def peer_proxy_missing() -> str | None:
+    if importlib.util.find_spec("fastmcp") is None:
+        return "fastmcp is not installed (pip install -e '.[bench]')"
+    return None
+
+
+async def start_peer_proxy(
+    stack: contextlib.AsyncExitStack, workdir: Path, upstream_url: str, *, reuse_session: bool
+) -> Service:
+    port = free_port()
+    argv = python_argv("bench.peer_proxy", "--port", str(port), "--upstream", upstream_url)
+    name = "peer-proxy-shared" if reuse_session else "peer-proxy"
+    if reuse_session:
+        argv.append("--reuse-session")
+    proc = Proc(name, argv, workdir / f"{name}.log", env={"FASTMCP_LOG_LEVEL": "WARNING"})
+    service = Service(name, port, proc)
+
+    async def answers() -> bool:
+        # FastMCP has no health route; any HTTP answer on /mcp means it listens.
+        with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
+            async with (
+                aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as http,
+                http.get(service.url) as resp,
+            ):
+                return resp.status < 500
+        return False
+
+    ALL.append(proc)
+    stack.push_async_callback(proc.stop)
+    await proc.spawn()
+    await proc.wait_ready(answers, 60.0)
+    return service
+
+
+class LoadClient:
+    """The load generator process and its command channel (JSON lines on its stdin and stdout)."""
+
+    def __init__(self, proc: Proc) -> None:
+        self.proc = proc
+
+    async def call(self, cmd: str, **fields: Any) -> dict[str, Any]:
+        process = self.proc.proc
+        assert process is not None and process.stdin is not None and process.stdout is not None
+        process.stdin.write(orjson.dumps({"cmd": cmd, **fields}) + b"\n")
+        await process.stdin.drain()
+        line = await process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"load generator exited during {cmd!r}\n{self.proc.log_tail()}")
+        answer: dict[str, Any] = orjson.loads(line)
+        if "error" in answer:
+            raise RuntimeError(f"load generator failed {cmd!r}: {answer['error']}\n{answer.get('traceback', '')}")
+        return answer
+
+    async def quit(self) -> None:
+        process = self.proc.proc
+        if process is not None and process.returncode is None and process.stdin is not None:
+            with contextlib.suppress(OSError, RuntimeError):
+                process.stdin.write(b'{"cmd": "quit"}\n')
+                await process.stdin.drain()
+                process.stdin.close()
+        await self.proc.stop()
+
+
+async def start_loadgen(stack: contextlib.AsyncExitStack, workdir: Path, name: str = "loadgen") -> LoadClient:
+    proc = Proc(name, [sys.executable, "-m", "bench.loadgen"], workdir / f"{name}.log")
+    ALL.append(proc)
+    client = LoadClient(proc)
+    stack.push_async_callback(client.quit)
+    await proc.spawn(pipes=True, limit=2**26)
+    return client
