@@ -87,6 +87,7 @@ class UpstreamClient:
         self._legacy = LegacyBridge(self._http, cache)
         self._info: UpstreamInfo | None = None
         self._metrics = metrics or Metrics()
+        self._series_cache: dict[tuple[str, str], tuple[Any, Any]] = {}
         self._probe_lock = asyncio.Lock()
         self._ids = itertools.count(1)
         self.up: bool | None = None
@@ -187,8 +188,21 @@ class UpstreamClient:
         else:
             self._mark_up()
         finally:
-            self._metrics.upstream_requests.labels(label, outcome).inc()
-            self._metrics.upstream_duration.labels(label).observe(time.monotonic() - started)
+            counter, histogram = self._series(label, outcome)
+            counter.inc()
+            histogram.observe(time.monotonic() - started)
+
+    def _series(self, label: str, outcome: str) -> tuple[Any, Any]:
+        # Resolving labelled children costs more than the observation itself; keep them.
+        key = (label, outcome)
+        series = self._series_cache.get(key)
+        if series is None:
+            series = (
+                self._metrics.upstream_requests.labels(label, outcome),
+                self._metrics.upstream_duration.labels(label),
+            )
+            self._series_cache[key] = series
+        return series
 
     def _mark_up(self) -> None:
         recovered = self.up is False

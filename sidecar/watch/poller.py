@@ -124,9 +124,16 @@ class Watch:
         self._metrics = metrics
         self._on_auth_failure = on_auth_failure
         self._coordinator: PollCoordinator = coordinator or LocalCoordinator()
-        self._hint = asyncio.Event()
         self._last_start = time.monotonic()
+        self._due = self._last_start
+        self._timer: asyncio.TimerHandle | None = None
         self._task: asyncio.Task[None] | None = None
+        self._polling = False
+        self._hinted = False
+        self._stopped = False
+        self._poll_ok = metrics.polls.labels(key.kind, "ok")
+        self._poll_error = metrics.polls.labels(key.kind, "error")
+        self._poll_duration = metrics.poll_duration.labels(key.kind)
 
     @property
     def interval_s(self) -> float:
@@ -163,41 +170,67 @@ class Watch:
             self.generation = generation
 
     def hint(self) -> None:
-        """Poll soon (not sooner than min_interval_ms after the last poll); repeated hints coalesce."""
-        self._hint.set()
+        """Poll soon, but never sooner than min_interval_ms after the last poll; hints coalesce into at most
+        one extra poll."""
+        if self._stopped:
+            return
+        if self._polling:
+            self._hinted = True  # the poll in flight may predate the write: one more after it
+            return
+        due = max(self._last_start + self._schedule.min_interval_s, time.monotonic())
+        if self._timer is None or self._timer.when() > due:
+            self._arm(due)
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"watch-{self.key.short_hash}")
+        """Schedule the first poll one interval after the baseline (which was just read)."""
+        self._arm(self._last_start + self.interval_s)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        self._stopped = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+                await task
 
-    async def _run(self) -> None:
-        while True:
-            if self.consecutive_errors:
-                delay = self._schedule.backoff_s(self.consecutive_errors)
-            else:
-                delay = self.interval_s
-            due = self._last_start + delay
-            try:
-                await asyncio.wait_for(self._hint.wait(), timeout=max(0.0, due - time.monotonic()))
-            except TimeoutError:
-                pass
-            else:
-                # A hint never makes a key poll more often than min_interval_ms.
-                floor = self._last_start + self._schedule.min_interval_s
-                due = max(floor, time.monotonic())
-                if due > time.monotonic():
-                    await asyncio.sleep(due - time.monotonic())
-            self._hint.clear()
+    def _arm(self, due: float) -> None:
+        # An idle watch is one timer entry, not a sleeping task: thousands of watches stay cheap.
+        if self._timer is not None:
+            self._timer.cancel()
+        self._due = due
+        self._timer = asyncio.get_running_loop().call_at(due, self._fire)
+
+    def _fire(self) -> None:
+        self._timer = None
+        self._task = asyncio.get_running_loop().create_task(self._cycle())
+
+    async def _cycle(self) -> None:
+        self._polling = True
+        try:
             if self._coordinator.may_poll(self.key):
-                await self.poll_once(due)
+                await self.poll_once(self._due)
             else:
                 self._last_start = time.monotonic()  # another replica holds the lease; look again later
+        except Exception:  # boundary: a bug in one poll must not stop this watch for good
+            logger.exception("poll crashed", extra={"watch": self.key.short_hash, "kind": self.key.kind})
+            self.consecutive_errors += 1
+        finally:
+            self._polling = False
+            self._task = None
+        if self._stopped:
+            return
+        if self.consecutive_errors:
+            delay = self._schedule.backoff_s(self.consecutive_errors)
+        else:
+            delay = self.interval_s
+        due = self._last_start + delay
+        if self._hinted:
+            self._hinted = False
+            due = min(due, max(self._last_start + self._schedule.min_interval_s, time.monotonic()))
+        self._arm(due)
 
     async def poll_once(self, due: float) -> None:
         if self._gate.locked():
@@ -213,12 +246,12 @@ class Watch:
                 self._failed(exc)
                 return
             finally:
-                self._metrics.poll_duration.labels(self.key.kind).observe(time.monotonic() - started)
+                self._poll_duration.observe(time.monotonic() - started)
         if observation is None:
             return
         self.last_poll_at = time.time()
         self.consecutive_errors = 0
-        self._metrics.polls.labels(self.key.kind, "ok").inc()
+        self._poll_ok.inc()
         event = self.offer(observation, ticket)
         if event is not None:
             await self._coordinator.record(self.key, event.fingerprint, event.generation)
@@ -226,7 +259,7 @@ class Watch:
 
     def _failed(self, exc: UpstreamError) -> None:
         self.consecutive_errors += 1
-        self._metrics.polls.labels(self.key.kind, "error").inc()
+        self._poll_error.inc()
         if isinstance(exc, UpstreamHTTPError) and exc.is_auth_failure:
             self._on_auth_failure(self, exc)
             return

@@ -245,11 +245,10 @@ class WatchRegistry:
         uri = params["uri"]
         result = answer.get("result")
         if isinstance(result, dict):
-            observation = observation_from_read(result)
-            scope = PUBLIC if observation.public else context_id(credential)
+            scope = PUBLIC if result.get("cacheScope") == "public" else context_id(credential)
             watch = self._watches.get(WatchKey("resource", uri, scope))
-            if watch is not None:
-                self._apply(watch, observation, ticket)
+            if watch is not None:  # fingerprint only what someone watches: this is the forwarding hot path
+                self._apply(watch, observation_from_read(result), ticket)
             return
         error = answer.get("error")
         if isinstance(error, dict) and error.get("code") in (-32602, -32002):
