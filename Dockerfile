@@ -15,7 +15,7 @@ COPY pyproject.toml README.md ./
 COPY sidecar ./sidecar
 # The package installed is this checkout; its dependency ranges live in pyproject.toml.
 # hadolint ignore=DL3013
-RUN pip install --no-cache-dir ".[redis]"
+RUN pip install --no-cache-dir .
 COPY config/sidecar.example.yaml /etc/mcp-sidecar/sidecar.yaml
 
 USER 10001

@@ -94,6 +94,8 @@ class RedisCluster:
         self._owned: set[WatchKey] = set()
         self._revalidate_listeners: list[Callable[[frozenset[str]], None]] = []
         self._tasks: list[asyncio.Task[None]] = []
+        self._subscribed = False
+        self._resubscribe_now = asyncio.Event()
         self.degraded: str | None = None
         """Why coordination is off (Redis unreachable), or None while it works."""
 
@@ -133,6 +135,11 @@ class RedisCluster:
 
     def _set_up(self, up: bool, reason: str | None = None) -> None:
         self._metrics.redis_up.set(1 if up else 0)
+        if up and not self._subscribed:
+            # Coordination resumes only once we hear the bus again: an owner's change published before we
+            # resubscribe would reach nobody here, and we would no longer be polling for ourselves.
+            self._resubscribe_now.set()
+            return
         if up and self.degraded is not None:
             logger.info("redis reachable again; coordinated polling resumes")
             self.degraded = None
@@ -163,17 +170,22 @@ class RedisCluster:
             pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
             try:
                 await pubsub.subscribe(EVENTS_CHANNEL, HINTS_CHANNEL)
+                self._subscribed = True
                 delay = _RECONNECT_S[0]
                 while True:
                     message = await pubsub.get_message(timeout=1.0)
                     if message is not None:
                         self._dispatch(message)
             except (RedisError, OSError) as exc:
+                self._subscribed = False
                 self._set_up(False, str(exc))
             finally:
                 with contextlib.suppress(RedisError, OSError):
                     await pubsub.aclose()  # type: ignore[no-untyped-call]
-            await asyncio.sleep(delay)
+            # Back off, but retry at once when the lease loop sees Redis answering again.
+            self._resubscribe_now.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._resubscribe_now.wait(), delay)
             delay = min(delay * 2, _RECONNECT_S[1])
 
     def _dispatch(self, message: dict[str, Any]) -> None:

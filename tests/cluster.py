@@ -1,0 +1,563 @@
+"""Real services for the scale-out tests: redis-server, nginx and sidecar replicas, each a process on 127.0.0.1.
+
+Every service runs in the foreground of its own subprocess, in a temp dir of the test, with its output in a log
+file there (shown when it fails to start), and is stopped when its block is left: SIGTERM, SIGKILL after a bound.
+
+    async with redis_server(tmp_path) as redis, sidecar_replicas(tmp_path, up.url, redis.url, 3) as replicas,
+               nginx_proxy(tmp_path, [r.port for r in replicas]) as lb:
+        ...
+
+`require_binary` skips the calling test (with the reason) when redis-server or nginx is not installed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import grp
+import os
+import pwd
+import shutil
+import signal
+import socket
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+import redis.asyncio as aioredis
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.helpers import headers, request
+
+__all__ = [
+    "FAST_POLLING",
+    "LEASE_MS",
+    "ListenStream",
+    "MetricsSnapshot",
+    "Nginx",
+    "RedisServer",
+    "Replica",
+    "Service",
+    "free_port",
+    "nginx_proxy",
+    "redis_server",
+    "require_binary",
+    "sidecar_config",
+    "sidecar_replicas",
+    "wait_until",
+    "write_config",
+]
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+START_TIMEOUT_S = 20.0
+STOP_TIMEOUT_S = 10.0
+_PROBE_INTERVAL_S = 0.05
+_PROBE_TIMEOUT = aiohttp.ClientTimeout(total=2.0)
+_STREAM_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=None)
+
+LEASE_MS = 900
+"""Short leases: a dead owner's key is taken over within about a second."""
+FAST_POLLING = {
+    "min_interval_ms": 100,
+    "default_interval_ms": 300,
+    "backoff_initial_ms": 100,
+    "backoff_max_ms": 500,
+}
+UPDATED = "notifications/resources/updated"
+ACKNOWLEDGED = "notifications/subscriptions/acknowledged"
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (a service binds it a moment later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def require_binary(name: str) -> str:
+    """The path of `name` on PATH (or in the sbin directories a non-root PATH may lack); skips the test if absent."""
+    found = shutil.which(name) or shutil.which(name, path="/usr/local/sbin:/usr/sbin:/sbin")
+    if found is None:
+        pytest.skip(f"{name} is not installed (Debian package `{name}`); the scale-out tests need a real one")
+    return found
+
+
+def _env(**overrides: str) -> dict[str, str]:
+    """This environment without the developer's MCP_SIDECAR__ variables, plus `overrides`."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("MCP_SIDECAR__")}
+    return {**env, "PYTHONUNBUFFERED": "1", **overrides}
+
+
+async def wait_until(
+    check: Callable[[], Awaitable[bool]], what: str, within_s: float = START_TIMEOUT_S, step: float = 0.05
+) -> None:
+    """Wait (bounded) for an outside observable: a gauge, a status body, a port that answers."""
+    try:
+        async with asyncio.timeout(within_s):
+            while True:
+                if await check():
+                    return
+                await asyncio.sleep(step)  # polling state that has no event to await, bounded
+    except TimeoutError:
+        raise AssertionError(f"not within {within_s} s: {what}") from None
+
+
+class Service:
+    """One foreground child process; stdout and stderr go to `log_path`."""
+
+    def __init__(self, name: str, argv: Sequence[str], log_path: Path, env: dict[str, str] | None = None) -> None:
+        self.name = name
+        self.argv = list(argv)
+        self.log_path = log_path
+        self.env = env if env is not None else _env()
+        self.proc: asyncio.subprocess.Process | None = None
+
+    async def spawn(self) -> None:
+        with self.log_path.open("ab") as out:
+            self.proc = await asyncio.create_subprocess_exec(
+                *self.argv, cwd=REPO_ROOT, env=self.env, stdin=asyncio.subprocess.DEVNULL, stdout=out,
+                stderr=asyncio.subprocess.STDOUT,
+            )  # fmt: skip
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None, f"{self.name} was never started"
+        return self.proc.pid
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self.proc is None else self.proc.returncode
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def log_tail(self, lines: int = 60) -> str:
+        return f"-- {self.name} ({self.log_path}) --\n" + "\n".join(self.log_text().splitlines()[-lines:])
+
+    async def wait_ready(self, probe: Callable[[], Awaitable[bool]], within_s: float = START_TIMEOUT_S) -> None:
+        """Until `probe()` is true; fails at once if the process exits, or after `within_s`."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within_s
+        while True:
+            if not self.running:
+                raise RuntimeError(f"{self.name} exited with {self.returncode} before it was ready\n{self.log_tail()}")
+            if await probe():
+                return
+            if loop.time() > deadline:
+                raise TimeoutError(f"{self.name} not ready after {within_s} s\n{self.log_tail()}")
+            await asyncio.sleep(_PROBE_INTERVAL_S)
+
+    async def wait(self, within_s: float = STOP_TIMEOUT_S) -> int:
+        """The exit code, waited for (bounded)."""
+        assert self.proc is not None
+        async with asyncio.timeout(within_s):
+            return await self.proc.wait()
+
+    async def signal(self, signum: int) -> None:
+        if self.running:
+            assert self.proc is not None
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signum)
+
+    async def kill(self) -> None:
+        """SIGKILL (kill -9) and reap; a no-op when it is not running."""
+        if self.running:
+            assert self.proc is not None
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+            await self.proc.wait()
+
+    async def stop(self, within_s: float = STOP_TIMEOUT_S) -> int | None:
+        """SIGTERM, then SIGKILL after `within_s`; returns the exit code (None if never started)."""
+        if self.proc is None:
+            return None
+        if self.running:
+            await self.signal(signal.SIGTERM)
+            try:
+                await self.wait(within_s)
+            except TimeoutError:
+                await self.kill()
+        return self.proc.returncode
+
+
+# -- redis-server ---------------------------------------------------------------------------------------------------
+
+
+class RedisServer:
+    """`redis-server` in the foreground, no persistence; `stop` then `start` restarts it on the same port, empty."""
+
+    def __init__(self, workdir: Path, port: int | None = None) -> None:
+        self.binary = require_binary("redis-server")
+        self.port = port or free_port()
+        self.workdir = workdir
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.service: Service | None = None
+        self._starts = 0
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    async def ping(self) -> bool:
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", self.port), 1.0)
+        except (OSError, TimeoutError):
+            return False
+        try:
+            writer.write(b"PING\r\n")
+            await writer.drain()
+            return await asyncio.wait_for(reader.readline(), 1.0) == b"+PONG\r\n"
+        except (OSError, TimeoutError):
+            return False
+        finally:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+
+    async def subscribers(self, channel: str) -> int:
+        """How many clients are subscribed to `channel` (PUBSUB NUMSUB)."""
+        async with aioredis.Redis(host="127.0.0.1", port=self.port, socket_timeout=2.0) as client:
+            [(_, count)] = await client.pubsub_numsub(channel)
+            return int(count)
+
+    async def start(self) -> None:
+        self._starts += 1
+        argv = [
+            self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+            "--dir", str(self.workdir),
+        ]  # fmt: skip
+        self.service = Service(f"redis-server:{self.port}", argv, self.workdir / f"redis-{self._starts}.log")
+        await self.service.spawn()
+        await self.service.wait_ready(self.ping)
+
+    async def stop(self) -> None:
+        if self.service is not None:
+            await self.service.stop()
+
+
+@contextlib.asynccontextmanager
+async def redis_server(tmp_path: Path) -> AsyncIterator[RedisServer]:
+    redis = RedisServer(tmp_path / "redis")
+    try:
+        await redis.start()
+        yield redis
+    finally:
+        await redis.stop()
+
+
+# -- sidecar replicas -----------------------------------------------------------------------------------------------
+
+
+def sidecar_config(upstream_url: str, port: int, redis_url: str | None = None, **sections: Any) -> dict[str, Any]:
+    """A run config: fixed port, fast polling, 1 s keep-alives, JSON logs, and the Redis bus when `redis_url`."""
+    data: dict[str, Any] = {
+        "upstream": {"url": upstream_url},
+        "listen": {"host": "127.0.0.1", "port": port, "shutdown_grace_s": 2},
+        "polling": dict(FAST_POLLING),
+        "streams": {"keepalive_s": 1},
+        "logging": {"format": "json", "level": "info"},
+    }
+    if redis_url is not None:
+        data["bus"] = {"backend": "redis", "redis_url": redis_url, "lease_ms": LEASE_MS}
+    for name, values in sections.items():
+        data.setdefault(name, {}).update(values)
+    return data
+
+
+def write_config(path: Path, data: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    return path
+
+
+class MetricsSnapshot:
+    """One scrape of /metrics: sample values by name (counters end in `_total`) and labels."""
+
+    def __init__(self, text: str) -> None:
+        self.samples: list[tuple[str, dict[str, str], float]] = [
+            (sample.name, sample.labels, sample.value)
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+        ]
+
+    def value(self, name: str, **labels: str) -> float:
+        """The sum of the samples named `name` whose labels include `labels` (0 when there is none)."""
+        return sum(
+            value
+            for sample, have, value in self.samples
+            if sample == name and all(have.get(k) == v for k, v in labels.items())
+        )
+
+
+class Replica:
+    """One `python -m sidecar.cli run --config FILE` process on a fixed port (or a `--workers N` process tree)."""
+
+    def __init__(self, name: str, workdir: Path, config: dict[str, Any], extra_args: Sequence[str] = ()) -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.name = name
+        self.port: int = config["listen"]["port"]
+        self.config_path = write_config(workdir / "sidecar.yaml", config)
+        argv = [sys.executable, "-m", "sidecar.cli", "run", "--config", str(self.config_path), *extra_args]
+        self.service = Service(name, argv, workdir / "sidecar.log")
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"{self.base_url}/mcp"
+
+    async def _get(self, path: str) -> tuple[int, str]:
+        # A fresh connection each time: with --workers the kernel picks a worker per connection.
+        connector = aiohttp.TCPConnector(force_close=True)
+        async with (
+            aiohttp.ClientSession(connector=connector, timeout=_PROBE_TIMEOUT) as http,
+            http.get(self.base_url + path) as resp,
+        ):
+            return resp.status, await resp.text()
+
+    async def readyz(self) -> tuple[int, dict[str, Any]]:
+        status, text = await self._get("/readyz")
+        return status, orjson.loads(text)
+
+    async def status(self) -> dict[str, Any]:
+        status, text = await self._get("/status")
+        assert status == 200, text
+        body: dict[str, Any] = orjson.loads(text)
+        return body
+
+    async def metrics(self) -> MetricsSnapshot:
+        status, text = await self._get("/metrics")
+        assert status == 200, text
+        return MetricsSnapshot(text)
+
+    async def is_ready(self) -> bool:
+        with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+            return (await self.readyz())[0] == 200
+        return False
+
+    async def start(self) -> None:
+        await self.service.spawn()
+        await self.service.wait_ready(self.is_ready)
+
+    def log_lines(self) -> list[dict[str, Any]]:
+        """The JSON log lines written so far (other lines, e.g. a traceback, are skipped)."""
+        lines = []
+        for line in self.service.log_text().splitlines():
+            with contextlib.suppress(ValueError):
+                entry = orjson.loads(line)
+                if isinstance(entry, dict):
+                    lines.append(entry)
+        return lines
+
+
+@contextlib.asynccontextmanager
+async def sidecar_replicas(
+    tmp_path: Path, upstream_url: str, redis_url: str, count: int, **sections: Any
+) -> AsyncIterator[list[Replica]]:
+    """`count` replicas on the Redis bus, each on its own fixed port, all ready (and all stopped on exit)."""
+    replicas = [
+        Replica(
+            f"replica-{n}", tmp_path / f"replica-{n}", sidecar_config(upstream_url, free_port(), redis_url, **sections)
+        )
+        for n in range(count)
+    ]
+    try:
+        await asyncio.gather(*(replica.start() for replica in replicas))
+        yield replicas
+    finally:
+        await asyncio.gather(*(replica.service.stop() for replica in replicas))
+
+
+# -- nginx ----------------------------------------------------------------------------------------------------------
+
+_NGINX_CONF = """\
+{user}worker_processes 1;
+pid {dir}/nginx.pid;
+error_log {dir}/error.log info;
+events {{ worker_connections 1024; }}
+http {{
+    access_log {dir}/access.log;
+    client_body_temp_path {dir}/client_body;
+    proxy_temp_path {dir}/proxy;
+    fastcgi_temp_path {dir}/fastcgi;
+    uwsgi_temp_path {dir}/uwsgi;
+    scgi_temp_path {dir}/scgi;
+    upstream sidecars {{
+{servers}
+    }}
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{
+            proxy_pass http://sidecars;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            # The sidecar refuses a non-loopback Host (DNS rebinding); pass the client's on.
+            proxy_set_header Host $http_host;
+            proxy_read_timeout {read_timeout_s}s;
+            # proxy_buffering stays on (the default): the sidecar's X-Accel-Buffering: no turns it off per stream.
+        }}
+    }}
+}}
+"""
+
+
+class Nginx:
+    """nginx in the foreground with a config of its own in `workdir`: round-robin over `backends`."""
+
+    def __init__(self, workdir: Path, backends: Sequence[int], read_timeout_s: int = 5) -> None:
+        self.binary = require_binary("nginx")
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.workdir = workdir
+        self.port = free_port()
+        # As root, nginx's workers would switch to an unprivileged user that cannot write the temp dirs here.
+        user = ""
+        if os.geteuid() == 0:
+            user = f"user {pwd.getpwuid(0).pw_name} {grp.getgrgid(0).gr_name};\n"
+        servers = "\n".join(f"        server 127.0.0.1:{port};" for port in backends)
+        self.conf = workdir / "nginx.conf"
+        self.conf.write_text(
+            _NGINX_CONF.format(user=user, dir=workdir, servers=servers, port=self.port, read_timeout_s=read_timeout_s),
+            encoding="utf-8",
+        )
+        argv = [self.binary, "-p", str(workdir), "-c", str(self.conf), "-e", str(workdir / "error.log"),
+                "-g", "daemon off;"]  # fmt: skip
+        self.service = Service("nginx", argv, workdir / "nginx.out")
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"{self.base_url}/mcp"
+
+    async def _answers(self) -> bool:
+        with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+            async with (
+                aiohttp.ClientSession(timeout=_PROBE_TIMEOUT) as http,
+                http.get(self.base_url + "/healthz") as resp,
+            ):
+                return resp.status == 200
+        return False
+
+    async def start(self) -> None:
+        await self.service.spawn()
+        try:
+            await self.service.wait_ready(self._answers)
+        except (RuntimeError, TimeoutError) as exc:
+            error_log = self.workdir / "error.log"
+            tail = error_log.read_text(errors="replace")[-4000:] if error_log.exists() else ""
+            raise RuntimeError(f"{exc}\n-- error.log --\n{tail}") from None
+
+
+@contextlib.asynccontextmanager
+async def nginx_proxy(tmp_path: Path, backends: Sequence[int], read_timeout_s: int = 5) -> AsyncIterator[Nginx]:
+    nginx = Nginx(tmp_path / "nginx", backends, read_timeout_s)
+    try:
+        await nginx.start()
+        yield nginx
+    finally:
+        await nginx.service.stop()
+
+
+# -- listen streams -------------------------------------------------------------------------------------------------
+
+
+class ListenStream:
+    """One raw `subscriptions/listen` stream; frames and keep-alive comments are collected as they arrive."""
+
+    def __init__(self, response: aiohttp.ClientResponse, label: str) -> None:
+        self.response = response
+        self.label = label
+        self.frames: list[dict[str, Any]] = []
+        self.comment_times: list[float] = []
+        """Loop time of each keep-alive comment line."""
+        self.ended = False
+        self._arrived = asyncio.Event()
+        self._reader = asyncio.get_running_loop().create_task(self._read())
+
+    @classmethod
+    async def open(
+        cls, http: aiohttp.ClientSession, url: str, request_id: Any, uris: Sequence[str], within_s: float = 15.0
+    ) -> ListenStream:
+        """POST the listen request and wait (bounded) for its ack, the first frame."""
+        body = request("subscriptions/listen", {"notifications": {"resourceSubscriptions": list(uris)}}, request_id)
+        response = await http.post(url, json=body, headers=headers("subscriptions/listen"), timeout=_STREAM_TIMEOUT)
+        if response.status != 200:
+            text = await response.text()
+            response.release()
+            raise AssertionError(f"listen via {url} answered {response.status}: {text}")
+        stream = cls(response, f"{url}#{request_id}")
+        ack = await stream.wait_for(lambda frame: True, within_s)
+        assert ack.get("method") == ACKNOWLEDGED, f"{stream.label}: first frame is not the ack: {ack}"
+        assert ack["params"]["notifications"].get("resourceSubscriptions") == list(uris), ack
+        return stream
+
+    async def _read(self) -> None:
+        data: list[str] = []
+        loop = asyncio.get_running_loop()
+        try:
+            async for raw in self.response.content:
+                line = raw.decode().rstrip("\r\n")
+                if line.startswith(":"):
+                    self.comment_times.append(loop.time())
+                    self._arrived.set()
+                elif line.startswith("data:"):
+                    data.append(line[5:].lstrip(" "))
+                elif line == "" and data:
+                    self.frames.append(orjson.loads("\n".join(data)))
+                    data = []
+                    self._arrived.set()
+        except (aiohttp.ClientError, ConnectionError):
+            pass  # the server or the proxy went away: `ended` says so
+        finally:
+            self.ended = True
+            self._arrived.set()
+
+    def mark(self) -> int:
+        """A position in the frames: `wait_for(..., since=mark)` looks only at frames after it."""
+        return len(self.frames)
+
+    def updates(self, since: int = 0) -> list[dict[str, Any]]:
+        return [frame for frame in self.frames[since:] if frame.get("method") == UPDATED]
+
+    async def wait_for(
+        self, predicate: Callable[[dict[str, Any]], bool], within_s: float, since: int = 0
+    ) -> dict[str, Any]:
+        """The first frame after `since` matching `predicate`; fails when the stream ends or `within_s` passes."""
+        seen = since
+        try:
+            async with asyncio.timeout(within_s):
+                while True:
+                    for frame in self.frames[seen:]:
+                        if predicate(frame):
+                            return frame
+                    seen = len(self.frames)
+                    if self.ended:
+                        raise AssertionError(f"{self.label}: ended before the frame came; frames: {self.frames}")
+                    self._arrived.clear()
+                    await self._arrived.wait()
+        except TimeoutError:
+            raise AssertionError(f"{self.label}: no such frame within {within_s} s; frames: {self.frames}") from None
+
+    async def wait_update(self, uri: str, within_s: float, since: int = 0) -> dict[str, Any]:
+        return await self.wait_for(
+            lambda frame: frame.get("method") == UPDATED and frame["params"]["uri"] == uri, within_s, since
+        )
+
+    async def aclose(self) -> None:
+        self.response.close()
+        self._reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._reader

@@ -1,0 +1,454 @@
+"""Scale-out on Redis, as operators run it: replica processes behind nginx, `run --workers N`, and the config
+checks that guard both. Real redis-server, nginx, sidecar processes and SDK upstream (see tests/cluster.py).
+
+Design §4: a change detected anywhere reaches streams everywhere (pub/sub); exactly one replica polls a key at a
+time (a lease, renewed at a third of its life); a dead owner's key is taken over within one lease period; Redis
+down means local polling (degraded) and coordination resumes when it returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+import sys
+import tomllib
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from sidecar.bus.redis import EVENTS_CHANNEL
+from tests.cluster import (
+    ListenStream,
+    Nginx,
+    RedisServer,
+    Replica,
+    free_port,
+    nginx_proxy,
+    redis_server,
+    sidecar_config,
+    sidecar_replicas,
+    wait_until,
+    write_config,
+)
+from tests.peers import Upstream, start_upstream
+
+URI = "catalog://price"
+READ_TTL_MS = 300
+"""The upstream's ttlMs for reads: the poll interval (within polling's [100 ms, ...] clamp)."""
+NOTIFY_WITHIN_S = 10.0
+"""Generous bound for a change to reach a stream (an interval, a lease period and a hop through Redis)."""
+NGINX_READ_TIMEOUT_S = 5
+POLLS_PER_WINDOW = 20
+REDIS_OUTAGE_S = 8.0
+"""Long enough for every replica's bus reader to back off to its longest reconnect delays."""
+
+
+@pytest.fixture
+async def shop() -> AsyncIterator[Upstream]:
+    async with await start_upstream("modern", read_ttl_ms=READ_TTL_MS) as up:
+        yield up
+
+
+@pytest.fixture
+async def redis(tmp_path: Path) -> AsyncIterator[RedisServer]:
+    async with redis_server(tmp_path) as server:
+        yield server
+
+
+@pytest.fixture
+async def replicas(tmp_path: Path, shop: Upstream, redis: RedisServer) -> AsyncIterator[list[Replica]]:
+    async with sidecar_replicas(tmp_path, shop.url, redis.url, 3) as started:
+        yield started
+
+
+@pytest.fixture
+async def lb(tmp_path: Path, replicas: list[Replica]) -> AsyncIterator[Nginx]:
+    async with nginx_proxy(tmp_path, [replica.port for replica in replicas], NGINX_READ_TIMEOUT_S) as nginx:
+        yield nginx
+
+
+class Streams:
+    """Opens listen streams and closes every one of them at teardown."""
+
+    def __init__(self, http: aiohttp.ClientSession) -> None:
+        self.http = http
+        self.opened: list[ListenStream] = []
+
+    async def open(self, url: str, request_id: Any, uris: Sequence[str] = (URI,)) -> ListenStream:
+        stream = await ListenStream.open(self.http, url, request_id, uris)
+        self.opened.append(stream)
+        return stream
+
+    async def open_many(self, url: str, prefix: str, count: int) -> list[ListenStream]:
+        return list(await asyncio.gather(*(self.open(url, f"{prefix}-{n}") for n in range(count))))
+
+    async def aclose(self) -> None:
+        await asyncio.gather(*(stream.aclose() for stream in self.opened))
+
+
+@pytest.fixture
+async def streams() -> AsyncIterator[Streams]:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        opened = Streams(http)
+        try:
+            yield opened
+        finally:
+            await opened.aclose()
+
+
+# -- helpers ----------------------------------------------------------------------------------------------------------
+
+
+async def _gauge(replica: Replica, name: str) -> float:
+    return (await replica.metrics()).value(name)
+
+
+async def _polls(replica: Replica) -> float:
+    return (await replica.metrics()).value("mcp_sidecar_polls_total", kind="resource", outcome="ok")
+
+
+async def _lease_holders(replicas: Sequence[Replica]) -> list[Replica]:
+    held = await asyncio.gather(*(_gauge(replica, "mcp_sidecar_leases_held") for replica in replicas))
+    return [replica for replica, count in zip(replicas, held, strict=True) if count == 1]
+
+
+async def _sole_lease_holder(replicas: Sequence[Replica], within_s: float = NOTIFY_WITHIN_S) -> Replica:
+    """The one replica that holds the lease of the (only) watched key, once exactly one does."""
+    holders: list[Replica] = []
+
+    async def exactly_one() -> bool:
+        nonlocal holders
+        holders = await _lease_holders(replicas)
+        return len(holders) == 1
+
+    await wait_until(exactly_one, "exactly one replica holds the lease (mcp_sidecar_leases_held 1)", within_s)
+    return holders[0]
+
+
+async def _reads_during_polls(shop: Upstream, clock: Replica, polls: int) -> int:
+    """Upstream reads of URI (from every replica) while `clock`'s own poll count advances by `polls`."""
+    await shop.reset_log()
+    start = await _polls(clock)
+
+    async def advanced() -> bool:
+        return await _polls(clock) >= start + polls
+
+    await wait_until(advanced, f"{clock.name} polled {polls} times", within_s=polls * READ_TTL_MS / 1000 * 3 + 10)
+    return await shop.count("resources/read", URI)
+
+
+async def _all_updated(streams: Sequence[ListenStream], marks: Sequence[int] | None = None) -> None:
+    marks = marks if marks is not None else [0] * len(streams)
+    await asyncio.gather(
+        *(stream.wait_update(URI, NOTIFY_WITHIN_S, since=mark) for stream, mark in zip(streams, marks, strict=True))
+    )
+
+
+def _logs(replicas: Sequence[Replica]) -> str:
+    return "\n".join(replica.service.log_tail(30) for replica in replicas)
+
+
+# -- 1. coalescing across replicas, fan-out to every stream ------------------------------------------------------------
+
+
+@pytest.mark.invariant(8)
+async def test_thirty_streams_over_three_replicas_cost_the_upstream_one_poller_and_all_get_the_change(
+    shop: Upstream, replicas: list[Replica], lb: Nginx, streams: Streams
+) -> None:
+    # Baseline: interest on one replica only, so it alone polls; its poll count is the clock of the window.
+    solo = await streams.open(replicas[0].url, "solo")
+    assert await _sole_lease_holder(replicas) is replicas[0]
+    single = await _reads_during_polls(shop, replicas[0], POLLS_PER_WINDOW)
+
+    # Thirty streams round-robin through nginx: every replica now has interest in the same key.
+    spread = await streams.open_many(lb.url, "lb", 30)
+    counts = [await _gauge(replica, "mcp_sidecar_listen_streams") for replica in replicas]
+    via_lb = [counts[0] - 1, *counts[1:]]  # replica 0 also holds the solo stream
+    assert sum(via_lb) == 30, counts
+    assert all(count >= 1 for count in via_lb), f"nginx left a replica without streams: {via_lb}"
+
+    # Still one poller for the whole cluster: reads over the same number of the owner's poll intervals match.
+    owner = await _sole_lease_holder(replicas)
+    before = [await _polls(replica) for replica in replicas]
+    clustered = await _reads_during_polls(shop, owner, POLLS_PER_WINDOW)
+    after = [await _polls(replica) for replica in replicas]
+    deltas = {replica.name: a - b for replica, a, b in zip(replicas, after, before, strict=True)}
+    assert clustered <= 1.2 * single, (
+        f"{clustered} upstream reads over {POLLS_PER_WINDOW} poll intervals with 3 replicas vs {single} with one; "
+        f"polls per replica: {deltas}, owner {owner.name}"
+    )
+
+    everyone = [solo, *spread]
+    assert not any(stream.updates() for stream in everyone), "an update before any change"
+    await shop.set_price(150)
+    await _all_updated(everyone)
+
+
+# -- 2. nginx: keep-alives beat proxy_read_timeout, nothing is held in its buffers -------------------------------------
+
+
+@pytest.mark.invariant(12)
+async def test_a_quiet_stream_through_nginx_outlives_its_read_timeout_and_frames_arrive_unbuffered(
+    shop: Upstream, lb: Nginx, streams: Streams
+) -> None:
+    loop = asyncio.get_running_loop()
+    # The ack comes through at once (ListenStream.open waits for it, bounded), not when a buffer fills.
+    stream = await streams.open(lb.url, "quiet")
+    acked_at = loop.time()
+    await asyncio.sleep(NGINX_READ_TIMEOUT_S + 2)  # quiet for longer than nginx's proxy_read_timeout
+    assert not stream.ended, "nginx closed the quiet stream"
+    assert stream.frames == stream.frames[:1], f"frames besides the ack on a quiet stream: {stream.frames}"
+    keepalives = [t - acked_at for t in stream.comment_times]
+    # 1 s keep-alives arrive one by one as they are written, spread over the quiet time, not in one burst.
+    assert len(keepalives) >= 3, keepalives
+    assert keepalives[0] < NGINX_READ_TIMEOUT_S and keepalives[-1] - keepalives[0] >= 2, keepalives
+
+    mark = stream.mark()
+    await shop.set_price(125)
+    update = await stream.wait_update(URI, NOTIFY_WITHIN_S, since=mark)
+    assert set(update["params"]) == {"uri", "_meta"}
+
+
+# -- 3. the lease owner dies -------------------------------------------------------------------------------------------
+
+
+async def test_when_the_lease_owner_is_killed_a_survivor_takes_over_and_the_next_change_arrives(
+    shop: Upstream, replicas: list[Replica], streams: Streams
+) -> None:
+    # Two streams on each replica, opened on it directly (through nginx we could not tell where they landed).
+    by_replica = {replica.name: await streams.open_many(replica.url, replica.name, 2) for replica in replicas}
+    owner = await _sole_lease_holder(replicas)
+    survivors = [replica for replica in replicas if replica is not owner]
+    acquired = {replica.name: await _acquisitions(replica) for replica in survivors}
+
+    await owner.service.kill()  # kill -9: no lease release, no goodbye
+    await shop.set_price(175)
+
+    survivor_streams = [stream for replica in survivors for stream in by_replica[replica.name]]
+    await _all_updated(survivor_streams)
+    gained = [replica for replica in survivors if await _acquisitions(replica) > acquired[replica.name]]
+    assert gained, f"no survivor acquired the lease: {acquired}\n{_logs(survivors)}"
+    assert await _sole_lease_holder(survivors) in gained
+
+
+async def _acquisitions(replica: Replica) -> float:
+    return (await replica.metrics()).value("mcp_sidecar_lease_acquisitions_total")
+
+
+# -- 4. Redis goes away and comes back ---------------------------------------------------------------------------------
+
+
+async def _degraded(replica: Replica) -> bool:
+    status, body = await replica.readyz()
+    return status == 200 and "degraded" in body
+
+
+async def _coordinated(replica: Replica) -> bool:
+    status, body = await replica.readyz()
+    return status == 200 and "degraded" not in body and await _gauge(replica, "mcp_sidecar_redis_up") == 1
+
+
+async def _redis_restart_with_streams_open(
+    shop: Upstream, redis: RedisServer, replicas: list[Replica], streams: Streams
+) -> list[ListenStream]:
+    """Streams on every replica; Redis stopped; a change made while it is down reaches all; Redis started again
+    and coordination resumes (every replica up, exactly one lease holder). Returns the streams."""
+    everyone = [stream for replica in replicas for stream in await streams.open_many(replica.url, replica.name, 2)]
+    await _sole_lease_holder(replicas)
+
+    await redis.stop()
+    for replica in replicas:
+        await wait_until(lambda r=replica: _degraded(r), f"{replica.name} reports degraded on /readyz")
+    polled = [await _polls(replica) for replica in replicas]
+    await shop.set_price(111)
+    await _all_updated(everyone)  # every replica polls on its own while Redis is down
+    for replica, before in zip(replicas, polled, strict=True):
+        assert await _polls(replica) > before, f"{replica.name} did not poll while Redis was down"
+
+    await redis.start()  # same port, empty
+    for replica in replicas:
+        await wait_until(lambda r=replica: _coordinated(r), f"{replica.name} coordinated again (redis_up 1)")
+    await _sole_lease_holder(replicas)
+    return everyone
+
+
+async def test_while_redis_is_down_every_replica_polls_locally_and_after_it_returns_one_holds_the_lease(
+    shop: Upstream, redis: RedisServer, replicas: list[Replica], streams: Streams
+) -> None:
+    await _redis_restart_with_streams_open(shop, redis, replicas, streams)
+    # Coordination holds: the single holder stays the single holder.
+    owner = await _sole_lease_holder(replicas)
+    start = await _polls(owner)
+    await wait_until(lambda: _polls_advanced(owner, start + 5), f"{owner.name} keeps polling")
+    assert await _lease_holders(replicas) == [owner]
+
+
+async def _polls_advanced(replica: Replica, target: float) -> bool:
+    return await _polls(replica) >= target
+
+
+async def test_after_a_redis_outage_coordinating_replicas_listen_again_and_the_first_change_reaches_all(
+    shop: Upstream, redis: RedisServer, replicas: list[Replica], streams: Streams
+) -> None:
+    everyone = [stream for replica in replicas for stream in await streams.open_many(replica.url, replica.name, 2)]
+    await _sole_lease_holder(replicas)
+    await redis.stop()
+    await asyncio.sleep(REDIS_OUTAGE_S)  # the scenario: a Redis restart or failover that takes some seconds
+    await redis.start()
+    for replica in replicas:
+        await wait_until(lambda r=replica: _coordinated(r), f"{replica.name} coordinated again (redis_up 1)")
+    await _sole_lease_holder(replicas)
+
+    # Every replica that coordinates again (polls only what it owns) must hear the others' changes again.
+    listening = await redis.subscribers(EVENTS_CHANNEL)
+    marks = [stream.mark() for stream in everyone]
+    await shop.set_price(222)
+    outcomes = await asyncio.gather(
+        *(stream.wait_update(URI, NOTIFY_WITHIN_S, since=mark) for stream, mark in zip(everyone, marks, strict=True)),
+        return_exceptions=True,
+    )
+    missed = [
+        stream.label for stream, outcome in zip(everyone, outcomes, strict=True) if isinstance(outcome, Exception)
+    ]
+    assert listening == len(replicas) and not missed, (
+        f"{listening} of {len(replicas)} replicas subscribed to {EVENTS_CHANNEL} once coordinated again; "
+        f"streams that missed the change: {missed}"
+    )
+
+
+# -- 5. --workers: one process tree, one port --------------------------------------------------------------------------
+
+
+async def _instance_streams(sidecar: Replica, tries: int = 40) -> dict[str, int]:
+    """Open stream count per worker instance, from /status over fresh connections (the kernel picks the worker)."""
+    seen: dict[str, int] = {}
+    for _ in range(tries):
+        status = await sidecar.status()
+        seen[status["instance"]] = status["counts"]["streams"]
+        if len(seen) >= 2:
+            break
+    return seen
+
+
+def _children(pid: int) -> list[int]:
+    text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    return [int(child) for child in text.split()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+async def test_two_workers_on_one_port_share_changes_and_stop_together_on_sigterm(
+    tmp_path: Path, shop: Upstream, redis: RedisServer, streams: Streams
+) -> None:
+    config = sidecar_config(shop.url, free_port(), redis.url)
+    sidecar = Replica("workers", tmp_path / "workers", config, extra_args=["--workers", "2"])
+    try:
+        await sidecar.start()
+        workers = _children(sidecar.service.pid)
+        assert len(workers) == 2, workers
+
+        # Streams until both workers hold some (each stream is its own connection; the kernel spreads them).
+        opened: list[ListenStream] = []
+        per_instance: dict[str, int] = {}
+        while len(opened) < 24 and not (len(per_instance) == 2 and all(per_instance.values())):
+            opened += await streams.open_many(sidecar.url, f"w{len(opened)}", 4)
+            per_instance = await _instance_streams(sidecar)
+        assert len(per_instance) == 2 and all(per_instance.values()), per_instance
+        logged = {entry["instance"] for entry in sidecar.log_lines() if entry.get("msg") == "mcp-sidecar listening"}
+        assert logged == set(per_instance), (logged, per_instance)
+
+        await shop.set_price(160)
+        await _all_updated(opened)  # detected by the lease holder, delivered by both workers
+
+        await sidecar.service.signal(signal.SIGTERM)
+        assert await sidecar.service.wait() == 0, sidecar.service.log_tail()
+        await wait_until(_none_alive(workers), "both workers exited after SIGTERM to the parent", within_s=5)
+        for stream in opened:  # graceful: each stream ended with the complete result
+            final = await stream.wait_for(lambda frame: "result" in frame, NOTIFY_WITHIN_S)
+            assert final["result"]["resultType"] == "complete"
+    finally:
+        await sidecar.service.stop()
+    assert "Traceback" not in sidecar.service.log_text()
+
+
+def _none_alive(pids: Sequence[int]) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return not any(_alive(pid) for pid in pids)
+
+    return check
+
+
+# -- 6. the config checks that guard scale-out -------------------------------------------------------------------------
+
+
+async def _run_to_exit(tmp_path: Path, config: dict[str, Any], *args: str) -> tuple[int, str]:
+    path = write_config(tmp_path / "sidecar.yaml", config)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "sidecar.cli", "run", "--config", str(path), *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        async with asyncio.timeout(20):
+            out, _ = await proc.communicate()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(errors="replace")
+
+
+async def test_workers_with_the_memory_bus_exit_1_naming_bus_backend(tmp_path: Path) -> None:
+    config = sidecar_config("http://127.0.0.1:9/mcp", free_port(), bus={"backend": "memory"})
+    code, output = await _run_to_exit(tmp_path, config, "--workers", "2")
+    assert code == 1, output
+    assert "bus.backend" in output and "redis" in output, output
+    assert "Traceback" not in output
+
+
+async def test_unreachable_redis_at_start_exits_1_saying_so(tmp_path: Path, shop: Upstream) -> None:
+    nobody = f"redis://127.0.0.1:{free_port()}/0"
+    code, output = await _run_to_exit(tmp_path, sidecar_config(shop.url, free_port(), nobody))
+    assert code == 1, output
+    assert "cannot reach Redis at bus.redis_url" in output and "bus.fallback: local" in output, output
+    assert "Traceback" not in output
+
+
+async def test_unreachable_redis_with_local_fallback_starts_degraded(tmp_path: Path, shop: Upstream) -> None:
+    nobody = f"redis://127.0.0.1:{free_port()}/0"
+    config = sidecar_config(shop.url, free_port(), nobody, bus={"fallback": "local"})
+    sidecar = Replica("fallback", tmp_path / "fallback", config)
+    try:
+        await sidecar.start()
+        status, body = await sidecar.readyz()
+        assert status == 200 and "degraded" in body, body
+        assert await _gauge(sidecar, "mcp_sidecar_redis_up") == 0
+        async with aiohttp.ClientSession() as http:  # and it works, on its own
+            stream = await ListenStream.open(http, sidecar.url, "alone", [URI])
+            try:
+                await shop.set_price(190)
+                await stream.wait_update(URI, NOTIFY_WITHIN_S)
+            finally:
+                await stream.aclose()
+    finally:
+        assert await sidecar.service.stop() == 0, sidecar.service.log_tail()
+
+
+# -- packaging ------------------------------------------------------------------------------------------------------
+
+
+def test_the_redis_client_the_app_imports_is_installed_by_the_test_command() -> None:
+    project = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"]
+    # The README's test command installs the package with its `test` extra (and .ci/run also `dev`).
+    installed = [*project["dependencies"], *project["optional-dependencies"]["test"]]
+    assert any(re.match(r"redis\b", requirement) for requirement in installed), installed
