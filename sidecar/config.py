@@ -44,7 +44,7 @@ DEFAULT_BACKOFF_INITIAL_MS = 1_000
 DEFAULT_BACKOFF_MAX_MS = 60_000
 DEFAULT_POLL_CONCURRENCY = 64
 DEFAULT_LINGER_MS = 5_000
-DEFAULT_REVALIDATE_DEBOUNCE_MS = 50
+DEFAULT_REVALIDATE_DEBOUNCE_MS = 10  # batches a burst of writes; short enough that a write is seen at once
 DEFAULT_CACHE_ENTRIES = 10_000
 DEFAULT_CACHE_BYTES = 64 * 1_048_576
 DEFAULT_LEASE_MS = 5_000
@@ -143,7 +143,9 @@ class PollingConfig(_Section):
     backoff_max_ms: int = Field(DEFAULT_BACKOFF_MAX_MS, ge=1)
     max_concurrency: int = Field(DEFAULT_POLL_CONCURRENCY, ge=1, description="Polls in flight at once.")
     linger_ms: int = Field(DEFAULT_LINGER_MS, ge=0, description="A watch outlives its last stream this long.")
-    revalidate_debounce_ms: int = Field(DEFAULT_REVALIDATE_DEBOUNCE_MS, ge=0)
+    revalidate_debounce_ms: int = Field(
+        DEFAULT_REVALIDATE_DEBOUNCE_MS, ge=0, description="Writes through the sidecar hint watches after this pause."
+    )
 
     @model_validator(mode="after")
     def _ordered(self) -> PollingConfig:
