@@ -13,6 +13,9 @@ subscriptions; ``era="legacy"`` only speaks the handshake era (2025-11-25). See
 
 ``start_bare_upstream`` starts ``tests/peers/bare_server.py`` the same way: a lowlevel-``Server``
 upstream with resources and tools but no prompts (only the log and health admin routes work).
+
+``start_conformance_upstream`` starts ``tests/peers/conformance_server.py``: the fixture names the
+official conformance suite's server scenarios call (dual era; only the log and health admin routes).
 """
 
 from __future__ import annotations
@@ -30,7 +33,15 @@ from typing import Any, Literal
 
 import aiohttp
 
-__all__ = ["BARE_SERVER", "SHOP_SERVER", "Upstream", "start_bare_upstream", "start_upstream"]
+__all__ = [
+    "BARE_SERVER",
+    "CONFORMANCE_SERVER",
+    "SHOP_SERVER",
+    "Upstream",
+    "start_bare_upstream",
+    "start_conformance_upstream",
+    "start_upstream",
+]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 15.0
@@ -42,6 +53,7 @@ Kind = Literal["tool", "prompt", "resource", "template"]
 
 SHOP_SERVER = "tests.peers.shop_server"
 BARE_SERVER = "tests.peers.bare_server"
+CONFORMANCE_SERVER = "tests.peers.conformance_server"
 
 
 def _free_port() -> int:
@@ -56,10 +68,18 @@ class Upstream:
     over HTTP to the same port."""
 
     def __init__(
-        self, era: Era, port: int, *, read_ttl_ms: int = 1000, list_ttl_ms: int = 1000, module: str = SHOP_SERVER
+        self,
+        era: Era,
+        port: int,
+        *,
+        read_ttl_ms: int = 1000,
+        list_ttl_ms: int = 1000,
+        module: str = SHOP_SERVER,
+        auth: bool = False,
     ) -> None:
         self.era = era
         self.module = module
+        self.auth = auth
         self.port = port
         self.read_ttl_ms = read_ttl_ms
         self.list_ttl_ms = list_ttl_ms
@@ -88,6 +108,7 @@ class Upstream:
         args = [
             sys.executable, "-m", self.module, "--port", str(self.port), "--era", self.era,
             "--read-ttl-ms", str(self.read_ttl_ms), "--list-ttl-ms", str(self.list_ttl_ms),
+            *(["--auth"] if self.auth else []),
         ]  # fmt: skip
         with self.log_path.open("ab") as out:
             self._proc = await asyncio.create_subprocess_exec(
@@ -192,16 +213,29 @@ class Upstream:
     async def reset_log(self) -> None:
         await self._admin("POST", "reset-log")
 
+    async def grant(self, token: str) -> None:
+        """``--auth`` servers: accept ``Bearer <token>`` from now on."""
+        await self._admin("POST", "grant", {"token": token})
+
+    async def revoke(self, token: str) -> None:
+        """``--auth`` servers: later requests with ``token`` get 401."""
+        await self._admin("POST", "revoke", {"token": token})
+
+    async def forbid(self, token: str) -> None:
+        """``--auth`` servers: later requests with ``token`` get 403 (insufficient scope)."""
+        await self._admin("POST", "forbid", {"token": token})
+
     async def count(self, method: str, uri: str | None = None) -> int:
         """How many logged messages have ``method`` (and ``uri``, when given)."""
         return sum(1 for e in await self.log() if e["method"] == method and (uri is None or e["uri"] == uri))
 
 
 async def start_upstream(
-    era: Era, *, port: int | None = None, read_ttl_ms: int = 1000, list_ttl_ms: int = 1000
+    era: Era, *, port: int | None = None, read_ttl_ms: int = 1000, list_ttl_ms: int = 1000, auth: bool = False
 ) -> Upstream:
-    """Start a shop server of ``era`` on ``port`` (a free one if None) and wait until it is ready."""
-    upstream = Upstream(era, port or _free_port(), read_ttl_ms=read_ttl_ms, list_ttl_ms=list_ttl_ms)
+    """Start a shop server of ``era`` on ``port`` (a free one if None) and wait until it is ready; ``auth``
+    starts it OAuth-protected (see ``shop_server``)."""
+    upstream = Upstream(era, port or _free_port(), read_ttl_ms=read_ttl_ms, list_ttl_ms=list_ttl_ms, auth=auth)
     await upstream.start()
     return upstream
 
@@ -211,5 +245,16 @@ async def start_bare_upstream(
 ) -> Upstream:
     """Start a bare server (resources and tools, no prompts) of ``era`` and wait until it is ready."""
     upstream = Upstream(era, port or _free_port(), read_ttl_ms=read_ttl_ms, list_ttl_ms=list_ttl_ms, module=BARE_SERVER)
+    await upstream.start()
+    return upstream
+
+
+async def start_conformance_upstream(
+    *, port: int | None = None, read_ttl_ms: int = 1000, list_ttl_ms: int = 1000
+) -> Upstream:
+    """Start the conformance fixture (dual era) and wait until it is ready."""
+    upstream = Upstream(
+        "modern", port or _free_port(), read_ttl_ms=read_ttl_ms, list_ttl_ms=list_ttl_ms, module=CONFORMANCE_SERVER
+    )
     await upstream.start()
     return upstream
