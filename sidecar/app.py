@@ -121,6 +121,9 @@ async def _end_streams(app: web.Application) -> None:
     # Runs before aiohttp waits for handlers: each listen handler then writes its complete frame and returns.
     await app[HUB].close_all("shutdown")
     await app[LEGACY].aclose()
+    # Requests still waiting on the upstream near the end of the grace get an error answer instead of being cut
+    # by the exit (aiohttp would wait out the grace, then cancel them and wait as long again).
+    app[UPSTREAM].drain(app[CONFIG].listen.shutdown_grace_s)
 
 
 async def _metrics_handler(request: web.Request) -> web.Response:

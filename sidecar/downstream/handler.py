@@ -248,11 +248,16 @@ class McpEndpoint:
         response = web.StreamResponse(status=reply.status, headers=reply.headers)
         response.headers["Cache-Control"] = "no-cache"
         response.headers["X-Accel-Buffering"] = "no"
-        async with contextlib.aclosing(reply.stream) as chunks:
-            await response.prepare(request)
-            async for chunk in chunks:
-                await response.write(chunk)
-        await response.write_eof()
+        try:
+            async with contextlib.aclosing(reply.stream) as chunks:
+                await response.prepare(request)
+                async for chunk in chunks:
+                    await response.write(chunk)
+            await response.write_eof()
+        except ConnectionResetError:
+            # The client went away mid-stream (a client may stop reading once it has its answer): an ordinary
+            # end, not an unexpected failure to log with a traceback and answer with an error nobody can read.
+            pass
         return response
 
     def _error(

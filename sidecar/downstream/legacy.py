@@ -207,6 +207,8 @@ class LegacySessions:
         )
         frames: asyncio.Queue[bytes] = asyncio.Queue(maxsize=_UPSTREAM_FRAMES)
         relay = asyncio.get_running_loop().create_task(self._pump_upstream(request, session, frames))
+        waiter: asyncio.Task[None] | None = None
+        getter: asyncio.Task[bytes] | None = None
         try:
             await response.prepare(request)
             while session.session_id in self._sessions:
@@ -229,6 +231,12 @@ class LegacySessions:
         except ConnectionResetError:
             pass
         finally:
+            # A client that goes away cancels this handler inside asyncio.wait, which leaves both helper tasks
+            # pending: cancel them here, or they are garbage-collected pending ("Task was destroyed but it is
+            # pending!", seen after every conformance run) and the session's waiter lingers until its next signal.
+            for leftover in (waiter, getter):
+                if leftover is not None:
+                    leftover.cancel()
             relay.cancel()
             session.get_streams -= 1
         return response

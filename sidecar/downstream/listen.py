@@ -154,6 +154,7 @@ class StreamHub:
         self._metrics = metrics
         self._by_key: dict[WatchKey, set[SignalSink]] = {}
         self._streams: set[ListenStream] = set()
+        self._closing = False
         self._unsubscribe: Callable[[], None] = bus.subscribe(self._on_change)
         registry.on_auth_failure(self._on_auth_failure)
 
@@ -186,6 +187,9 @@ class StreamHub:
         if message.id is None:
             raise InvalidParams("subscriptions/listen must be a request with an id")
         wanted = parse_filter(message.params, self._config.max_uri_length)
+        if self._closing:
+            # After close_all, a stream opened now would never get its complete frame: refuse it with an answer.
+            raise Overloaded("the sidecar is shutting down; listen again elsewhere or after the restart")
         if len(self._streams) >= self._config.max_streams:
             self._metrics.limit_rejections.labels("max_streams").inc()
             raise Overloaded(f"this sidecar already serves {self._config.max_streams} listen streams; retry later")
@@ -204,9 +208,12 @@ class StreamHub:
         except ConnectionResetError:
             stream.end_reason = "client"  # gone mid-write: an ordinary end, nothing to answer
         finally:
-            if response.prepared:
-                response.stop_streaming()  # the keep-alive task must not outlive the stream
+            # Interest first, so nothing below can leave this stream counted and its watches held. A client gone
+            # while the headers were written leaves a prepared response without a keep-alive task, where
+            # stop_streaming() raises: ask is_connected() instead of prepared.
             self._end(stream)
+            if response.is_connected():
+                response.stop_streaming()  # the keep-alive task must not outlive the stream
         return response
 
     async def _subscribe(
@@ -215,7 +222,10 @@ class StreamHub:
         uris = wanted.uris[: self._config.max_uris_per_stream]
         if len(wanted.uris) > len(uris):
             self._metrics.limit_rejections.labels("max_uris_per_stream").inc(len(wanted.uris) - len(uris))
-        capabilities = (await self._upstream.ensure_info()).capabilities
+        # The probe (when this is the first contact) goes with the client's credential: a protected upstream
+        # would refuse an anonymous one, and the client would get a 401 for a token that is valid.
+        probe_headers = {HEADER_AUTHORIZATION: credential} if credential else None
+        capabilities = (await self._upstream.ensure_info(probe_headers)).capabilities
         # A list kind whose primitive the upstream lacks is left out of the ack (invariant 2).
         lists = [
             (field, kind)
@@ -227,9 +237,12 @@ class StreamHub:
             handle = await self._registry.acquire(kind, uri, credential)
             if handle is None:
                 return False
-            # Registered at once, before any other await, so a change after this baseline reaches us.
+            # Registered at once, before any other await, so a change after this baseline reaches us; counted at
+            # once too, as _end uncounts every resource handle, also those of a stream gone before its ack.
             stream.handles.append(handle)
             self.attach(stream, handle)
+            if kind == "resource":
+                self._metrics.subscriptions.inc()
             return True
 
         joined = await asyncio.gather(
@@ -239,7 +252,6 @@ class StreamHub:
         accepted = [uri for uri, ok in zip(uris, joined[len(lists) :], strict=True) if ok]
         if accepted:
             honoured["resourceSubscriptions"] = accepted
-        self._metrics.subscriptions.inc(len(accepted))
         return honoured
 
     def _end(self, stream: ListenStream) -> None:
@@ -258,6 +270,7 @@ class StreamHub:
 
     async def close_all(self, reason: str = "shutdown") -> None:
         """Graceful shutdown: every stream gets the complete result; callers wait for their handlers."""
+        self._closing = True
         for stream in list(self._streams):
             stream.close(reason)
 

@@ -13,6 +13,7 @@ SidecarError
 │   └── InternalError            -32603, 500
 └── UpstreamError                the upstream failed; `to_rpc()` says what the client sees
     ├── UpstreamUnavailable      connection refused or reset, DNS failure (502)
+    │   └── ShuttingDown         the sidecar ended the exchange to exit within its grace (503)
     ├── UpstreamTimeout          no answer within upstream.timeout_s (504)
     ├── UpstreamBadResponse      an answer that is not a JSON-RPC response (502)
     ├── UpstreamHTTPError        a non-2xx status without a JSON-RPC body (502)
@@ -33,6 +34,7 @@ __all__ = [
     "ParseError",
     "PayloadTooLarge",
     "RpcError",
+    "ShuttingDown",
     "SidecarError",
     "UnsupportedVersion",
     "UpstreamBadResponse",
@@ -161,6 +163,16 @@ class UpstreamError(SidecarError):
 
 class UpstreamUnavailable(UpstreamError):
     """Connection refused or reset, or the name did not resolve."""
+
+
+class ShuttingDown(UpstreamUnavailable):
+    """The sidecar is shutting down and ended the exchange, so the client gets an answer before the exit."""
+
+    http_status = 503
+
+    @property
+    def is_transport_failure(self) -> bool:
+        return False  # the upstream is fine: not a reason to report it down
 
 
 class UpstreamTimeout(UpstreamError):

@@ -26,7 +26,7 @@ from sidecar.protocol.constants import (
     MODERN_VERSION,
     NAMED_METHODS,
 )
-from sidecar.protocol.envelope import Era, Message, encode_header_value
+from sidecar.protocol.envelope import Era, Message, RequestId, encode_header_value
 from sidecar.protocol.errors import (
     UpstreamBadResponse,
     UpstreamError,
@@ -43,6 +43,7 @@ from sidecar.upstream.http import (
     read_limited,
 )
 from sidecar.upstream.legacy import LegacyBridge
+from sidecar.upstream.relay import leave_exchange, relay_answer, relay_chunks, request_id_of
 
 __all__ = ["Reply", "UpstreamClient", "UpstreamInfo"]
 
@@ -106,6 +107,10 @@ class UpstreamClient:
 
     async def aclose(self) -> None:
         await self._http.aclose()
+
+    def drain(self, grace_s: float) -> None:
+        """Shutdown has begun: see `UpstreamHTTP.drain`."""
+        self._http.drain(grace_s)
 
     # -- era ---------------------------------------------------------------------------------------------
 
@@ -259,7 +264,7 @@ class UpstreamClient:
             lower = name.lower()
             if lower in ("mcp-protocol-version", "mcp-method", "mcp-name") or lower.startswith("mcp-param-"):
                 headers[name] = value
-        return await self._relay_post(orjson.dumps(message.raw), headers)
+        return await self._relay_post(orjson.dumps(message.raw), headers, request_id=message.id)
 
     async def relay(
         self,
@@ -280,10 +285,22 @@ class UpstreamClient:
         with self._observe("legacy-session"):
             # The upstream's session id is handed back only when a session is being opened (to the caller,
             # which names it anew); on a session's later answers it must never reach the client.
-            return await self._relay_post(body, headers, pass_session=session_id is None, http_method=http_method)
+            return await self._relay_post(
+                body,
+                headers,
+                pass_session=session_id is None,
+                http_method=http_method,
+                request_id=request_id_of(body) if http_method == "POST" else None,
+            )
 
     async def _relay_post(
-        self, body: bytes | None, headers: dict[str, str], *, pass_session: bool = False, http_method: str = "POST"
+        self,
+        body: bytes | None,
+        headers: dict[str, str],
+        *,
+        pass_session: bool = False,
+        http_method: str = "POST",
+        request_id: RequestId | None = None,
     ) -> Reply:
         if body is not None:
             headers["Content-Type"] = "application/json"
@@ -296,11 +313,18 @@ class UpstreamClient:
                 {name: response.headers[name] for name in names if name in response.headers}
             )
             if response.headers.get("Content-Type", "").startswith(SSE_CONTENT_TYPE) and response.status < 300:
-                return Reply(response.status, passthrough, stream=self._relay(response.content, stack))
+                # Relayed as it arrives (buffering would hold back progress); a stream that breaks off ends with
+                # a JSON-RPC error event for its request rather than as a cut stream (see upstream/relay.py).
+                limit = self._http.max_response_bytes
+                if request_id is None:
+                    stream = relay_chunks(response.content, stack, upstream=self.url)
+                else:
+                    stream = relay_answer(response.content, stack, request_id, upstream=self.url, limit=limit)
+                return Reply(response.status, passthrough, stream=stream)
             body = await read_limited(response, self._http.max_response_bytes, self.url)
-        except BaseException:
-            await stack.aclose()
-            raise
+        except BaseException as exc:
+            # Through the exchange, not around it: a timeout or the shutdown's abort becomes an UpstreamError.
+            await leave_exchange(stack, exc)
         await stack.aclose()
         decoded = _try_json(body)
         if http_method != "POST" and response.status < 500:
@@ -310,14 +334,6 @@ class UpstreamClient:
         if 200 <= response.status < 300:
             raise UpstreamBadResponse(self.url, "answer is not JSON")
         raise UpstreamHTTPError(self.url, response.status, response.reason or "")
-
-    async def _relay(self, content: Any, stack: contextlib.AsyncExitStack) -> AsyncGenerator[bytes, None]:
-        # Chunks go out as they arrive: buffering would hold back progress notifications.
-        try:
-            async for chunk in content.iter_any():
-                yield chunk
-        finally:
-            await stack.aclose()
 
     async def _forward_legacy(self, message: Message, headers: dict[str, str]) -> Reply:
         partition = context_id(headers.get(_auth_key(headers)))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Iterator, Mapping
@@ -12,6 +13,7 @@ import orjson
 
 from sidecar.config import UpstreamConfig
 from sidecar.protocol.errors import (
+    ShuttingDown,
     UpstreamBadResponse,
     UpstreamError,
     UpstreamHTTPError,
@@ -27,6 +29,8 @@ logger = logging.getLogger(__name__)
 JsonObject = dict[str, Any]
 
 SSE_CONTENT_TYPE = "text/event-stream"
+_DRAIN_MARGIN_S = 1.0
+"""Time kept at the end of the shutdown grace for answering aborted requests and closing down."""
 _MAX_SSE_EVENT_BYTES = 16 * 1_048_576
 
 
@@ -67,6 +71,10 @@ class UpstreamHTTP:
         )
         self._static_headers = {name: value.get_secret_value() for name, value in config.headers.items()}
         self._session: aiohttp.ClientSession | None = None
+        self._exchanges: set[asyncio.Timeout] = set()
+        """The deadline of every exchange in flight (none, until `abort_all` brings them forward to now)."""
+        self._aborted = False
+        self._drain_timer: asyncio.TimerHandle | None = None
 
     @property
     def max_response_bytes(self) -> int:
@@ -78,9 +86,25 @@ class UpstreamHTTP:
         self._session = aiohttp.ClientSession(connector=connector, skip_auto_headers=("User-Agent",))
 
     async def aclose(self) -> None:
+        if self._drain_timer is not None:
+            self._drain_timer.cancel()
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+    def drain(self, grace_s: float) -> None:
+        """Shutdown has begun: exchanges still in flight near the end of `grace_s` are ended (`abort_all`), so
+        their clients get an error answer before the process exits instead of a cut connection."""
+        window = grace_s - min(_DRAIN_MARGIN_S, grace_s / 4)
+        self._drain_timer = asyncio.get_running_loop().call_later(window, self.abort_all)
+
+    def abort_all(self) -> None:
+        """End every exchange in flight now, and refuse new ones (shutdown): each fails with ShuttingDown, which
+        its caller answers as a JSON-RPC error, instead of being cut when the process exits."""
+        self._aborted = True
+        now = asyncio.get_running_loop().time()
+        for deadline in list(self._exchanges):
+            deadline.reschedule(now)
 
     def post(
         self, body: bytes, headers: Mapping[str, str], *, streaming: bool = False
@@ -95,17 +119,30 @@ class UpstreamHTTP:
         """One HTTP exchange with the upstream endpoint; the response is released when the block ends."""
         if self._session is None:
             raise RuntimeError("UpstreamHTTP.send() called before start() or after aclose()")
+        if self._aborted:
+            raise ShuttingDown(self.url, "the sidecar is shutting down")
         merged = {**headers, **self._static_headers}
         with translate_errors(self.url):
-            async with self._session.request(
-                method,
-                self._target,
-                data=body,
-                headers=merged,
-                timeout=self._stream_timeout if streaming else self._timeout,
-                allow_redirects=False,
-            ) as response:
-                yield response
+            deadline = asyncio.timeout(None)
+            try:
+                async with deadline:
+                    self._exchanges.add(deadline)
+                    try:
+                        async with self._session.request(
+                            method,
+                            self._target,
+                            data=body,
+                            headers=merged,
+                            timeout=self._stream_timeout if streaming else self._timeout,
+                            allow_redirects=False,
+                        ) as response:
+                            yield response
+                    finally:
+                        self._exchanges.discard(deadline)
+            except TimeoutError as exc:
+                if deadline.expired():  # only abort_all sets a deadline
+                    raise ShuttingDown(self.url, "the sidecar is shutting down") from exc
+                raise
 
     async def get(self, url: str, limit: int) -> tuple[int, bytes]:
         """A plain GET of another URL on the upstream's host (its OAuth metadata); (status, body)."""

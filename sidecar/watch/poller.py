@@ -130,6 +130,7 @@ class Watch:
         self._task: asyncio.Task[None] | None = None
         self._polling = False
         self._hinted = False
+        self._recovery_retried = False
         self._stopped = False
         self._poll_ok = metrics.polls.labels(key.kind, "ok")
         self._poll_error = metrics.polls.labels(key.kind, "error")
@@ -180,6 +181,14 @@ class Watch:
         due = max(self._last_start + self._schedule.min_interval_s, time.monotonic())
         if self._timer is None or self._timer.when() > due:
             self._arm(due)
+
+    def recover(self) -> None:
+        """The upstream answers again: a failing watch retries now instead of waiting out its backoff, but once
+        per failure streak. (When only this key fails while other requests succeed, the upstream "recovers"
+        after every failure of it; a retry each time would poll it every min_interval_ms: a storm.)"""
+        if self.consecutive_errors and not self._recovery_retried:
+            self._recovery_retried = True
+            self.hint()
 
     def start(self) -> None:
         """Schedule the first poll one interval after the baseline (which was just read)."""
@@ -251,6 +260,7 @@ class Watch:
             return
         self.last_poll_at = time.time()
         self.consecutive_errors = 0
+        self._recovery_retried = False
         self._poll_ok.inc()
         event = self.offer(observation, ticket)
         if event is not None:

@@ -83,6 +83,8 @@ class WatchRegistry:
         # context -> [credential, number of handles]: the only place credentials live.
         self._credentials: dict[WatchKey, dict[str, list[Any]]] = {}
         self._lingers: dict[WatchKey, asyncio.TimerHandle] = {}
+        self._polled_as: dict[WatchKey, str] = {}
+        """The context whose credential the last poll of a key used (one of its holders, for public keys)."""
         self._hinted_contexts: set[str] = set()
         self._revalidate_timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -213,6 +215,7 @@ class WatchRegistry:
             return
         del self._watches[key]
         self._credentials.pop(key, None)
+        self._polled_as.pop(key, None)
         self._metrics.watches.labels(key.kind).dec()
         self._refresh_partitions()
         self._spawn(watch.stop())
@@ -228,6 +231,7 @@ class WatchRegistry:
         # Public data is the same for everyone; prefer polling it without credentials when possible.
         context = ANONYMOUS if ANONYMOUS in holders else next(iter(holders))
         credential = holders[context][0]
+        self._polled_as[watch.key] = context
         observation = await observe(self._upstream, watch.key.kind, watch.key.uri, credential)
         return observation
 
@@ -288,17 +292,18 @@ class WatchRegistry:
             watch.adopt(event.fingerprint, event.generation)
 
     def _upstream_recovered(self) -> None:
-        # Every watch that failed during the outage re-reads now instead of waiting out its backoff.
+        # Every watch that failed during the outage re-reads now instead of waiting out its backoff (once).
         for watch in self._watches.values():
-            if watch.consecutive_errors:
-                watch.hint()
+            watch.recover()
 
     def _auth_failed(self, watch: Watch, error: UpstreamHTTPError) -> None:
-        holders = self._credentials.get(watch.key, {})
-        contexts = [watch.key.partition] if watch.key.partition != PUBLIC else list(holders)
-        for context in contexts:
-            for listener in self._auth_listeners:
-                listener(watch.key, context)
+        # Only the context whose credential was refused: a public key is polled with one holder's credential,
+        # and the other holders' credentials are as good as before (their streams must not end).
+        context = watch.key.partition if watch.key.partition != PUBLIC else self._polled_as.get(watch.key)
+        if context is None:
+            return
+        for listener in self._auth_listeners:
+            listener(watch.key, context)
 
     # -- lifecycle -------------------------------------------------------------------------------------
 

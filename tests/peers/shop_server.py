@@ -1,6 +1,6 @@
 """A real MCP upstream built on the official SDK (mcp 2.3.0), run as a subprocess by the tests.
 
-    python -m tests.peers.shop_server --port P --era modern|legacy [--read-ttl-ms N] [--list-ttl-ms N]
+    python -m tests.peers.shop_server --port P --era modern|legacy [--read-ttl-ms N] [--list-ttl-ms N] [--auth]
 
 ``modern`` is the plain dual-era 2.3 server without subscriptions (2026-07-28 and the
 handshake era). ``legacy`` puts an ASGI guard in front that answers any non-handshake
@@ -14,6 +14,13 @@ Resources (all text/plain): ``catalog://price`` (public), ``catalog://items/{sku
 Admin routes on the same port, JSON in and out: ``POST /admin/set {"price": n}``,
 ``POST /admin/profile {"token": t, "bump": true}``, ``POST /admin/add {"kind", "name"}``,
 ``GET /admin/log``, ``POST /admin/reset-log``, ``GET /admin/health``.
+
+``--auth`` makes it an OAuth-protected resource (RFC 9728): every /mcp request needs
+``Authorization: Bearer <token>`` with a token granted by ``POST /admin/grant {"token"}``; without one
+it gets 401 and ``WWW-Authenticate: Bearer resource_metadata="http://127.0.0.1:P/.well-known/
+oauth-protected-resource/mcp"`` (a document served there, and at the root well-known path).
+``POST /admin/revoke {"token"}`` makes later requests with that token 401, ``POST /admin/forbid
+{"token"}`` makes them 403 (``error="insufficient_scope"``). Requests are logged before the check.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ __all__ = ["AdminLog", "ShopState", "build_app", "main"]
 logger = logging.getLogger(__name__)
 
 MCP_PATH = "/mcp"
+PRM_PATH = "/.well-known/oauth-protected-resource"
 ANONYMOUS = "anonymous"
 PUBLIC_URI_PREFIXES = ("catalog://price", "catalog://items/", "catalog://extra/", "catalog://t/")
 """``resources/read`` of these URIs is ``cacheScope: public``; every other read is private."""
@@ -95,18 +103,59 @@ def _token(authorization: str | None) -> str:
     return authorization.removeprefix("Bearer ").strip() or ANONYMOUS
 
 
-class _Front:
-    """ASGI front: /admin/* to the admin router; /mcp is logged, era-guarded (legacy), then replayed."""
+class AuthState:
+    """The tokens an ``--auth`` server accepts, and the metadata it publishes about itself."""
 
-    def __init__(self, app: ASGIApp, admin: ASGIApp, log: AdminLog, *, legacy: bool) -> None:
+    def __init__(self, port: int) -> None:
+        self.base_url = f"http://127.0.0.1:{port}"
+        self.granted: set[str] = set()
+        self.forbidden: set[str] = set()
+
+    @property
+    def metadata_url(self) -> str:
+        return f"{self.base_url}{PRM_PATH}{MCP_PATH}"
+
+    def metadata(self) -> dict[str, Any]:
+        return {
+            "resource": f"{self.base_url}{MCP_PATH}",
+            "authorization_servers": [f"{self.base_url}/oauth"],
+            "bearer_methods_supported": ["header"],
+            "scopes_supported": ["shop"],
+        }
+
+    def refusal(self, authorization: str | None) -> Response | None:
+        """None for a granted token; otherwise the 401 or 403 an OAuth-protected MCP server answers."""
+        token = authorization.removeprefix("Bearer ").strip() if authorization else None
+        if token is None or token not in self.granted:
+            challenge = f'Bearer resource_metadata="{self.metadata_url}"'
+            body = {"error": "invalid_token", "error_description": "missing, unknown or revoked token"}
+            return JSONResponse(body, status_code=401, headers={"WWW-Authenticate": challenge})
+        if token in self.forbidden:
+            challenge = f'Bearer error="insufficient_scope", scope="shop", resource_metadata="{self.metadata_url}"'
+            body = {"error": "insufficient_scope", "error_description": "the token lacks the shop scope"}
+            return JSONResponse(body, status_code=403, headers={"WWW-Authenticate": challenge})
+        return None
+
+
+class _Front:
+    """ASGI front: /admin/* to the admin router; /mcp is logged, auth-checked (--auth), era-guarded (legacy),
+    then replayed."""
+
+    def __init__(
+        self, app: ASGIApp, admin: ASGIApp, log: AdminLog, *, legacy: bool, auth: AuthState | None = None
+    ) -> None:
         self.app = app
         self.admin = admin
         self.log = log
         self.legacy = legacy
+        self.auth = auth
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"].startswith("/admin/"):
             await self.admin(scope, receive, send)
+            return
+        if self.auth is not None and scope["type"] == "http" and scope["path"] in (PRM_PATH, PRM_PATH + MCP_PATH):
+            await JSONResponse(self.auth.metadata())(scope, receive, send)
             return
         if scope["type"] != "http" or scope["path"].rstrip("/") != MCP_PATH:
             await self.app(scope, receive, send)
@@ -127,6 +176,11 @@ class _Front:
                 payload = None
             for item in payload if isinstance(payload, list) else [payload]:
                 self.log.record(item, headers)
+        if self.auth is not None:
+            refusal = self.auth.refusal(headers.get("authorization"))
+            if refusal is not None:
+                await refusal(scope, receive, send)
+                return
         version = headers.get("mcp-protocol-version")
         if self.legacy and version is not None and version not in HANDSHAKE_PROTOCOL_VERSIONS:
             supported = ", ".join(HANDSHAKE_PROTOCOL_VERSIONS)
@@ -152,12 +206,16 @@ class _Front:
         await self.app(scope, replay, send)
 
 
-def build_app(era: str, *, read_ttl_ms: int = 1000, list_ttl_ms: int = 1000) -> ASGIApp:
-    """Build the shop server for ``era`` ("modern" or "legacy") as one ASGI app."""
+def build_app(
+    era: str, *, read_ttl_ms: int = 1000, list_ttl_ms: int = 1000, auth: bool = False, port: int = 0
+) -> ASGIApp:
+    """Build the shop server for ``era`` ("modern" or "legacy") as one ASGI app; ``auth`` protects /mcp (the
+    ``port`` it is served on goes into its protected-resource metadata)."""
     if era not in ("modern", "legacy"):
         raise ValueError(f"era must be 'modern' or 'legacy', got {era!r}")
     state = ShopState()
     log = AdminLog()
+    auth_state = AuthState(port) if auth else None
 
     async def per_uri_cache(ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
         request = ctx.request
@@ -309,6 +367,23 @@ def build_app(era: str, *, read_ttl_ms: int = 1000, list_ttl_ms: int = 1000) -> 
     async def admin_health(request: Request) -> Response:
         return JSONResponse({"ok": True, "era": era})
 
+    def token_admin(change: Callable[[AuthState, str], None]) -> Callable[[Request], Any]:
+        async def route(request: Request) -> Response:
+            if auth_state is None:
+                return JSONResponse({"error": "not started with --auth"}, status_code=400)
+            token = str((await request.json())["token"])
+            change(auth_state, token)
+            return JSONResponse({"token": token, "granted": token in auth_state.granted})
+
+        return route
+
+    def revoke(state: AuthState, token: str) -> None:
+        state.granted.discard(token)
+
+    admin_grant = token_admin(lambda state, token: state.granted.add(token))
+    admin_revoke = token_admin(revoke)
+    admin_forbid = token_admin(lambda state, token: state.forbidden.add(token))
+
     admin = Router(
         routes=[
             Route("/admin/set", admin_set, methods=["POST"]),
@@ -317,9 +392,12 @@ def build_app(era: str, *, read_ttl_ms: int = 1000, list_ttl_ms: int = 1000) -> 
             Route("/admin/log", admin_log, methods=["GET"]),
             Route("/admin/reset-log", admin_reset_log, methods=["POST"]),
             Route("/admin/health", admin_health, methods=["GET"]),
+            Route("/admin/grant", admin_grant, methods=["POST"]),
+            Route("/admin/revoke", admin_revoke, methods=["POST"]),
+            Route("/admin/forbid", admin_forbid, methods=["POST"]),
         ]
     )
-    return _Front(mcp.streamable_http_app(), admin, log, legacy=era == "legacy")
+    return _Front(mcp.streamable_http_app(), admin, log, legacy=era == "legacy", auth=auth_state)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -328,8 +406,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--era", choices=["modern", "legacy"], required=True)
     parser.add_argument("--read-ttl-ms", type=int, default=1000)
     parser.add_argument("--list-ttl-ms", type=int, default=1000)
+    parser.add_argument("--auth", action="store_true", help="require granted Bearer tokens (see the module doc)")
     args = parser.parse_args(argv)
-    app = build_app(args.era, read_ttl_ms=args.read_ttl_ms, list_ttl_ms=args.list_ttl_ms)
+    app = build_app(
+        args.era, read_ttl_ms=args.read_ttl_ms, list_ttl_ms=args.list_ttl_ms, auth=args.auth, port=args.port
+    )
     # uvicorn binds host/port itself: SO_REUSEADDR (restart on the same port) and TCP_NODELAY.
     config = uvicorn.Config(app, host="127.0.0.1", port=args.port, log_level="warning", timeout_graceful_shutdown=1)
     uvicorn.Server(config).run()

@@ -1,0 +1,137 @@
+"""Relaying an upstream's SSE answer to the client, so that a broken answer still ends as a JSON-RPC error.
+
+Once the sidecar has sent 200 and `text/event-stream`, it cannot change the status any more. If the
+upstream's stream then breaks off (a cut body, a timeout, the sidecar's own shutdown), grows an event
+larger than `upstream.max_response_bytes`, or ends without the response, the client gets one last
+event carrying a JSON-RPC error for its request, instead of a cut stream it would wait on forever.
+Events are relayed whole, as each completes, so a partial event never reaches the client.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncGenerator
+from typing import Any, NoReturn
+
+import orjson
+
+from sidecar.protocol.envelope import RequestId
+from sidecar.protocol.errors import UpstreamBadResponse, UpstreamError
+from sidecar.protocol.frames import error_response
+
+__all__ = ["leave_exchange", "relay_answer", "relay_chunks", "request_id_of"]
+
+logger = logging.getLogger(__name__)
+
+
+async def leave_exchange(stack: contextlib.AsyncExitStack, exc: BaseException) -> NoReturn:
+    """Leave the upstream exchange with `exc` passing through it: the connection is released, and what broke
+    it (a cut body, a timeout, the sidecar's shutdown) comes back translated into an UpstreamError."""
+    await stack.__aexit__(type(exc), exc, exc.__traceback__)
+    raise exc
+
+
+def request_id_of(body: bytes | None) -> RequestId | None:
+    """The id of a JSON-RPC request body (None for anything else: a notification, a response, not JSON)."""
+    if not body:
+        return None
+    try:
+        message = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(message, dict) or "method" not in message:
+        return None
+    request_id = message.get("id")
+    if isinstance(request_id, str) or (isinstance(request_id, int) and not isinstance(request_id, bool)):
+        return request_id
+    return None
+
+
+async def relay_answer(
+    content: Any, stack: contextlib.AsyncExitStack, request_id: RequestId, *, upstream: str, limit: int
+) -> AsyncGenerator[bytes, None]:
+    """The events of the upstream's answer to `request_id`, each whole; an error event if it never comes."""
+    events = _EventSplitter()
+    answered = False
+    failure: UpstreamError
+    try:
+        try:
+            async for chunk in content.iter_any():
+                for event in events.feed(chunk):
+                    answered = answered or _answers(event, request_id)
+                    yield event
+                if events.pending > limit:
+                    raise UpstreamBadResponse(upstream, f"SSE event larger than {limit} bytes")
+        except BaseException as exc:  # the exchange translates it; GeneratorExit (client gone) passes through
+            await leave_exchange(stack, exc)
+        await stack.aclose()
+        if answered:
+            return
+        failure = UpstreamBadResponse(upstream, "stream ended without a response")
+    except UpstreamError as exc:
+        if answered:
+            logger.info("upstream stream broke off after its response", extra={"reason": exc.reason})
+            return
+        failure = exc
+    logger.warning("request failed: %s", failure)
+    yield b"event: message\r\ndata: " + orjson.dumps(error_response(request_id, failure.to_rpc())) + b"\r\n\r\n"
+
+
+async def relay_chunks(content: Any, stack: contextlib.AsyncExitStack, *, upstream: str) -> AsyncGenerator[bytes, None]:
+    """A stream that answers no one request (a legacy session's GET stream): chunks as they arrive; a
+    failure ends it quietly (the client reconnects), never as an exception in the middle of a response."""
+    try:
+        try:
+            async for chunk in content.iter_any():
+                yield chunk
+        except BaseException as exc:  # see relay_answer
+            await leave_exchange(stack, exc)
+        await stack.aclose()
+    except UpstreamError as exc:
+        logger.info("upstream stream ended", extra={"upstream": upstream, "reason": exc.reason})
+
+
+def _answers(event: bytes, request_id: RequestId) -> bool:
+    if b"result" not in event and b"error" not in event:
+        return False  # progress and other notifications: no need to decode them
+    data = b"\n".join(
+        line[5:].removeprefix(b" ") for line in event.replace(b"\r\n", b"\n").split(b"\n") if line.startswith(b"data:")
+    )
+    try:
+        message = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return False
+    if not isinstance(message, dict) or not ("result" in message or "error" in message):
+        return False
+    answer_id = message.get("id")
+    return type(answer_id) is type(request_id) and answer_id == request_id  # 1 is not true
+
+
+class _EventSplitter:
+    """Cuts a byte stream into SSE events (each ending with a blank line), keeping their bytes as they are."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+        self._searched = 0
+
+    @property
+    def pending(self) -> int:
+        """Bytes of the event still incomplete."""
+        return len(self._buffer)
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        self._buffer += chunk
+        events: list[bytes] = []
+        while True:
+            # A blank line is "\n\n" or "\n\r\n"; search only what is new, so a large event costs linear time.
+            starts = (self._buffer.find(b"\n\n", self._searched), self._buffer.find(b"\n\r\n", self._searched))
+            found = [i for i in starts if i >= 0]
+            if not found:
+                self._searched = max(len(self._buffer) - 2, 0)
+                return events
+            end = min(found)
+            end += 2 if self._buffer[end + 1 : end + 2] == b"\n" else 3
+            events.append(bytes(self._buffer[:end]))
+            del self._buffer[:end]
+            self._searched = 0
