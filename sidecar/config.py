@@ -49,6 +49,7 @@ DEFAULT_CACHE_ENTRIES = 10_000
 DEFAULT_CACHE_BYTES = 64 * 1_048_576
 DEFAULT_LEASE_MS = 5_000
 DEFAULT_SESSION_IDLE_S = 1_800.0
+DEFAULT_MAX_SESSIONS = 10_000
 DEFAULT_KEEPALIVE_S = 15.0  # aiohttp-sse's default; well under common 60 s proxy idle timeouts
 DEFAULT_MAX_STREAMS = 10_000
 DEFAULT_MAX_URIS_PER_STREAM = 1_000
@@ -174,6 +175,9 @@ class StreamsConfig(_Section):
     max_streams: int = Field(DEFAULT_MAX_STREAMS, ge=1, description="Listen streams per process.")
     max_uris_per_stream: int = Field(DEFAULT_MAX_URIS_PER_STREAM, ge=1, description="Extra URIs leave the ack.")
     max_uri_length: int = Field(DEFAULT_MAX_URI_LENGTH, ge=16, description="Longer URIs are -32602.")
+    max_sessions: int = Field(
+        DEFAULT_MAX_SESSIONS, ge=1, description="2025-11-25 client sessions per process; more get 503."
+    )
     session_idle_s: float = Field(
         DEFAULT_SESSION_IDLE_S, gt=0, description="A 2025-11-25 session idle this long (no GET stream) ends."
     )

@@ -24,7 +24,7 @@ from sidecar.downstream.listen import StreamHub
 from sidecar.observability.metrics import Metrics
 from sidecar.protocol.constants import HEADER_AUTHORIZATION, HEADER_SESSION_ID
 from sidecar.protocol.envelope import Message, parse_message
-from sidecar.protocol.errors import InvalidParams, InvalidRequest, RpcError
+from sidecar.protocol.errors import InvalidParams, InvalidRequest, Overloaded, RpcError
 from sidecar.protocol.frames import error_response, result_response
 from sidecar.upstream.client import Reply, UpstreamClient
 from sidecar.watch.keys import WatchKind
@@ -138,6 +138,9 @@ class LegacySessions:
         return await self._upstream.relay(body, request.headers, session_id=session.upstream_session)
 
     async def _initialize(self, request: web.Request, body: bytes, message: Message) -> web.StreamResponse:
+        if len(self._sessions) >= self._config.max_sessions:
+            self._metrics.limit_rejections.labels("max_sessions").inc()
+            raise Overloaded(f"this sidecar already holds {self._config.max_sessions} sessions; retry later")
         reply = await self._upstream.relay(body, request.headers, session_id=None)
         answer = await _first_response(reply)
         if answer is None or reply.status >= 300 or not isinstance(answer.get("result"), dict):
@@ -272,7 +275,9 @@ class LegacySessions:
 
     async def _watch_lists(self, session: LegacySession) -> None:
         # Legacy sessions get list changes whenever the capability is on: watch the lists the upstream has.
-        capabilities = (await self._upstream.ensure_info()).capabilities
+        # With the session's own credential: a protected upstream refuses an anonymous probe.
+        probe_headers = {HEADER_AUTHORIZATION: session.credential} if session.credential else None
+        capabilities = (await self._upstream.ensure_info(probe_headers)).capabilities
         kinds = [kind for primitive, kind in _LIST_KINDS if primitive in capabilities]
         handles = await asyncio.gather(*(self._registry.acquire(kind, None, session.credential) for kind in kinds))
         for handle in handles:

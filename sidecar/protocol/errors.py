@@ -184,6 +184,11 @@ class UpstreamTimeout(UpstreamError):
 class UpstreamBadResponse(UpstreamError):
     """An answer that is not a JSON-RPC response: garbage bytes, truncated stream, wrong shape."""
 
+    @property
+    def is_transport_failure(self) -> bool:
+        # The upstream answered, badly, for this one request: it is not down (readiness does not flap).
+        return False
+
 
 class UpstreamHTTPError(UpstreamError):
     """A non-2xx HTTP status without a JSON-RPC error body."""
