@@ -458,7 +458,7 @@ async def _change_latency(ctx: Context, load: LoadClient, upstream: Service, mai
         f"upstream for out-of-band changes; `tools/call set_value` through the sidecar otherwise); each of the "
         f"1,000 streams contributes one sample per change ({p.oob_changes} out-of-band changes, {p.tool_changes} "
         f"tools/call changes, each after a random pause so it lands at a random phase of the poll schedule). "
-        f"A tools/call makes the sidecar's watches poll after `polling.revalidate_debounce_ms` (default 50 ms), "
+        f"A tools/call makes the sidecar's watches poll after `polling.revalidate_debounce_ms` (default 10 ms), "
         f"and never sooner than `polling.min_interval_ms` (default 250 ms) after the previous poll of the key, "
         f"so with the defaults the 30 ms goal is out of reach by configuration; the tuned row shows the same "
         f"path with 5 ms and 100 ms."
@@ -499,7 +499,7 @@ async def _fanout(ctx: Context, load: LoadClient, sidecar: Sidecar) -> None:
     r.add(scenario, "streams opened per second", fmt(n / opened["seconds"], "/s", 0))
     r.note(
         f"Fan-out: {n:,} listen streams held by one load-generator process; {p.fanout_changes} change(s) through "
-        f"`tools/call` (defaults: 50 ms debounce) and the time until every stream has read its notification. "
+        f"`tools/call` (defaults: 10 ms debounce) and the time until every stream has read its notification. "
         f"The client's own reading of {n:,} sockets is part of the figure."
     )
 
