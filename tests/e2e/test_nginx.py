@@ -18,7 +18,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.helpers import Sidecar, rpc, serve_sidecar
+from tests.helpers import Sidecar, rpc, serve_sidecar, serving_process
 from tests.observing import UPDATED, ListenStream
 from tests.peers import Upstream, start_upstream
 
@@ -85,25 +85,16 @@ async def _nginx(tmp_path: Path, sidecar: Sidecar, http: aiohttp.ClientSession) 
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
-    try:
-        async with asyncio.timeout(START_TIMEOUT_S):
-            while True:
-                if proc.returncode is not None:
-                    pytest.fail(f"nginx exited with {proc.returncode}: {(tmp_path / 'error.log').read_text()}")
-                with contextlib.suppress(aiohttp.ClientError):
-                    async with http.get(f"{base}/healthz") as resp:
-                        if resp.status == 200:
-                            break
-                await asyncio.sleep(0.05)  # polling an outside process until it listens, bounded
+    error_log = tmp_path / "error.log"
+    async with serving_process(
+        proc,
+        f"{base}/healthz",
+        http,
+        lambda: error_log.read_text() if error_log.exists() else "",
+        start_within_s=START_TIMEOUT_S,
+        stop_within_s=STOP_TIMEOUT_S,
+    ):
         yield base
-    finally:
-        if proc.returncode is None:
-            proc.terminate()
-            try:
-                await asyncio.wait_for(proc.wait(), STOP_TIMEOUT_S)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
 
 
 @pytest.fixture

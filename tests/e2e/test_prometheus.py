@@ -22,7 +22,7 @@ import aiohttp
 import pytest
 import yaml
 
-from tests.helpers import Sidecar, rpc, serve_sidecar
+from tests.helpers import Sidecar, rpc, serve_sidecar, serving_process
 from tests.observing import ListenStream, scrape
 from tests.peers import Upstream
 
@@ -153,25 +153,15 @@ async def _prometheus(tmp_path: Path, config: Path, http: aiohttp.ClientSession)
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )  # fmt: skip
     server = _Prometheus(f"http://127.0.0.1:{port}", proc, log)
-    try:
-        async with asyncio.timeout(START_TIMEOUT_S):
-            while True:
-                if proc.returncode is not None:
-                    pytest.fail(f"prometheus exited with {proc.returncode}:\n{server.output()}")
-                with contextlib.suppress(aiohttp.ClientError):
-                    async with http.get(f"{server.url}/-/ready") as resp:
-                        if resp.status == 200:
-                            break
-                await asyncio.sleep(0.1)  # polling an outside process until it listens, bounded
+    async with serving_process(
+        proc,
+        f"{server.url}/-/ready",
+        http,
+        server.output,
+        start_within_s=START_TIMEOUT_S,
+        stop_within_s=STOP_TIMEOUT_S,
+    ):
         yield server
-    finally:
-        if proc.returncode is None:
-            proc.terminate()
-            try:
-                await asyncio.wait_for(proc.wait(), STOP_TIMEOUT_S)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
 
 
 def _dashboard_queries() -> list[str]:
