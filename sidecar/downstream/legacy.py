@@ -57,6 +57,7 @@ class LegacySession:
         self.last_seen = time.monotonic()
         self.subscriptions: dict[str, Handle] = {}
         self.list_handles: list[Handle] = []
+        self.lists_watched = False
         self.get_streams = 0
         self._pending: dict[tuple[str, str | None], float] = {}
         self._wake = asyncio.Event()
@@ -194,6 +195,9 @@ class LegacySessions:
         if session.session_id not in self._sessions:  # ended while the baseline was read
             handle.release()
             raise _session_not_found()
+        if uri in session.subscriptions:  # a concurrent subscribe of the same URI got there first
+            handle.release()
+            return {}
         session.subscriptions[uri] = handle
         self._hub.attach(session, handle)
         return {}
@@ -202,8 +206,13 @@ class LegacySessions:
 
     async def handle_get(self, request: web.Request) -> web.StreamResponse:
         session = self._session_of(request)
-        if session.get_streams == 0:
-            await self._watch_lists(session)
+        if not session.lists_watched:
+            session.lists_watched = True  # once per session, kept until it ends: reconnects add nothing
+            try:
+                await self._watch_lists(session)
+            except BaseException:
+                session.lists_watched = False
+                raise
         session.get_streams += 1
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -279,11 +288,17 @@ class LegacySessions:
         probe_headers = {HEADER_AUTHORIZATION: session.credential} if session.credential else None
         capabilities = (await self._upstream.ensure_info(probe_headers)).capabilities
         kinds = [kind for primitive, kind in _LIST_KINDS if primitive in capabilities]
-        handles = await asyncio.gather(*(self._registry.acquire(kind, None, session.credential) for kind in kinds))
+        handles = await asyncio.gather(
+            *(self._registry.acquire(kind, None, session.credential) for kind in kinds), return_exceptions=True
+        )
+        alive = session.session_id in self._sessions  # a DELETE or the reaper may have ended it meanwhile
         for handle in handles:
-            if handle is not None:
-                session.list_handles.append(handle)
-                self._hub.attach(session, handle)
+            if isinstance(handle, Handle):
+                if alive:
+                    session.list_handles.append(handle)
+                    self._hub.attach(session, handle)
+                else:
+                    handle.release()
 
     # -- lifetime -------------------------------------------------------------------------------------------
 

@@ -103,6 +103,7 @@ class ListenStream:
         self.subscription_id = subscription_id
         self.handles: list[Handle] = []
         self.end_reason = "client"
+        self.ended = False
         self._metrics = metrics
         self._pending: dict[tuple[str, str | None], float] = {}
         self._wake = asyncio.Event()
@@ -234,8 +235,15 @@ class StreamHub:
         ]
 
         async def join(kind: WatchKind, uri: str | None) -> bool:
-            handle = await self._registry.acquire(kind, uri, credential)
+            try:
+                handle = await self._registry.acquire(kind, uri, credential)
+            except Exception:  # boundary: one URI's failure leaves it out of the ack, never the others' handles
+                logger.exception("subscribing failed", extra={"kind": kind})
+                return False
             if handle is None:
+                return False
+            if stream.ended:  # the stream ended while this baseline was read
+                handle.release()
                 return False
             # Registered at once, before any other await, so a change after this baseline reaches us; counted at
             # once too, as _end uncounts every resource handle, also those of a stream gone before its ack.
@@ -255,6 +263,7 @@ class StreamHub:
         return honoured
 
     def _end(self, stream: ListenStream) -> None:
+        stream.ended = True
         self._streams.discard(stream)
         for handle in stream.handles:
             self.detach(stream, handle)

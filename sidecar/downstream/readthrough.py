@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -53,7 +54,11 @@ def is_shareable(method: str, params: JsonObject) -> bool:
 
 
 def _params_key(params: JsonObject) -> bytes:
-    return orjson.dumps({k: v for k, v in params.items() if k != "_meta"}, option=orjson.OPT_SORT_KEYS)
+    try:
+        return orjson.dumps({k: v for k, v in params.items() if k != "_meta"}, option=orjson.OPT_SORT_KEYS)
+    except TypeError:
+        # Parameters nested deeper than orjson writes: a key of its own, so the request is never shared.
+        return b"\0" + secrets.token_bytes(16)
 
 
 def _group(method: str, params: JsonObject) -> Group:
@@ -130,7 +135,10 @@ class ReadThrough:
         if result.get("resultType", "complete") != "complete":
             return
         partition = PUBLIC if result.get("cacheScope") == "public" else context
-        size = len(orjson.dumps(result))
+        try:
+            size = len(orjson.dumps(result))
+        except TypeError:  # nested deeper than orjson writes: not cached, still answered
+            return
         if size > self._config.max_bytes:
             return
         key = (method, _params_key(params), partition)

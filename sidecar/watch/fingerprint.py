@@ -17,7 +17,11 @@ _IGNORED_KEYS = frozenset({"_meta", "ttlMs", "cacheScope", "resultType", "nextCu
 
 
 def _canonical(value: Any) -> bytes:
-    return orjson.dumps(_strip(value), option=orjson.OPT_SORT_KEYS)
+    try:
+        return orjson.dumps(_strip(value), option=orjson.OPT_SORT_KEYS)
+    except (TypeError, RecursionError) as exc:
+        # orjson reads 1024 levels of nesting but writes only 254: such content cannot be fingerprinted.
+        raise ValueError("content nested too deeply to fingerprint") from exc
 
 
 def _strip(value: Any) -> Any:
@@ -30,7 +34,7 @@ def _strip(value: Any) -> Any:
 
 
 def fingerprint_contents(contents: Any) -> str:
-    """The fingerprint of a `resources/read` result's `contents`."""
+    """The fingerprint of a `resources/read` result's `contents`; ValueError if it cannot be taken."""
     return hashlib.blake2b(_canonical(contents), digest_size=16).hexdigest()
 
 

@@ -53,6 +53,14 @@ def observation_from_read(result: dict[str, Any]) -> Observation:
 
 async def observe(upstream: UpstreamClient, kind: WatchKind, uri: str | None, credential: str | None) -> Observation:
     """Look once; raises UpstreamError when the upstream cannot answer (a not-found resource is an answer)."""
+    try:
+        return await _observe(upstream, kind, uri, credential)
+    except ValueError as exc:  # an answer that cannot be fingerprinted is a bad answer for this key
+        raise UpstreamBadResponse(upstream.url, str(exc)) from exc
+
+
+async def _observe(upstream: UpstreamClient, kind: WatchKind, uri: str | None, credential: str | None) -> Observation:
+    """Look once; raises UpstreamError when the upstream cannot answer (a not-found resource is an answer)."""
     if kind == "resource":
         try:
             result = await upstream.call("resources/read", {"uri": uri}, credential)

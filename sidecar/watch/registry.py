@@ -14,6 +14,7 @@ Guarantees:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 from collections.abc import Callable, Iterable
@@ -145,6 +146,12 @@ class WatchRegistry:
             watch = self._start_watch(key, observation, ticket)
         else:
             self._apply(watch, observation, ticket)
+            if watch.refs == 0:
+                # Lingering: its timer must not fire before the callers waiting on this baseline take it.
+                timer = self._lingers.pop(key, None)
+                if timer is not None:
+                    timer.cancel()
+                self._linger(watch, minimum_s=_NEW_WATCH_GRACE_S)
         watch.verified.add(context)
         return watch
 
@@ -252,7 +259,8 @@ class WatchRegistry:
             scope = PUBLIC if result.get("cacheScope") == "public" else context_id(credential)
             watch = self._watches.get(WatchKey("resource", uri, scope))
             if watch is not None:  # fingerprint only what someone watches: this is the forwarding hot path
-                self._apply(watch, observation_from_read(result), ticket)
+                with contextlib.suppress(ValueError):  # unfingerprintable content teaches nothing
+                    self._apply(watch, observation_from_read(result), ticket)
             return
         error = answer.get("error")
         if isinstance(error, dict) and error.get("code") in (-32602, -32002):
@@ -302,6 +310,7 @@ class WatchRegistry:
         context = watch.key.partition if watch.key.partition != PUBLIC else self._polled_as.get(watch.key)
         if context is None:
             return
+        watch.verified.discard(context)  # it must prove access again with its own read before rejoining
         for listener in self._auth_listeners:
             listener(watch.key, context)
 

@@ -139,3 +139,33 @@ async def test_an_idle_session_expires_and_its_watches_are_released(
         await eventually(lambda: not any(w.key.kind == "resource" for w in sidecar.app[REGISTRY].watches()))
         async with http.post(sidecar.url, json=subscribe, headers=on_session) as resp:
             assert resp.status == 404  # the client initializes again
+
+
+async def test_two_concurrent_subscribes_of_one_uri_leave_nothing_behind_after_unsubscribe(
+    fast_upstream: Upstream, http: aiohttp.ClientSession
+) -> None:
+    init = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}},
+    }
+    plain = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+    async with serve_sidecar(fast_upstream.url, polling=FAST) as sidecar:
+        async with http.post(sidecar.url, json=init, headers=plain) as resp:
+            on_session = {
+                **plain,
+                "Mcp-Session-Id": resp.headers["Mcp-Session-Id"],
+                "MCP-Protocol-Version": "2025-11-25",
+            }
+
+        async def call(method: str, request_id: int) -> dict[str, Any]:
+            body = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": {"uri": PRICE}}
+            async with http.post(sidecar.url, json=body, headers=on_session) as resp:
+                return dict(await resp.json())
+
+        first, second = await asyncio.gather(call("resources/subscribe", 2), call("resources/subscribe", 3))
+        assert first["result"] == second["result"] == {}
+        assert (await call("resources/unsubscribe", 4))["result"] == {}
+        # One unsubscribe releases everything the session held on that URI: the watch lingers out.
+        await eventually(lambda: not any(w.key.kind == "resource" for w in sidecar.app[REGISTRY].watches()))

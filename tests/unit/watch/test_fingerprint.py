@@ -26,3 +26,15 @@ def test_an_added_item_changes_the_list_fingerprint() -> None:
 
 def test_item_boundaries_are_part_of_the_fingerprint() -> None:
     assert fingerprint_items(["ab", "c"]) != fingerprint_items(["a", "bc"])
+
+
+def test_content_nested_too_deeply_to_fingerprint_is_refused_not_crashed() -> None:
+    deep: object = "leaf"
+    for _ in range(300):
+        deep = [deep]
+    try:
+        fingerprint_contents([{"text": deep}])
+    except ValueError as exc:
+        assert "nested too deeply" in str(exc)
+    else:
+        raise AssertionError("expected a ValueError")
