@@ -14,7 +14,7 @@ import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -89,7 +89,6 @@ class _Flight:
     future: asyncio.Future[JsonObject | None]
     group: Group
     invalidated: bool = False
-    waiters: int = field(default=0)
 
 
 class ReadThrough:
@@ -160,10 +159,6 @@ class ReadThrough:
             else:
                 del self._index[group]
 
-    @property
-    def entry_count(self) -> int:
-        return len(self._cache)
-
     # -- single flight ---------------------------------------------------------------------------------
 
     async def fetch(
@@ -178,7 +173,6 @@ class ReadThrough:
         flight_key = (method, _params_key(params), context)
         flight = self._flights.get(flight_key)
         if flight is not None:
-            flight.waiters += 1
             self._metrics.singleflight_joins.inc()
             return None, await asyncio.shield(flight.future)
         loop = asyncio.get_running_loop()

@@ -193,10 +193,6 @@ class LegacyBridge:
         if self._sessions.get(partition) is session:
             del self._sessions[partition]
 
-    def forget_all(self) -> None:
-        """Drop every session (after the upstream was unreachable: it may have restarted)."""
-        self._sessions.clear()
-
     def _session_headers(self, headers: Mapping[str, str], session: LegacySession) -> dict[str, str]:
         merged = _base_headers(headers)
         merged[HEADER_PROTOCOL_VERSION] = session.protocol_version

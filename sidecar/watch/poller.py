@@ -36,19 +36,17 @@ _ERROR_LOG_INTERVAL_S = 10.0
 
 
 class _RateLimiter:
-    """Allows one event per interval; counts what it held back."""
+    """Allows one event per interval."""
 
     def __init__(self, interval_s: float) -> None:
         self._interval_s = interval_s
         self._last = -interval_s
-        self.suppressed = 0
 
     def allow(self) -> bool:
         now = time.monotonic()
         if now - self._last >= self._interval_s:
             self._last = now
             return True
-        self.suppressed += 1
         return False
 
 
