@@ -69,8 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "check-config":
             config = load_config(args.file)
-            print(config.model_dump_json(indent=2))
-            return 0
+            return _print(config.model_dump_json(indent=2))
         if args.command == "demo":
             from sidecar.demo.run import run_demo
 
@@ -88,6 +87,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if workers > 1 and os.environ.get(_WORKER_ENV) is None:
         return run_workers(workers, argv if argv is not None else sys.argv[1:])
     return asyncio.run(serve(config, reuse_port=workers > 1))
+
+
+def _print(text: str) -> int:
+    """Print to stdout; a reader that stops early (`check-config ... | head`) is no error."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        # Python's own recipe: point stdout at devnull so the interpreter's final flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0
 
 
 def _check_workers(config: SidecarConfig, workers: int) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import logging
 import os
 from pathlib import Path
@@ -104,6 +105,12 @@ class UpstreamConfig(_Section):
         description="The MCP URL clients use to reach the sidecar; auth challenges and protected-resource "
         "metadata are rewritten to it. Absent: passed through as the upstream sent them.",
     )
+
+    @field_validator("protocol", mode="before")
+    @classmethod
+    def _date_as_written(cls, value: Any) -> Any:
+        # `protocol: 2025-11-25` unquoted is a YAML date; the version is the same text.
+        return value.isoformat() if isinstance(value, datetime.date) else value
 
     @field_validator("public_url")
     @classmethod
@@ -251,6 +258,7 @@ def load_config(path: str | Path | None = None, environ: dict[str, str] | None =
             raise ConfigError(f"{path}: the top level must be a mapping of sections")
         # A section whose keys are all commented out reads as null: it means "all defaults".
         data = {section: {} if values is None else values for section, values in loaded.items()}
+    origins: dict[tuple[str, str], str] = {}
     for key, raw in (environ if environ is not None else dict(os.environ)).items():
         if not key.startswith(ENV_PREFIX):
             continue
@@ -262,19 +270,25 @@ def load_config(path: str | Path | None = None, environ: dict[str, str] | None =
             raise ConfigError(f"{parts[0]}: must be a mapping")
         # Plain text stays text (a token may hold "#" or read "no"); pydantic converts numbers and booleans.
         # Only a list or mapping needs parsing, written in YAML/JSON flow style.
-        section[parts[1]] = yaml.safe_load(raw) if raw.lstrip()[:1] in ("[", "{") else raw
-    return _validate(data)
+        try:
+            section[parts[1]] = yaml.safe_load(raw) if raw.lstrip()[:1] in ("[", "{") else raw
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{key}: not a valid YAML/JSON list or mapping: {exc}") from exc
+        origins[(parts[0], parts[1])] = key
+    return _validate(data, origins)
 
 
-def _validate(data: dict[str, Any]) -> SidecarConfig:
+def _validate(data: dict[str, Any], origins: dict[tuple[str, str], str] | None = None) -> SidecarConfig:
     try:
         return SidecarConfig.model_validate(data)
     except ValidationError as exc:
         problems = []
         for error in exc.errors():
-            key = ".".join(str(part) for part in error["loc"]) or "(top level)"
+            loc = tuple(str(part) for part in error["loc"])
+            key = ".".join(loc) or "(top level)"
             message = (
                 "unknown key" if error["type"] == "extra_forbidden" else error["msg"].removeprefix("Value error, ")
             )
-            problems.append(f"{key}: {message}")
+            variable = (origins or {}).get((loc[0], loc[1])) if len(loc) >= 2 else None
+            problems.append(f"{key}: {message}" + (f" (from {variable})" if variable else ""))
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems)) from exc

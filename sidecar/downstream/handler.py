@@ -153,9 +153,7 @@ class McpEndpoint:
                 request_id = message.id
                 request[_METHOD_KEY] = message.method
             if message is None or detect_era(message, request.headers) == "legacy":
-                # Legacy sessions are served by the sidecar, riding on an upstream session of their own.
-                answer = await self._legacy.handle_post(request, body)
-                return answer if isinstance(answer, web.StreamResponse) else await self._write_reply(request, answer)
+                return await self._legacy_post(request, body, message)
             validate_modern(message, request.headers)
             if message.is_notification:
                 return web.Response(status=202)
@@ -169,6 +167,22 @@ class McpEndpoint:
         except Exception:  # boundary: a bug handling one request must not reach the client as a traceback
             logger.exception("unexpected failure handling a request")
             return self._error(request_id, InternalError("internal error"))
+
+    async def _legacy_post(self, request: web.Request, body: bytes, message: Message | None) -> web.StreamResponse:
+        # Legacy sessions are served by the sidecar, riding on an upstream session of their own.
+        ticket = self._observer.ticket() if self._observer is not None else 0
+        answer = await self._legacy.handle_post(request, body)
+        if isinstance(answer, web.StreamResponse):
+            return answer  # served here (initialize, subscribe, ping): nothing went upstream
+        response = await self._write_reply(request, answer)
+        if message is None:
+            with contextlib.suppress(RpcError):
+                message = parse_message(body)
+        if self._observer is not None and message is not None and not message.is_notification and answer.status < 500:
+            # What a 2026-07-28 client's request teaches the watches, a 2025 client's teaches them too (a write).
+            credential = request.headers.get(HEADER_AUTHORIZATION)
+            self._observer.after_forward(message.method, message.params, credential, {}, ticket)
+        return response
 
     async def handle_protected_resource_metadata(self, request: web.Request) -> web.Response:
         """GET /.well-known/oauth-protected-resource[/path]: the upstream's metadata, naming the sidecar."""

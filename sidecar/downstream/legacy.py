@@ -24,9 +24,17 @@ from sidecar.downstream.listen import StreamHub
 from sidecar.observability.metrics import Metrics
 from sidecar.protocol.constants import HEADER_AUTHORIZATION, HEADER_SESSION_ID
 from sidecar.protocol.envelope import Message, parse_message
-from sidecar.protocol.errors import InvalidParams, InvalidRequest, Overloaded, RpcError
+from sidecar.protocol.errors import (
+    InvalidParams,
+    InvalidRequest,
+    Overloaded,
+    RpcError,
+    UpstreamError,
+    UpstreamHTTPError,
+)
 from sidecar.protocol.frames import error_response, result_response
 from sidecar.upstream.client import Reply, UpstreamClient
+from sidecar.upstream.sse import SSEDecoder, SSETooLarge
 from sidecar.watch.keys import WatchKind
 from sidecar.watch.registry import Handle, WatchRegistry
 
@@ -169,6 +177,15 @@ class LegacySessions:
             result = await self._local_result(session, message)
         except RpcError as exc:
             return web.json_response(error_response(message.id, exc), dumps=_dumps)
+        except UpstreamHTTPError as exc:
+            if not exc.is_auth_failure:
+                return web.json_response(error_response(message.id, exc.to_rpc()), dumps=_dumps)
+            # A refused credential keeps its status and challenge, so the client re-authenticates.
+            headers = self._upstream.public_headers(exc.headers)
+            return web.json_response(error_response(message.id, exc.to_rpc()), status=exc.status, headers=headers)
+        except UpstreamError as exc:
+            # What went wrong upstream (down, a bad answer, its own error), never "not found".
+            return web.json_response(error_response(message.id, exc.to_rpc()), dumps=_dumps)
         return web.json_response(result_response(message.id, result), dumps=_dumps)
 
     async def _local_result(self, session: LegacySession, message: Message) -> JsonObject:
@@ -188,10 +205,9 @@ class LegacySessions:
         if len(session.subscriptions) >= self._config.max_uris_per_stream:
             self._metrics.limit_rejections.labels("max_uris_per_stream").inc()
             raise InvalidParams(f"a session may subscribe to at most {self._config.max_uris_per_stream} URIs")
-        handle = await self._registry.acquire("resource", uri, session.credential)
+        handle = await self._registry.acquire("resource", uri, session.credential)  # UpstreamError: said as it is
         if handle is None:
-            error = RpcError("Resource not found", {"uri": uri}, code=-32002)
-            raise error
+            raise RpcError("Resource not found", {"uri": uri}, code=-32002)
         if session.session_id not in self._sessions:  # ended while the baseline was read
             handle.release()
             raise _session_not_found()
@@ -344,19 +360,16 @@ async def _first_response(reply: Reply) -> JsonObject | None:
     """The JSON-RPC response in an upstream answer (JSON body, or the first response event of an SSE stream)."""
     if reply.stream is None:
         return reply.message if isinstance(reply.message, dict) else None
-    buffer = b""
+    decoder = SSEDecoder(_MAX_INITIALIZE_BYTES)
     async with contextlib.aclosing(reply.stream) as chunks:
         async for chunk in chunks:
-            buffer += chunk
-            if len(buffer) > _MAX_INITIALIZE_BYTES:
+            try:
+                events = decoder.feed(chunk)
+            except SSETooLarge:
                 return None
-            while b"\n\n" in buffer.replace(b"\r\n", b"\n"):
-                normalized = buffer.replace(b"\r\n", b"\n")
-                event, _, rest = normalized.partition(b"\n\n")
-                buffer = rest
-                data = b"\n".join(line[5:].lstrip() for line in event.split(b"\n") if line.startswith(b"data:"))
+            for event in events:
                 with contextlib.suppress(orjson.JSONDecodeError):
-                    message = orjson.loads(data) if data else None
+                    message = orjson.loads(event.data)
                     if isinstance(message, dict) and ("result" in message or "error" in message):
                         return message
     return None

@@ -23,7 +23,7 @@ from sidecar.config import StreamsConfig
 from sidecar.observability.metrics import Metrics
 from sidecar.protocol.constants import HEADER_AUTHORIZATION
 from sidecar.protocol.envelope import Message, RequestId
-from sidecar.protocol.errors import InvalidParams, Overloaded
+from sidecar.protocol.errors import InvalidParams, Overloaded, UpstreamError, UpstreamHTTPError
 from sidecar.protocol.frames import ack_notification, complete_result, notification
 from sidecar.upstream.client import UpstreamClient
 from sidecar.watch.keys import WatchKey, WatchKind
@@ -234,9 +234,14 @@ class StreamHub:
             if kind in wanted.lists and primitive in capabilities
         ]
 
+        failures: list[UpstreamError] = []
+
         async def join(kind: WatchKind, uri: str | None) -> bool:
             try:
                 handle = await self._registry.acquire(kind, uri, credential)
+            except UpstreamError as exc:
+                failures.append(exc)  # left out of the ack; the listen fails with it if nothing else joins
+                return False
             except Exception:  # boundary: one URI's failure leaves it out of the ack, never the others' handles
                 logger.exception("subscribing failed", extra={"kind": kind})
                 return False
@@ -260,6 +265,12 @@ class StreamHub:
         accepted = [uri for uri, ok in zip(uris, joined[len(lists) :], strict=True) if ok]
         if accepted:
             honoured["resourceSubscriptions"] = accepted
+        if failures and not any(joined):
+            # Nothing could be honoured because the upstream could not answer: say so (a refused credential
+            # first, so the client re-authenticates) instead of an empty ack that reads as "nothing exists".
+            raise next(
+                (exc for exc in failures if isinstance(exc, UpstreamHTTPError) and exc.is_auth_failure), failures[0]
+            )
         return honoured
 
     def _end(self, stream: ListenStream) -> None:

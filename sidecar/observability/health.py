@@ -27,7 +27,7 @@ def make_readyz(
             if reason is not None:
                 body["degraded"] = reason
             return web.json_response(body)
-        reason = upstream.last_error or "upstream not reached yet"
+        reason = upstream.not_ready_reason or "upstream not reached yet"
         return web.json_response({"status": "not ready", "upstream": upstream.url, "reason": reason}, status=503)
 
     return readyz

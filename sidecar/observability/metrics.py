@@ -74,6 +74,9 @@ class Metrics:
             registry=r,
         )
         self.upstream_up = Gauge("mcp_sidecar_upstream_up", "1 while the upstream answers", registry=r)
+        self.upstream_usable = Gauge(
+            "mcp_sidecar_upstream_usable", "1 while the upstream's answers are MCP (0: up but unusable)", registry=r
+        )
         self.upstream_era = Gauge("mcp_sidecar_upstream_era_info", "The era the upstream speaks", ["era"], registry=r)
         self.listen_streams = Gauge("mcp_sidecar_listen_streams", "Open listen streams", registry=r)
         self.stream_limit = Gauge(

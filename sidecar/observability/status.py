@@ -54,11 +54,13 @@ def status_snapshot(upstream: UpstreamClient, registry: WatchRegistry, hub: Stre
         "version": __version__,
         "instance": INSTANCE_ID,
         "uptime_s": round(time.monotonic() - _STARTED, 1),
-        "ready": bool(upstream.up),
+        "ready": upstream.not_ready_reason is None,
         "upstream": {
             "url": upstream.url,
             "era": info.era if info is not None else None,
             "up": upstream.up,
+            "usable": upstream.unusable is None,
+            "not_ready_reason": upstream.not_ready_reason,
             "last_error": upstream.last_error,
         },
         "counts": {
@@ -95,7 +97,7 @@ def _render_html(status: dict[str, Any]) -> str:
         f"<p>instance {html.escape(status['instance'])}, up {status['uptime_s']} s, "
         f"ready: {'yes' if status['ready'] else 'no'}</p>"
         f"<p>upstream {html.escape(upstream['url'])} (era {html.escape(str(upstream['era']))})"
-        f"{' — ' + html.escape(upstream['last_error']) if upstream['last_error'] else ''}</p>"
+        f"{' — ' + html.escape(upstream['not_ready_reason']) if upstream['not_ready_reason'] else ''}</p>"
         f"<p>{counts['streams']} streams, {counts['watches']} watches, {counts['partitions']} partitions "
         f"(showing {status['watches_shown']})</p>"
         "<table><tr>" + "".join(f"<th>{c}</th>" for c in columns) + f"</tr>{rows}</table></body></html>"

@@ -24,6 +24,7 @@ __all__ = [
     "META_UPSTREAM_SERVER_INFO",
     "MODERN_VERSION",
     "NAMED_METHODS",
+    "READ_ONLY_METHODS",
     "REMOVED_METHODS",
     "RESOURCE_UPDATED_METHOD",
     "SUPPORTED_MODERN_VERSIONS",
@@ -95,6 +96,18 @@ CACHEABLE_METHODS: frozenset[str] = frozenset(
     }
 )
 """Results that carry `ttlMs` and `cacheScope` at 2026-07-28."""
+
+READ_ONLY_METHODS: frozenset[str] = frozenset(
+    {
+        *CACHEABLE_METHODS,
+        *REMOVED_METHODS,
+        "prompts/get",
+        "completion/complete",
+        "subscriptions/listen",
+    }
+)
+"""Requests that change nothing upstream. Any other request (`tools/call`, a task, a custom method) may write,
+so watches revalidate after it; notifications never do."""
 
 ACK_METHOD = "notifications/subscriptions/acknowledged"
 RESOURCE_UPDATED_METHOD = "notifications/resources/updated"

@@ -16,7 +16,7 @@ import orjson
 
 from sidecar.config import CacheConfig, UpstreamConfig
 from sidecar.observability.metrics import Metrics, method_label
-from sidecar.partition import context_id
+from sidecar.partition import ANONYMOUS, context_id
 from sidecar.protocol.constants import (
     HEADER_AUTHORIZATION,
     HEADER_METHOD,
@@ -43,7 +43,7 @@ from sidecar.upstream.http import (
     read_limited,
 )
 from sidecar.upstream.legacy import LegacyBridge
-from sidecar.upstream.relay import leave_exchange, relay_answer, relay_chunks, request_id_of
+from sidecar.upstream.relay import leave_exchange, relay_answer, relay_events, request_id_of
 
 __all__ = ["Reply", "UpstreamClient", "UpstreamInfo"]
 
@@ -94,6 +94,10 @@ class UpstreamClient:
         self.up: bool | None = None
         """True once the upstream answered; False while it is unreachable; None before the first try."""
         self.last_error: str | None = None
+        self.unusable: str | None = None
+        """Why an upstream that answers cannot be used (its probe answer was not MCP), or None."""
+        self.auth_required = False
+        """The upstream refused an anonymous probe with 401/403: it works, and needs client credentials."""
         self._last_ok = 0.0
         self.on_recovered: Callable[[], None] | None = None
         """Called when the upstream answers again after being unreachable."""
@@ -121,24 +125,87 @@ class UpstreamClient:
             return info
         async with self._probe_lock:
             if self._info is None:
-                with self._observe("probe"):
-                    self._info = await self._probe(dict(headers or {}))
-                self._metrics.upstream_era.labels(self._info.era).set(1)
-                self._metrics.upstream_era.labels("legacy" if self._info.era == "modern" else "modern").set(0)
-                logger.info(
-                    "upstream era detected",
-                    extra={"era": self._info.era, "upstream": self.url},
-                )
+                try:
+                    with self._observe("probe"):
+                        info = await self._probe(dict(headers or {}))
+                except UpstreamError as exc:
+                    self._probe_failed(exc)
+                    raise
+                self._set_info(info)
+                return info
             return self._info
 
+    def _set_info(self, info: UpstreamInfo) -> None:
+        self._info = info
+        self.auth_required = False
+        self._usable(None)
+        self._metrics.upstream_era.labels(info.era).set(1)
+        self._metrics.upstream_era.labels("legacy" if info.era == "modern" else "modern").set(0)
+        logger.info("upstream era detected", extra={"era": info.era, "upstream": self.url})
+
+    def _probe_failed(self, exc: UpstreamError) -> None:
+        if exc.is_transport_failure:
+            return  # down, not unusable: `_observe` says so
+        if isinstance(exc, UpstreamHTTPError) and exc.is_auth_failure:
+            # A protected upstream answers an anonymous probe so: it works, and its era is learned with the
+            # first client credential.
+            self.auth_required = True
+            self._usable(None)
+            return
+        self._usable(f"the upstream answers but is unusable: {exc.reason}")
+
+    def _usable(self, problem: str | None) -> None:
+        if problem is not None and problem != self.unusable:
+            logger.warning("upstream unusable", extra={"upstream": self.url, "reason": problem})
+        elif problem is None and self.unusable is not None:
+            logger.info("upstream usable again", extra={"upstream": self.url})
+        self.unusable = problem
+        self._metrics.upstream_usable.set(0 if problem is not None else 1)
+
+    @property
+    def not_ready_reason(self) -> str | None:
+        """Why the sidecar cannot serve now (None when it can): unreachable, unusable, or not probed yet."""
+        if self.up is False:
+            return self.last_error or "upstream unreachable"
+        if self.unusable is not None:
+            return self.unusable
+        if self._info is None and not self.auth_required:
+            return "upstream not reached yet"
+        return None
+
     async def check(self) -> bool:
-        """Readiness: True when the upstream answers; without recent contact it is probed again."""
-        if self._info is not None and time.monotonic() - self._last_ok > _READY_FRESH_S:
-            self._info = None
+        """Readiness: True when the upstream's era is known (or it is protected and answered a probe with a
+        challenge) and it answered recently; without recent contact it is asked again."""
         if self._info is None:
             with contextlib.suppress(UpstreamError):
                 await self.ensure_info()
-        return bool(self.up)
+        elif time.monotonic() - self._last_ok > _READY_FRESH_S:
+            with contextlib.suppress(UpstreamError):
+                await self._liveness()
+        return self.not_ready_reason is None
+
+    async def _liveness(self) -> None:
+        # One cheap exchange in the era already known; a cached legacy session alone would prove nothing.
+        info = self._info
+        if info is None:
+            return
+        try:
+            with self._observe("probe"):
+                if info.era == "modern":
+                    await self._modern_call("server/discover", {}, {})
+                else:
+                    answer = await self._legacy.request(ANONYMOUS, "ping", {}, {})
+                    if "error" in answer:
+                        raise UpstreamRpcError(self.url, answer["error"])
+        except UpstreamRpcError:
+            self._usable(None)  # an error answer is an answer: the upstream speaks JSON-RPC
+        except UpstreamError as exc:
+            self._probe_failed(exc)
+            if self.unusable is not None:
+                self._info = None  # probed afresh once it answers sensibly again
+            raise
+        else:
+            self._usable(None)
 
     async def _probe(self, headers: dict[str, str]) -> UpstreamInfo:
         protocol = self._config.protocol
@@ -146,7 +213,8 @@ class UpstreamClient:
             try:
                 result = await self._modern_call("server/discover", {}, headers)
             except UpstreamError as exc:
-                if protocol == MODERN_VERSION or exc.is_transport_failure:
+                # Only a refusal means "try the handshake era": an answer that is not MCP at all is no era.
+                if protocol == MODERN_VERSION or not isinstance(exc, UpstreamRpcError | UpstreamHTTPError):
                     raise
                 logger.debug("server/discover refused (%s); trying initialize", exc.reason)
             else:
@@ -317,7 +385,7 @@ class UpstreamClient:
                 # a JSON-RPC error event for its request rather than as a cut stream (see upstream/relay.py).
                 limit = self._http.max_response_bytes
                 if request_id is None:
-                    stream = relay_chunks(response.content, stack, upstream=self.url)
+                    stream = relay_events(response.content, stack, upstream=self.url, limit=limit)
                 else:
                     stream = relay_answer(response.content, stack, request_id, upstream=self.url, limit=limit)
                 return Reply(response.status, passthrough, stream=stream)

@@ -21,6 +21,7 @@ from sidecar.protocol.errors import (
     UpstreamTimeout,
     UpstreamUnavailable,
 )
+from sidecar.upstream.sse import SSEDecoder, SSETooLarge
 
 __all__ = ["UpstreamHTTP", "iter_messages", "raise_for_status", "read_limited", "translate_errors"]
 
@@ -175,30 +176,22 @@ async def read_limited(response: aiohttp.ClientResponse, limit: int, upstream: s
 
 
 async def iter_messages(response: aiohttp.ClientResponse, limit: int, upstream: str) -> AsyncIterator[JsonObject]:
-    """JSON-RPC messages of an upstream answer, whether it is one JSON body or an SSE stream."""
+    """JSON-RPC messages of an upstream answer, whether it is one JSON body or an SSE stream (events without
+    data, such as a resumable server's priming event, carry no message)."""
     content_type = response.headers.get("Content-Type", "")
     if not content_type.startswith(SSE_CONTENT_TYPE):
         body = await read_limited(response, limit, upstream)
         yield _decode(body, upstream)
         return
-    data: list[bytes] = []
-    size = 0
+    decoder = SSEDecoder(min(limit, _MAX_SSE_EVENT_BYTES))
     with translate_errors(upstream):
-        async for raw_line in response.content:
-            line = raw_line.rstrip(b"\r\n")
-            if not line:
-                if data:
-                    yield _decode(b"\n".join(data), upstream)
-                    data, size = [], 0
-                continue
-            if line.startswith(b"data:"):
-                chunk = line[5:].removeprefix(b" ")
-                size += len(chunk)
-                if size > min(limit, _MAX_SSE_EVENT_BYTES):
-                    raise UpstreamBadResponse(upstream, f"SSE event larger than {limit} bytes")
-                data.append(chunk)
-    if data:
-        yield _decode(b"\n".join(data), upstream)
+        async for chunk in response.content.iter_any():
+            try:
+                events = decoder.feed(chunk)
+            except SSETooLarge as exc:
+                raise UpstreamBadResponse(upstream, str(exc)) from exc
+            for event in events:
+                yield _decode(event.data.encode(), upstream)
 
 
 async def raise_for_status(response: aiohttp.ClientResponse, http: UpstreamHTTP) -> None:

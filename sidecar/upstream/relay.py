@@ -4,7 +4,9 @@ Once the sidecar has sent 200 and `text/event-stream`, it cannot change the stat
 upstream's stream then breaks off (a cut body, a timeout, the sidecar's own shutdown), grows an event
 larger than `upstream.max_response_bytes`, or ends without the response, the client gets one last
 event carrying a JSON-RPC error for its request, instead of a cut stream it would wait on forever.
-Events are relayed whole, as each completes, so a partial event never reaches the client.
+Events are relayed whole, as each completes, so a partial event never reaches the client; they are
+re-framed (`sse.frame`), so events without data (a resumable server's priming event) and the `id:`
+and `retry:` fields of a resumption the sidecar does not offer never reach it either.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ import orjson
 from sidecar.protocol.envelope import RequestId
 from sidecar.protocol.errors import UpstreamBadResponse, UpstreamError
 from sidecar.protocol.frames import error_response
+from sidecar.upstream.sse import SSEDecoder, SSEEvent, SSETooLarge, frame
 
-__all__ = ["leave_exchange", "relay_answer", "relay_chunks", "request_id_of"]
+__all__ = ["leave_exchange", "relay_answer", "relay_events", "request_id_of"]
 
 logger = logging.getLogger(__name__)
 
@@ -52,17 +55,15 @@ async def relay_answer(
     content: Any, stack: contextlib.AsyncExitStack, request_id: RequestId, *, upstream: str, limit: int
 ) -> AsyncGenerator[bytes, None]:
     """The events of the upstream's answer to `request_id`, each whole; an error event if it never comes."""
-    events = _EventSplitter()
+    decoder = SSEDecoder(limit)
     answered = False
     failure: UpstreamError
     try:
         try:
             async for chunk in content.iter_any():
-                for event in events.feed(chunk):
+                for event in _decode(decoder, chunk, upstream):
                     answered = answered or _answers(event, request_id)
-                    yield event
-                if events.pending > limit:
-                    raise UpstreamBadResponse(upstream, f"SSE event larger than {limit} bytes")
+                    yield frame(event)
         except BaseException as exc:  # the exchange translates it; GeneratorExit (client gone) passes through
             await leave_exchange(stack, exc)
         await stack.aclose()
@@ -75,16 +76,20 @@ async def relay_answer(
             return
         failure = exc
     logger.warning("request failed: %s", failure)
-    yield b"event: message\r\ndata: " + orjson.dumps(error_response(request_id, failure.to_rpc())) + b"\r\n\r\n"
+    yield frame(SSEEvent(orjson.dumps(error_response(request_id, failure.to_rpc())).decode()))
 
 
-async def relay_chunks(content: Any, stack: contextlib.AsyncExitStack, *, upstream: str) -> AsyncGenerator[bytes, None]:
-    """A stream that answers no one request (a legacy session's GET stream): chunks as they arrive; a
+async def relay_events(
+    content: Any, stack: contextlib.AsyncExitStack, *, upstream: str, limit: int
+) -> AsyncGenerator[bytes, None]:
+    """A stream that answers no one request (a legacy session's GET stream): events as they complete; a
     failure ends it quietly (the client reconnects), never as an exception in the middle of a response."""
+    decoder = SSEDecoder(limit)
     try:
         try:
             async for chunk in content.iter_any():
-                yield chunk
+                for event in _decode(decoder, chunk, upstream):
+                    yield frame(event)
         except BaseException as exc:  # see relay_answer
             await leave_exchange(stack, exc)
         await stack.aclose()
@@ -92,46 +97,21 @@ async def relay_chunks(content: Any, stack: contextlib.AsyncExitStack, *, upstre
         logger.info("upstream stream ended", extra={"upstream": upstream, "reason": exc.reason})
 
 
-def _answers(event: bytes, request_id: RequestId) -> bool:
-    if b"result" not in event and b"error" not in event:
-        return False  # progress and other notifications: no need to decode them
-    data = b"\n".join(
-        line[5:].removeprefix(b" ") for line in event.replace(b"\r\n", b"\n").split(b"\n") if line.startswith(b"data:")
-    )
+def _decode(decoder: SSEDecoder, chunk: bytes, upstream: str) -> list[SSEEvent]:
     try:
-        message = orjson.loads(data)
+        return decoder.feed(chunk)
+    except SSETooLarge as exc:
+        raise UpstreamBadResponse(upstream, str(exc)) from exc
+
+
+def _answers(event: SSEEvent, request_id: RequestId) -> bool:
+    if "result" not in event.data and "error" not in event.data:
+        return False  # progress and other notifications: no need to decode them
+    try:
+        message = orjson.loads(event.data)
     except orjson.JSONDecodeError:
         return False
     if not isinstance(message, dict) or not ("result" in message or "error" in message):
         return False
     answer_id = message.get("id")
     return type(answer_id) is type(request_id) and answer_id == request_id  # 1 is not true
-
-
-class _EventSplitter:
-    """Cuts a byte stream into SSE events (each ending with a blank line), keeping their bytes as they are."""
-
-    def __init__(self) -> None:
-        self._buffer = bytearray()
-        self._searched = 0
-
-    @property
-    def pending(self) -> int:
-        """Bytes of the event still incomplete."""
-        return len(self._buffer)
-
-    def feed(self, chunk: bytes) -> list[bytes]:
-        self._buffer += chunk
-        events: list[bytes] = []
-        while True:
-            # A blank line is "\n\n" or "\n\r\n"; search only what is new, so a large event costs linear time.
-            starts = (self._buffer.find(b"\n\n", self._searched), self._buffer.find(b"\n\r\n", self._searched))
-            found = [i for i in starts if i >= 0]
-            if not found:
-                self._searched = max(len(self._buffer) - 2, 0)
-                return events
-            end = min(found)
-            end += 2 if self._buffer[end + 1 : end + 2] == b"\n" else 3
-            events.append(bytes(self._buffer[:end]))
-            del self._buffer[:end]
-            self._searched = 0

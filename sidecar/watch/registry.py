@@ -24,7 +24,8 @@ from sidecar.bus.base import Bus, ChangeEvent
 from sidecar.config import PollingConfig
 from sidecar.observability.metrics import Metrics
 from sidecar.partition import ANONYMOUS, PUBLIC, context_id
-from sidecar.protocol.errors import UpstreamError, UpstreamHTTPError
+from sidecar.protocol.constants import READ_ONLY_METHODS
+from sidecar.protocol.errors import UpstreamHTTPError
 from sidecar.upstream.client import UpstreamClient
 from sidecar.watch.coordination import LocalCoordinator, PollCoordinator
 from sidecar.watch.fingerprint import ABSENT
@@ -109,7 +110,11 @@ class WatchRegistry:
     # -- interest ----------------------------------------------------------------------------------------
 
     async def acquire(self, kind: WatchKind, uri: str | None, credential: str | None) -> Handle | None:
-        """Join or start the watch for this client; None when its own read fails or finds nothing."""
+        """Join or start the watch for this client; None when its own read finds nothing (not found).
+
+        Raises UpstreamError when the upstream could not answer that read (down, a bad answer, a refusal), so
+        the caller can tell the client what happened rather than that the resource does not exist.
+        """
         context = context_id(credential)
         watch = self._joinable(kind, uri, context)
         if watch is None:
@@ -119,11 +124,8 @@ class WatchRegistry:
                 task = asyncio.get_running_loop().create_task(self._baseline(kind, uri, context, credential))
                 self._baselines[flight] = task
                 task.add_done_callback(lambda _: self._baselines.pop(flight, None))
-            try:
-                # Shielded: one caller giving up must not cancel the read the others are waiting for.
-                watch = await asyncio.shield(task)
-            except UpstreamError:
-                return None
+            # Shielded: one caller giving up must not cancel the read the others are waiting for.
+            watch = await asyncio.shield(task)
             if watch is None:
                 return None
         return self._add_ref(watch, context, credential)
@@ -248,7 +250,7 @@ class WatchRegistry:
         self, method: str, params: JsonObject, credential: str | None, answer: JsonObject, ticket: int
     ) -> None:
         """A forwarded request taught us something: a write may have changed data; a read shows content."""
-        if method == "tools/call":
+        if method not in READ_ONLY_METHODS:
             self.revalidate(credential)
             return
         if method != "resources/read" or not isinstance(params.get("uri"), str):

@@ -55,6 +55,25 @@ def _write(tmp_path: Path, text: str) -> Path:
 # -- check-config ------------------------------------------------------------------------------------------
 
 
+def test_check_config_piped_into_a_reader_that_stops_early_exits_quietly() -> None:
+    # `mcp-sidecar check-config FILE | head -1`: the reader closes the pipe after one line.
+    reader = subprocess.Popen(["head", "-c", "1"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    writer = subprocess.run(
+        [sys.executable, "-m", "sidecar.cli", "check-config", str(EXAMPLE)],
+        cwd=REPO_ROOT,
+        env=_env(),
+        stdout=reader.stdin,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=START_TIMEOUT_S,
+        check=False,
+    )
+    assert reader.stdin is not None
+    reader.stdin.close()
+    reader.wait(timeout=START_TIMEOUT_S)
+    assert writer.returncode == 0 and writer.stderr == ""
+
+
 @pytest.mark.parametrize(
     ("text", "env", "named"),
     [

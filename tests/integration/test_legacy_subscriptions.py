@@ -169,3 +169,16 @@ async def test_two_concurrent_subscribes_of_one_uri_leave_nothing_behind_after_u
         assert (await call("resources/unsubscribe", 4))["result"] == {}
         # One unsubscribe releases everything the session held on that URI: the watch lingers out.
         await eventually(lambda: not any(w.key.kind == "resource" for w in sidecar.app[REGISTRY].watches()))
+
+
+async def test_a_legacy_clients_tool_call_makes_the_watches_poll_at_once(fast_upstream: Upstream) -> None:
+    # A poll interval no test waits out: only revalidation after the write can deliver the change in time.
+    slow = {"min_interval_ms": 100, "default_interval_ms": 60_000, "max_interval_ms": 60_000, "linger_ms": 100}
+    updates = _Updates()
+    async with serve_sidecar(fast_upstream.url, polling=slow) as sidecar, _legacy(sidecar.url, updates) as client:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", MCPDeprecationWarning)
+            await client.subscribe_resource(PRICE)
+        await client.call_tool("set_price", {"value": 131})
+        assert await asyncio.wait_for(updates.uris.get(), 5) == PRICE
+        assert (await client.read_resource(PRICE)).contents[0].text == "price=131"  # type: ignore[union-attr]

@@ -132,3 +132,16 @@ def test_a_config_error_does_not_echo_a_secret(tmp_path: Path) -> None:
     message = _error(_write(tmp_path, _SECRET_YAML + "listen:\n  port: x\n"))
     assert "listen.port:" in message
     assert "s3cret-api-key" not in message and "hunter2-password" not in message
+
+
+@pytest.mark.parametrize("version", ["2025-11-25", "2026-07-28"])
+def test_an_unquoted_protocol_version_reads_as_the_version_not_a_date(tmp_path: Path, version: str) -> None:
+    path = _write(tmp_path, f"upstream:\n  protocol: {version}\n")
+    assert load_config(path, environ={}).upstream.protocol == version
+
+
+def test_an_environment_override_error_names_the_variable() -> None:
+    message = _error(environ={"MCP_SIDECAR__LISTEN__PORT": "eighty"})
+    assert "listen.port:" in message and "(from MCP_SIDECAR__LISTEN__PORT)" in message
+    message = _error(environ={"MCP_SIDECAR__UPSTREAM__FORWARD_HEADERS": "[unclosed"})
+    assert "MCP_SIDECAR__UPSTREAM__FORWARD_HEADERS" in message
