@@ -45,6 +45,7 @@ DEFAULT_BACKOFF_INITIAL_MS = 1_000
 DEFAULT_BACKOFF_MAX_MS = 60_000
 DEFAULT_POLL_CONCURRENCY = 64
 DEFAULT_LINGER_MS = 5_000
+DEFAULT_MAX_NATIVE_STREAMS = 100
 DEFAULT_REVALIDATE_DEBOUNCE_MS = 10  # batches a burst of writes; short enough that a write is seen at once
 DEFAULT_CACHE_ENTRIES = 10_000
 DEFAULT_CACHE_BYTES = 64 * 1_048_576
@@ -153,6 +154,14 @@ class PollingConfig(_Section):
     linger_ms: int = Field(DEFAULT_LINGER_MS, ge=0, description="A watch outlives its last stream this long.")
     revalidate_debounce_ms: int = Field(
         DEFAULT_REVALIDATE_DEBOUNCE_MS, ge=0, description="Writes through the sidecar hint watches after this pause."
+    )
+    native_notifications: bool = Field(
+        True,
+        description="Subscribe upstream when it can push (resources.subscribe, listChanged, listen) and poll at "
+        "once on its notifications; covered keys are polled only every max_interval_ms. false: poll only.",
+    )
+    max_native_streams: int = Field(
+        DEFAULT_MAX_NATIVE_STREAMS, ge=0, description="Upstream notification streams at most (one per context)."
     )
 
     @model_validator(mode="after")

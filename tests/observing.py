@@ -110,9 +110,9 @@ class ListenStream:
             async for frame in frames:
                 self._frames.put_nowait(frame)
 
-    async def next(self) -> dict[str, Any]:
+    async def next(self, within_s: float = WAIT_S) -> dict[str, Any]:
         """The next frame after the ack (bounded wait)."""
-        async with asyncio.timeout(WAIT_S):
+        async with asyncio.timeout(within_s):
             return await self._frames.get()
 
     async def close(self) -> None:

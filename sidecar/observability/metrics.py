@@ -34,7 +34,7 @@ _KNOWN_METHODS = frozenset(
 _WATCH_KINDS = ("resource", *LIST_CHANGED_METHODS)
 _NOTIFICATION_METHODS = (RESOURCE_UPDATED_METHOD, *LIST_CHANGED_METHODS.values())
 _POLL_OUTCOMES = ("ok", "error")
-_LIMITS = ("max_streams", "max_uris_per_stream", "max_sessions", "poll_concurrency")
+_LIMITS = ("max_streams", "max_uris_per_stream", "max_sessions", "poll_concurrency", "native_streams")
 _END_REASONS = ("client", "shutdown", "auth")
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -86,6 +86,20 @@ class Metrics:
         self.subscriptions = Gauge("mcp_sidecar_subscriptions", "Stream x URI subscriptions", registry=r)
         self.watches = Gauge("mcp_sidecar_watches", "Active watches by kind", ["kind"], registry=r)
         self.partitions = Gauge("mcp_sidecar_partitions", "Authorization contexts with a watch", registry=r)
+        self.native_watches = Gauge(
+            "mcp_sidecar_native_watches",
+            "Watches the upstream's own notifications cover (polled only as a backstop); the rest are polled",
+            registry=r,
+        )
+        self.native_streams = Gauge(
+            "mcp_sidecar_native_streams", "Notification streams open to the upstream (one per context)", registry=r
+        )
+        self.upstream_notifications = Counter(
+            "mcp_sidecar_upstream_notifications",
+            "Change notifications the upstream sent, each a hint to poll at once",
+            ["method"],
+            registry=r,
+        )
         self.polls = Counter("mcp_sidecar_polls", "Polls by kind and outcome", ["kind", "outcome"], registry=r)
         self.poll_duration = Histogram(
             "mcp_sidecar_poll_duration_seconds", "Poll duration", ["kind"], buckets=_LATENCY_BUCKETS, registry=r
@@ -144,6 +158,7 @@ class Metrics:
                 self.polls.labels(kind, outcome)
         for method in _NOTIFICATION_METHODS:
             self.notifications.labels(method)
+            self.upstream_notifications.labels(method)
         for limit in _LIMITS:
             self.limit_rejections.labels(limit)
         for reason in _END_REASONS:

@@ -7,7 +7,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -424,7 +424,30 @@ class UpstreamClient:
         result: JsonObject = answer["result"]
         return result
 
-    async def _modern_call(self, method: str, params: JsonObject, headers: Mapping[str, str]) -> JsonObject:
+    @contextlib.asynccontextmanager
+    async def open_notifications(
+        self, credential: str | None, wanted: JsonObject
+    ) -> AsyncIterator[AsyncIterator[JsonObject]]:
+        """The upstream's own notifications for one authorization context, held open for the block: against a
+        2026-07-28 upstream, a `subscriptions/listen` with the filter `wanted` (its first message is the ack);
+        against a 2025-11-25 one, the context session's GET stream (the caller subscribes to URIs with
+        `call("resources/subscribe", ...)`, which uses the same session)."""
+        headers = {HEADER_AUTHORIZATION: credential} if credential else {}
+        info = await self.ensure_info(headers)
+        if info.era == "legacy":
+            async with self._legacy.open_notifications(context_id(credential), headers) as messages:
+                yield messages
+            return
+        _, body, sent = self._modern_request("subscriptions/listen", {"notifications": wanted}, headers)
+        async with self._http.send("POST", body, sent, long_lived=True) as response:
+            await raise_for_status(response, self._http)
+            limit = self._http.max_response_bytes
+            yield (message async for message in iter_messages(response, limit, self.url) if "method" in message)
+
+    def _modern_request(
+        self, method: str, params: JsonObject, headers: Mapping[str, str]
+    ) -> tuple[str, bytes, dict[str, str]]:
+        """Id, body and headers of a 2026-07-28 request made on the sidecar's own behalf."""
         request_id = f"sidecar-{next(self._ids)}"
         body = {
             "jsonrpc": "2.0",
@@ -442,7 +465,11 @@ class UpstreamClient:
         named = NAMED_METHODS.get(method)
         if named is not None:
             sent[HEADER_NAME] = encode_header_value(str(params.get(named, "")))
-        async with self._http.post(orjson.dumps(body), sent) as response:
+        return request_id, orjson.dumps(body), sent
+
+    async def _modern_call(self, method: str, params: JsonObject, headers: Mapping[str, str]) -> JsonObject:
+        request_id, body, sent = self._modern_request(method, params, headers)
+        async with self._http.post(body, sent) as response:
             await raise_for_status(response, self._http)
             async for reply in iter_messages(response, self._http.max_response_bytes, self.url):
                 if reply.get("id") != request_id:

@@ -70,6 +70,8 @@ class UpstreamHTTP:
         self._stream_timeout = aiohttp.ClientTimeout(
             total=None, connect=config.connect_timeout_s, sock_read=config.timeout_s
         )
+        # A notification stream may rightly stay silent for hours: only connecting is bounded.
+        self._long_lived_timeout = aiohttp.ClientTimeout(total=None, connect=config.connect_timeout_s)
         self._static_headers = {name: value.get_secret_value() for name, value in config.headers.items()}
         self._session: aiohttp.ClientSession | None = None
         self._exchanges: set[asyncio.Timeout] = set()
@@ -115,14 +117,25 @@ class UpstreamHTTP:
 
     @contextlib.asynccontextmanager
     async def send(
-        self, method: str, body: bytes | None, headers: Mapping[str, str], *, streaming: bool = False
+        self,
+        method: str,
+        body: bytes | None,
+        headers: Mapping[str, str],
+        *,
+        streaming: bool = False,
+        long_lived: bool = False,
     ) -> AsyncIterator[aiohttp.ClientResponse]:
-        """One HTTP exchange with the upstream endpoint; the response is released when the block ends."""
+        """One HTTP exchange with the upstream endpoint; the response is released when the block ends.
+
+        `streaming`: the answer may be a stream, each read bounded by `timeout_s`; `long_lived`: a notification
+        stream, unbounded once connected.
+        """
         if self._session is None:
             raise RuntimeError("UpstreamHTTP.send() called before start() or after aclose()")
         if self._aborted:
             raise ShuttingDown(self.url, "the sidecar is shutting down")
         merged = {**headers, **self._static_headers}
+        timeout = self._long_lived_timeout if long_lived else self._stream_timeout if streaming else self._timeout
         with translate_errors(self.url):
             deadline = asyncio.timeout(None)
             try:
@@ -134,7 +147,7 @@ class UpstreamHTTP:
                             self._target,
                             data=body,
                             headers=merged,
-                            timeout=self._stream_timeout if streaming else self._timeout,
+                            timeout=timeout,
                             allow_redirects=False,
                         ) as response:
                             yield response

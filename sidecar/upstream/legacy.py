@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +26,7 @@ from sidecar.protocol.constants import (
 )
 from sidecar.protocol.errors import UpstreamBadResponse, UpstreamRpcError
 from sidecar.protocol.frames import SERVER_INFO, stamp_result
-from sidecar.upstream.http import UpstreamHTTP, iter_messages, raise_for_status
+from sidecar.upstream.http import SSE_CONTENT_TYPE, UpstreamHTTP, iter_messages, raise_for_status
 
 __all__ = ["LegacyBridge", "LegacySession", "map_legacy_error", "strip_modern_meta"]
 
@@ -154,6 +155,27 @@ class LegacyBridge:
                 reply = await self._final_message(response, request_id, on_notification, session.session_id)
             return self._translate(method, params, reply)
         raise AssertionError("unreachable: the retry loop returns or raises")
+
+    @contextlib.asynccontextmanager
+    async def open_notifications(
+        self, partition: str, headers: Mapping[str, str]
+    ) -> AsyncIterator[AsyncIterator[JsonObject]]:
+        """The context session's GET stream: the upstream's notifications unrelated to any request (list
+        changes; updates of what the session subscribed to). Open once the block is entered; an expired session
+        is dropped (the next open initializes a new one) and reported as the upstream's 404."""
+        session = await self.initialize(partition, headers)
+        sent = self._session_headers(headers, session)
+        sent.pop("Content-Type", None)
+        sent["Accept"] = SSE_CONTENT_TYPE
+        async with self._http.send("GET", None, sent, long_lived=True) as response:
+            if response.status == 404:
+                self._drop(partition, session)
+            await raise_for_status(response, self._http)
+            yield (
+                message
+                async for message in iter_messages(response, self._http.max_response_bytes, self._http.url)
+                if "method" in message and "id" not in message
+            )
 
     def _translate(self, method: str, params: JsonObject, reply: JsonObject) -> JsonObject:
         if "error" in reply and isinstance(reply["error"], dict):

@@ -74,6 +74,10 @@ class Schedule:
         base = min(max(base, config.min_interval_ms), config.max_interval_ms)
         return self._jittered(base, config.jitter)
 
+    def backstop_s(self) -> float:
+        """The interval of a key the upstream's own notifications cover: polling is only the backstop."""
+        return self._jittered(self._config.max_interval_ms, self._config.jitter)
+
     def backoff_s(self, consecutive_errors: int) -> float:
         config = self._config
         base = min(config.backoff_max_ms, config.backoff_initial_ms * 2 ** max(consecutive_errors - 1, 0))
@@ -111,6 +115,8 @@ class Watch:
         self.consecutive_errors = 0
         self.last_poll_at: float | None = None
         self.last_change_at: float | None = None
+        self.native = False
+        """The upstream's own notifications cover this key: it polls at once on them, else only as a backstop."""
         self.verified: set[str] = set()
         """Authorization contexts whose own read of this key succeeded (they may join a public watch)."""
         self._applied_ticket = ticket
@@ -136,7 +142,16 @@ class Watch:
 
     @property
     def interval_s(self) -> float:
-        return self._schedule.interval_s(self.ttl_ms)
+        return self._schedule.backstop_s() if self.native else self._schedule.interval_s(self.ttl_ms)
+
+    def set_native(self, native: bool) -> None:
+        """Covered by the upstream's notifications or not; losing the cover polls now (what changed meanwhile was
+        not told)."""
+        if native == self.native:
+            return
+        self.native = native
+        if not native:
+            self._poll_soon()
 
     def offer(self, observation: Observation, ticket: int) -> ChangeEvent | None:
         """Apply an observation that started at `ticket`; returns the change event, if it is one."""
@@ -169,8 +184,13 @@ class Watch:
             self.generation = generation
 
     def hint(self) -> None:
-        """Poll soon, but never sooner than min_interval_ms after the last poll; hints coalesce into at most
-        one extra poll."""
+        """Poll soon, but never sooner than min_interval_ms after the last poll, and never sooner than a backoff
+        allows; hints coalesce into at most one extra poll."""
+        if self.consecutive_errors:
+            return  # backing off: the next poll is already as early as the failing upstream should see it
+        self._poll_soon()
+
+    def _poll_soon(self) -> None:
         if self._stopped:
             return
         if self._polling:
@@ -186,7 +206,7 @@ class Watch:
         after every failure of it; a retry each time would poll it every min_interval_ms: a storm.)"""
         if self.consecutive_errors and not self._recovery_retried:
             self._recovery_retried = True
-            self.hint()
+            self._poll_soon()
 
     def start(self) -> None:
         """Schedule the first poll one interval after the baseline (which was just read)."""
@@ -234,9 +254,9 @@ class Watch:
         else:
             delay = self.interval_s
         due = self._last_start + delay
-        if self._hinted:
-            self._hinted = False
+        if self._hinted and not self.consecutive_errors:
             due = min(due, max(self._last_start + self._schedule.min_interval_s, time.monotonic()))
+        self._hinted = False
         self._arm(due)
 
     async def poll_once(self, due: float) -> None:

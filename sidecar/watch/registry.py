@@ -30,6 +30,7 @@ from sidecar.upstream.client import UpstreamClient
 from sidecar.watch.coordination import LocalCoordinator, PollCoordinator
 from sidecar.watch.fingerprint import ABSENT
 from sidecar.watch.keys import WatchKey, WatchKind
+from sidecar.watch.native import NativeNotifications
 from sidecar.watch.observe import Observation, observation_from_read, observe
 from sidecar.watch.poller import Schedule, Watch
 
@@ -91,6 +92,9 @@ class WatchRegistry:
         self._revalidate_timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._auth_listeners: list[AuthFailureListener] = []
+        self._native = NativeNotifications(
+            upstream, config, metrics, on_hint=self._upstream_hint, on_coverage=self._coverage_changed
+        )
         upstream.on_recovered = self._upstream_recovered
         self._unsubscribe = bus.subscribe(self._on_change)
         self._coordinator.on_revalidate(self._hint_contexts)
@@ -173,6 +177,7 @@ class WatchRegistry:
         )
         self._watches[key] = watch
         self._credentials[key] = {}
+        self._set_native(watch, self._native.covers(key.kind, key.uri, key.partition))
         watch.start()
         self._metrics.watches.labels(key.kind).inc()
         self._refresh_partitions()
@@ -190,7 +195,10 @@ class WatchRegistry:
         if linger is not None:
             linger.cancel()
         holders = self._credentials[watch.key]
-        entry = holders.setdefault(context, [credential, 0])
+        entry = holders.get(context)
+        if entry is None:
+            entry = holders[context] = [credential, 0]
+            self._native.hold(context, credential, watch.key.kind, watch.key.uri)
         entry[1] += 1
         return Handle(self, watch.key, context)
 
@@ -205,6 +213,7 @@ class WatchRegistry:
             entry[1] -= 1
             if entry[1] <= 0:
                 del holders[handle.context]  # the credential leaves memory with its last stream
+                self._native.drop(handle.context, handle.key.kind, handle.key.uri)
         if watch.refs <= 0:
             # No local interest: the lease goes to a replica that still has some; we linger, unpolled.
             self._coordinator.untrack(watch.key)
@@ -224,6 +233,8 @@ class WatchRegistry:
             return
         del self._watches[key]
         self._credentials.pop(key, None)
+        if watch.native:
+            self._metrics.native_watches.dec()
         self._polled_as.pop(key, None)
         self._metrics.watches.labels(key.kind).dec()
         self._refresh_partitions()
@@ -301,6 +312,24 @@ class WatchRegistry:
         if watch is not None:
             watch.adopt(event.fingerprint, event.generation)
 
+    def _upstream_hint(self, kind: WatchKind, uri: str | None, context: str) -> None:
+        # The upstream says (kind, uri) changed as `context` sees it: its own watch, and the public one.
+        for partition in (PUBLIC, context):
+            watch = self._watches.get(WatchKey(kind, uri, partition))
+            if watch is not None:
+                watch.hint()
+
+    def _coverage_changed(self, kind: WatchKind, uri: str | None, context: str) -> None:
+        for partition in (PUBLIC, context):
+            watch = self._watches.get(WatchKey(kind, uri, partition))
+            if watch is not None:
+                self._set_native(watch, self._native.covers(kind, uri, partition))
+
+    def _set_native(self, watch: Watch, native: bool) -> None:
+        if native != watch.native:
+            self._metrics.native_watches.inc(1 if native else -1)
+            watch.set_native(native)
+
     def _upstream_recovered(self) -> None:
         # Every watch that failed during the outage re-reads now instead of waiting out its backoff (once).
         for watch in self._watches.values():
@@ -325,6 +354,7 @@ class WatchRegistry:
 
     async def aclose(self) -> None:
         self._unsubscribe()
+        await self._native.aclose()
         for timer in self._lingers.values():
             timer.cancel()
         self._lingers.clear()

@@ -76,8 +76,10 @@ class Upstream:
         list_ttl_ms: int = 1000,
         module: str = SHOP_SERVER,
         auth: bool = False,
+        native: bool = False,
     ) -> None:
         self.era = era
+        self.native = native
         self.module = module
         self.auth = auth
         self.port = port
@@ -109,6 +111,7 @@ class Upstream:
             sys.executable, "-m", self.module, "--port", str(self.port), "--era", self.era,
             "--read-ttl-ms", str(self.read_ttl_ms), "--list-ttl-ms", str(self.list_ttl_ms),
             *(["--auth"] if self.auth else []),
+            *(["--native"] if self.native else []),
         ]  # fmt: skip
         with self.log_path.open("ab") as out:
             self._proc = await asyncio.create_subprocess_exec(
@@ -225,17 +228,29 @@ class Upstream:
         """``--auth`` servers: later requests with ``token`` get 403 (insufficient scope)."""
         await self._admin("POST", "forbid", {"token": token})
 
+    async def notify(self, *, uri: str | None = None, list_kind: str | None = None) -> None:
+        """``--native`` servers: announce a change that did not happen (a URI, or tools, prompts, resources)."""
+        await self._admin("POST", "notify", {"uri": uri} if uri is not None else {"list": list_kind})
+
     async def count(self, method: str, uri: str | None = None) -> int:
         """How many logged messages have ``method`` (and ``uri``, when given)."""
         return sum(1 for e in await self.log() if e["method"] == method and (uri is None or e["uri"] == uri))
 
 
 async def start_upstream(
-    era: Era, *, port: int | None = None, read_ttl_ms: int = 1000, list_ttl_ms: int = 1000, auth: bool = False
+    era: Era,
+    *,
+    port: int | None = None,
+    read_ttl_ms: int = 1000,
+    list_ttl_ms: int = 1000,
+    auth: bool = False,
+    native: bool = False,
 ) -> Upstream:
     """Start a shop server of ``era`` on ``port`` (a free one if None) and wait until it is ready; ``auth``
-    starts it OAuth-protected (see ``shop_server``)."""
-    upstream = Upstream(era, port or _free_port(), read_ttl_ms=read_ttl_ms, list_ttl_ms=list_ttl_ms, auth=auth)
+    starts it OAuth-protected, ``native`` serving its own listen (see ``shop_server``)."""
+    upstream = Upstream(
+        era, port or _free_port(), read_ttl_ms=read_ttl_ms, list_ttl_ms=list_ttl_ms, auth=auth, native=native
+    )
     await upstream.start()
     return upstream
 

@@ -15,6 +15,11 @@ Admin routes on the same port, JSON in and out: ``POST /admin/set {"price": n}``
 ``POST /admin/profile {"token": t, "bump": true}``, ``POST /admin/add {"kind", "name"}``,
 ``GET /admin/log``, ``POST /admin/reset-log``, ``GET /admin/health``.
 
+``--native`` (2026-07-28 only: the SDK serves listen on that era) makes it serve ``subscriptions/listen``
+itself and announce every change it makes (``set``, ``set_price``, ``add``) as the SDK's events;
+``POST /admin/notify {"uri"}`` or ``{"list": "tools"|"prompts"|"resources"}`` announces a change that
+did not happen.
+
 ``--auth`` makes it an OAuth-protected resource (RFC 9728): every /mcp request needs
 ``Authorization: Bearer <token>`` with a token granted by ``POST /admin/grant {"token"}``; without one
 it gets 401 and ``WWW-Authenticate: Bearer resource_metadata="http://127.0.0.1:P/.well-known/
@@ -37,6 +42,14 @@ from mcp.server.caching import CacheHint
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError
+from mcp.server.subscriptions import (
+    InMemorySubscriptionBus,
+    PromptsListChanged,
+    ResourcesListChanged,
+    ResourceUpdated,
+    ServerEvent,
+    ToolsListChanged,
+)
 from mcp.types import Completion, CompletionArgument, CompletionContext, PromptReference, ResourceTemplateReference
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from starlette.requests import Request
@@ -207,12 +220,25 @@ class _Front:
 
 
 def build_app(
-    era: str, *, read_ttl_ms: int = 1000, list_ttl_ms: int = 1000, auth: bool = False, port: int = 0
+    era: str,
+    *,
+    read_ttl_ms: int = 1000,
+    list_ttl_ms: int = 1000,
+    auth: bool = False,
+    port: int = 0,
+    native: bool = False,
 ) -> ASGIApp:
     """Build the shop server for ``era`` ("modern" or "legacy") as one ASGI app; ``auth`` protects /mcp (the
-    ``port`` it is served on goes into its protected-resource metadata)."""
+    ``port`` it is served on goes into its protected-resource metadata); ``native`` serves its own
+    ``subscriptions/listen`` (2026-07-28) and announces every change it makes there."""
     if era not in ("modern", "legacy"):
         raise ValueError(f"era must be 'modern' or 'legacy', got {era!r}")
+    bus = InMemorySubscriptionBus() if native else None
+
+    async def announce(event: ServerEvent) -> None:
+        if bus is not None:
+            await bus.publish(event)
+
     state = ShopState()
     log = AdminLog()
     auth_state = AuthState(port) if auth else None
@@ -235,7 +261,7 @@ def build_app(
     mcp = MCPServer(
         f"shop-{era}",
         version="0.1.0",
-        subscriptions=False,
+        subscriptions=bus if bus is not None else False,
         warn_on_duplicate_resources=False,
         warn_on_duplicate_tools=False,
         warn_on_duplicate_prompts=False,
@@ -295,8 +321,9 @@ def build_app(
         return f"added {kind} {name}"
 
     @mcp.tool()
-    def set_price(value: int) -> str:
+    async def set_price(value: int) -> str:
         state.price = value
+        await announce(ResourceUpdated(uri="catalog://price"))
         return f"price={value}"
 
     @mcp.tool()
@@ -341,7 +368,19 @@ def build_app(
 
     async def admin_set(request: Request) -> Response:
         state.price = int((await request.json())["price"])
+        await announce(ResourceUpdated(uri="catalog://price"))
         return JSONResponse({"price": state.price})
+
+    async def admin_notify(request: Request) -> Response:
+        """Announce a change that did not happen (``{"uri": ...}``, or ``{"list": "tools"}``)."""
+        body = await request.json()
+        lists: dict[str, ServerEvent] = {
+            "tools": ToolsListChanged(),
+            "prompts": PromptsListChanged(),
+            "resources": ResourcesListChanged(),
+        }
+        await announce(lists[body["list"]] if "list" in body else ResourceUpdated(uri=str(body["uri"])))
+        return JSONResponse({"ok": True})
 
     async def admin_profile(request: Request) -> Response:
         body = await request.json()
@@ -353,9 +392,12 @@ def build_app(
     async def admin_add(request: Request) -> Response:
         body = await request.json()
         try:
-            return JSONResponse({"result": add(str(body["kind"]), str(body["name"]))})
+            result = add(str(body["kind"]), str(body["name"]))
         except ValueError as exc:
             return JSONResponse({"error": str(exc)}, status_code=400)
+        changed: dict[str, ServerEvent] = {"tool": ToolsListChanged(), "prompt": PromptsListChanged()}
+        await announce(changed.get(str(body["kind"]), ResourcesListChanged()))
+        return JSONResponse({"result": result})
 
     async def admin_log(request: Request) -> Response:
         return JSONResponse(log.entries)
@@ -387,6 +429,7 @@ def build_app(
     admin = Router(
         routes=[
             Route("/admin/set", admin_set, methods=["POST"]),
+            Route("/admin/notify", admin_notify, methods=["POST"]),
             Route("/admin/profile", admin_profile, methods=["POST"]),
             Route("/admin/add", admin_add, methods=["POST"]),
             Route("/admin/log", admin_log, methods=["GET"]),
@@ -407,9 +450,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--read-ttl-ms", type=int, default=1000)
     parser.add_argument("--list-ttl-ms", type=int, default=1000)
     parser.add_argument("--auth", action="store_true", help="require granted Bearer tokens (see the module doc)")
+    parser.add_argument("--native", action="store_true", help="serve subscriptions/listen and announce changes")
     args = parser.parse_args(argv)
     app = build_app(
-        args.era, read_ttl_ms=args.read_ttl_ms, list_ttl_ms=args.list_ttl_ms, auth=args.auth, port=args.port
+        args.era,
+        read_ttl_ms=args.read_ttl_ms,
+        list_ttl_ms=args.list_ttl_ms,
+        auth=args.auth,
+        port=args.port,
+        native=args.native,
     )
     # uvicorn binds host/port itself: SO_REUSEADDR (restart on the same port) and TCP_NODELAY.
     config = uvicorn.Config(app, host="127.0.0.1", port=args.port, log_level="warning", timeout_graceful_shutdown=1)

@@ -1,0 +1,379 @@
+"""The upstream's own notifications as change hints: one notification stream per authorization context.
+
+When the upstream can push (a 2025-11-25 server declaring `resources.subscribe` or `listChanged`, or a
+2026-07-28 server serving `subscriptions/listen`), the sidecar subscribes upstream for the keys each
+context watches and treats every `notifications/resources/updated` or `*/list_changed` as a hint: the
+watch polls at once, and the sidecar's own notification follows only when the content changed
+(invariant 19). A key the upstream covers is "native": polling stays as the backstop, at
+`polling.max_interval_ms`. Newly covered keys are polled once after the stream is up (a change between
+their first read and the upstream's ack would otherwise wait for the backstop); a stream that breaks
+uncovers its keys, which then poll at once and at their usual interval until it is back (with backoff).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Callable
+from typing import Any
+
+from sidecar.config import PollingConfig
+from sidecar.observability.metrics import Metrics
+from sidecar.partition import PUBLIC
+from sidecar.protocol.constants import LIST_CHANGED_METHODS, RESOURCE_UPDATED_METHOD
+from sidecar.protocol.errors import UpstreamError, UpstreamHTTPError, UpstreamRpcError
+from sidecar.upstream.client import UpstreamClient
+from sidecar.watch.keys import WatchKind
+
+__all__ = ["NativeNotifications"]
+
+logger = logging.getLogger(__name__)
+
+JsonObject = dict[str, Any]
+Hint = Callable[[WatchKind, "str | None", str], None]
+"""(kind, uri, context): the upstream says this changed, as seen by that context."""
+CoverageChanged = Callable[[WatchKind, "str | None", str], None]
+"""(kind, uri, context): whether the upstream covers this key for that context may have changed."""
+
+_KIND_OF_METHOD: dict[str, WatchKind] = {
+    LIST_CHANGED_METHODS["tools_list"]: "tools_list",
+    LIST_CHANGED_METHODS["prompts_list"]: "prompts_list",
+    LIST_CHANGED_METHODS["resources_list"]: "resources_list",
+}
+_FILTER_FIELDS: dict[WatchKind, tuple[str, str]] = {
+    "tools_list": ("toolsListChanged", "tools"),
+    "prompts_list": ("promptsListChanged", "prompts"),
+    "resources_list": ("resourcesListChanged", "resources"),
+}
+_REFILTER_DEBOUNCE_S = 0.05
+"""A burst of new subscriptions becomes one new upstream listen, not one each."""
+_RETRY_S = (0.5, 30.0)
+"""Backoff between attempts to reopen a broken stream: from half a second to half a minute."""
+_ACK_TIMEOUT_S = 10.0
+
+
+def _capability(capabilities: JsonObject, primitive: str, flag: str) -> bool:
+    value = capabilities.get(primitive)
+    return isinstance(value, dict) and value.get(flag) is True
+
+
+class _Channel:
+    """One context's stream of upstream notifications and what it covers."""
+
+    def __init__(self, owner: NativeNotifications, context: str, credential: str | None) -> None:
+        self.owner = owner
+        self.context = context
+        self.credential = credential
+        self.uris: dict[str, int] = {}
+        self.lists: dict[WatchKind, int] = {}
+        self.covered_uris: frozenset[str] = frozenset()
+        self.covered_lists: frozenset[WatchKind] = frozenset()
+        self.changed = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
+        self._open = False
+
+    @property
+    def wanted(self) -> bool:
+        return bool(self.uris or self.lists)
+
+    def covers(self, kind: WatchKind, uri: str | None) -> bool:
+        return uri in self.covered_uris if kind == "resource" else kind in self.covered_lists
+
+    def cover(self, uris: frozenset[str], lists: frozenset[WatchKind], *, hint_new: bool) -> None:
+        """Record what the upstream covers now; keys newly covered are polled once (see the module docstring)."""
+        before = _keys(self.covered_uris, self.covered_lists)
+        after = _keys(uris, lists)
+        self.covered_uris, self.covered_lists = uris, lists
+        for kind, uri in after ^ before:
+            self.owner.coverage_changed(kind, uri, self.context)
+        if hint_new:
+            for kind, uri in after - before:
+                self.owner.hint(kind, uri, self.context)
+
+    def dispatch(self, message: JsonObject) -> None:
+        method = message.get("method")
+        params = message.get("params")
+        params = params if isinstance(params, dict) else {}
+        if method == RESOURCE_UPDATED_METHOD and isinstance(params.get("uri"), str):
+            self.owner.received(method)
+            self.owner.hint("resource", params["uri"], self.context)
+        elif method in _KIND_OF_METHOD:
+            self.owner.received(str(method))
+            self.owner.hint(_KIND_OF_METHOD[str(method)], None, self.context)
+
+    async def run(self) -> None:
+        failures = 0
+        while self.wanted:
+            try:
+                if self.owner.modern:
+                    await self._serve_listen()
+                else:
+                    await self._serve_session_stream()
+                failures = 0
+            except UpstreamError as exc:
+                failures += 1
+                if failures == 1:
+                    logger.info("upstream notification stream failed", extra={"reason": exc.reason})
+                if _unsupported(exc):
+                    logger.info(
+                        "the upstream serves no notification stream; polling only", extra={"reason": exc.reason}
+                    )
+                    self.owner.unsupported = True
+                    return
+            except Exception:  # boundary: a bug here must leave polling working, never stop it
+                failures += 1
+                logger.exception("upstream notification stream crashed")
+            finally:
+                self._closed()
+            if self.wanted:
+                base = min(_RETRY_S[1], _RETRY_S[0] * 2 ** max(failures - 1, 0))
+                await asyncio.sleep(base * (0.5 + random.random()))
+
+    def _opened(self) -> None:
+        if not self._open:
+            self._open = True
+            self.owner.streams_open(1)
+
+    def _closed(self) -> None:
+        if self._open:
+            self._open = False
+            self.owner.streams_open(-1)
+        self.cover(frozenset(), frozenset(), hint_new=False)  # uncovered keys poll now and at their usual pace
+
+    def _filter(self) -> JsonObject:
+        capabilities = self.owner.capabilities
+        wanted: JsonObject = {}
+        for kind in self.lists:
+            field, primitive = _FILTER_FIELDS[kind]
+            if _capability(capabilities, primitive, "listChanged"):
+                wanted[field] = True
+        if self.uris and _capability(capabilities, "resources", "subscribe"):
+            wanted["resourceSubscriptions"] = sorted(self.uris)
+        return wanted
+
+    async def _serve_listen(self) -> None:
+        """2026-07-28: a listen with this context's filter; a new filter opens a new listen before the old one
+        closes, so no notification falls between the two."""
+        current: tuple[contextlib.AsyncExitStack, asyncio.Task[None]] | None = None
+        try:
+            while self.wanted:
+                self.changed.clear()
+                wanted = self._filter()
+                if not wanted:
+                    return
+                stack = contextlib.AsyncExitStack()
+                try:
+                    upstream = self.owner.upstream
+                    messages = await stack.enter_async_context(upstream.open_notifications(self.credential, wanted))
+                    ack = await asyncio.wait_for(anext(messages), _ACK_TIMEOUT_S)
+                    reader = asyncio.get_running_loop().create_task(self._read(messages))
+                except BaseException:
+                    await stack.aclose()
+                    raise
+                if current is not None:
+                    await _close(current)
+                current = (stack, reader)
+                self._opened()
+                honoured = _honoured(ack)
+                uris = frozenset(u for u in honoured.get("resourceSubscriptions", []) if isinstance(u, str))
+                lists = frozenset(k for k, (field, _) in _FILTER_FIELDS.items() if honoured.get(field) is True)
+                self.cover(uris, lists, hint_new=True)
+                await self._until_changed_or_ended(reader)
+                await asyncio.sleep(_REFILTER_DEBOUNCE_S)
+        finally:
+            if current is not None:
+                await _close(current)
+
+    async def _serve_session_stream(self) -> None:
+        """2025-11-25: the context session's GET stream; URIs are subscribed to one by one on that session."""
+        capabilities = self.owner.capabilities
+        subscribe = _capability(capabilities, "resources", "subscribe")
+        async with self.owner.upstream.open_notifications(self.credential, {}) as messages:
+            reader = asyncio.get_running_loop().create_task(self._read(messages))
+            self._opened()
+            subscribed: set[str] = set()
+            try:
+                while self.wanted:
+                    self.changed.clear()
+                    for uri in sorted(set(self.uris) - subscribed) if subscribe else ():
+                        try:
+                            await self.owner.upstream.call("resources/subscribe", {"uri": uri}, self.credential)
+                            subscribed.add(uri)
+                        except UpstreamRpcError:
+                            continue  # refused for this URI: it stays polled
+                    for uri in subscribed - set(self.uris):
+                        subscribed.discard(uri)
+                        with contextlib.suppress(UpstreamError):
+                            await self.owner.upstream.call("resources/unsubscribe", {"uri": uri}, self.credential)
+                    lists = frozenset(
+                        kind for kind in self.lists if _capability(capabilities, _FILTER_FIELDS[kind][1], "listChanged")
+                    )
+                    self.cover(frozenset(subscribed), lists, hint_new=True)
+                    await self._until_changed_or_ended(reader)
+                    await asyncio.sleep(_REFILTER_DEBOUNCE_S)
+            finally:
+                reader.cancel()
+
+    async def _until_changed_or_ended(self, reader: asyncio.Task[None]) -> None:
+        changed = asyncio.get_running_loop().create_task(self.changed.wait())
+        try:
+            await asyncio.wait({changed, reader}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            changed.cancel()
+        if reader.done():
+            reader.result()  # the stream's failure, if it failed
+            raise _StreamEnded
+
+    async def _read(self, messages: Any) -> None:
+        async with contextlib.aclosing(messages):
+            async for message in messages:
+                self.dispatch(message)
+
+
+async def _close(opened: tuple[contextlib.AsyncExitStack, asyncio.Task[None]]) -> None:
+    stack, reader = opened
+    reader.cancel()
+    await asyncio.gather(reader, return_exceptions=True)
+    await stack.aclose()
+
+
+def _keys(uris: frozenset[str], lists: frozenset[WatchKind]) -> set[tuple[WatchKind, str | None]]:
+    keys: set[tuple[WatchKind, str | None]] = {(kind, None) for kind in lists}
+    keys.update(("resource", uri) for uri in uris)
+    return keys
+
+
+class _StreamEnded(UpstreamError):
+    """The upstream closed the notification stream (gracefully or not); it is opened again."""
+
+    def __init__(self) -> None:
+        super().__init__("upstream", "the notification stream ended")
+
+    @property
+    def is_transport_failure(self) -> bool:
+        return False
+
+
+def _honoured(ack: JsonObject) -> JsonObject:
+    params = ack.get("params")
+    notifications = params.get("notifications") if isinstance(params, dict) else None
+    if ack.get("method") != "notifications/subscriptions/acknowledged" or not isinstance(notifications, dict):
+        return {}
+    return notifications
+
+
+def _unsupported(exc: UpstreamError) -> bool:
+    # No GET stream (405), or no listen (-32601 / 404): the upstream cannot push; ask once, not forever.
+    if isinstance(exc, UpstreamHTTPError):
+        return exc.status in (404, 405)
+    return isinstance(exc, UpstreamRpcError) and exc.code == -32601
+
+
+class NativeNotifications:
+    """Every context's channel; the registry says what each context holds and hears the hints."""
+
+    def __init__(
+        self,
+        upstream: UpstreamClient,
+        config: PollingConfig,
+        metrics: Metrics,
+        *,
+        on_hint: Hint,
+        on_coverage: CoverageChanged,
+    ) -> None:
+        self.upstream = upstream
+        self._config = config
+        self._metrics = metrics
+        self._on_hint = on_hint
+        self._on_coverage = on_coverage
+        self._channels: dict[str, _Channel] = {}
+        self.unsupported = False
+        """The upstream refused its notification stream once: it cannot push, so no channel is opened again."""
+
+    @property
+    def capabilities(self) -> JsonObject:
+        info = self.upstream.info
+        return info.capabilities if info is not None else {}
+
+    @property
+    def modern(self) -> bool:
+        info = self.upstream.info
+        return info is not None and info.era == "modern"
+
+    def _can_push(self, kind: WatchKind) -> bool:
+        if not self._config.native_notifications or self.unsupported:
+            return False
+        if kind == "resource":
+            return _capability(self.capabilities, "resources", "subscribe")
+        return _capability(self.capabilities, _FILTER_FIELDS[kind][1], "listChanged")
+
+    def hold(self, context: str, credential: str | None, kind: WatchKind, uri: str | None) -> None:
+        """`context` now watches (kind, uri): cover it upstream when the upstream can push it."""
+        if not self._can_push(kind):
+            return
+        channel = self._channels.get(context)
+        if channel is None:
+            if len(self._channels) >= self._config.max_native_streams:
+                self._metrics.limit_rejections.labels("native_streams").inc()
+                return
+            channel = self._channels[context] = _Channel(self, context, credential)
+        if kind == "resource" and uri is not None:
+            channel.uris[uri] = channel.uris.get(uri, 0) + 1
+        else:
+            channel.lists[kind] = channel.lists.get(kind, 0) + 1
+        channel.changed.set()
+        if channel.task is None or channel.task.done():
+            channel.task = asyncio.get_running_loop().create_task(self._run(channel))
+
+    def drop(self, context: str, kind: WatchKind, uri: str | None) -> None:
+        """`context` no longer watches (kind, uri)."""
+        channel = self._channels.get(context)
+        if channel is None:
+            return
+        counts: dict[Any, int] = channel.uris if kind == "resource" else channel.lists
+        item = uri if kind == "resource" else kind
+        if item not in counts:
+            return
+        counts[item] -= 1
+        if counts[item] <= 0:
+            del counts[item]
+            channel.changed.set()
+        if not channel.wanted and channel.task is not None:
+            channel.task.cancel()  # the credential leaves memory with the channel (see _run)
+
+    def covers(self, kind: WatchKind, uri: str | None, partition: str) -> bool:
+        """Whether the upstream's notifications cover this key now (for a public key: any context's)."""
+        channel = self._channels.get(partition)
+        if channel is not None:
+            return channel.covers(kind, uri)
+        return partition == PUBLIC and any(channel.covers(kind, uri) for channel in self._channels.values())
+
+    async def _run(self, channel: _Channel) -> None:
+        try:
+            await channel.run()
+        finally:
+            if self._channels.get(channel.context) is channel and (not channel.wanted or self.unsupported):
+                del self._channels[channel.context]
+
+    # -- called by channels ----------------------------------------------------------------------------
+
+    def hint(self, kind: WatchKind, uri: str | None, context: str) -> None:
+        self._on_hint(kind, uri, context)
+
+    def coverage_changed(self, kind: WatchKind, uri: str | None, context: str) -> None:
+        self._on_coverage(kind, uri, context)
+
+    def received(self, method: str) -> None:
+        self._metrics.upstream_notifications.labels(method).inc()
+
+    def streams_open(self, delta: int) -> None:
+        self._metrics.native_streams.inc(delta)
+
+    async def aclose(self) -> None:
+        tasks = [channel.task for channel in self._channels.values() if channel.task is not None]
+        self._channels.clear()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
