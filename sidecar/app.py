@@ -15,15 +15,15 @@ from sidecar.downstream.handler import McpEndpoint, no_tracebacks
 from sidecar.downstream.legacy import LegacySessions
 from sidecar.downstream.listen import StreamHub
 from sidecar.downstream.readthrough import ReadThrough
+from sidecar.identity import IdentityRule
 from sidecar.observability.health import healthz, make_readyz
 from sidecar.observability.logs import INSTANCE_ID
 from sidecar.observability.metrics import CONTENT_TYPE_LATEST, Metrics
 from sidecar.observability.status import make_status
-from sidecar.partition import set_partition_key
 from sidecar.upstream.client import UpstreamClient
 from sidecar.watch.registry import WatchRegistry
 
-__all__ = ["CLUSTER", "CONFIG", "HUB", "LEGACY", "METRICS", "REGISTRY", "UPSTREAM", "build_app"]
+__all__ = ["CLUSTER", "CONFIG", "HUB", "IDENTITIES", "LEGACY", "METRICS", "REGISTRY", "UPSTREAM", "build_app"]
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +32,7 @@ METRICS = web.AppKey("metrics", Metrics)
 UPSTREAM = web.AppKey("upstream", UpstreamClient)
 REGISTRY = web.AppKey("registry", WatchRegistry)
 HUB = web.AppKey("hub", StreamHub)
+IDENTITIES = web.AppKey("identities", IdentityRule)
 CLUSTER = web.AppKey("cluster", RedisCluster)
 LEGACY = web.AppKey("legacy", LegacySessions)
 
@@ -41,7 +42,9 @@ def build_app(config: SidecarConfig) -> web.Application:
     app = web.Application(middlewares=[no_tracebacks], handler_args={"max_field_size": 16384})
     metrics = Metrics()
     metrics.stream_limit.set(config.streams.max_streams)
-    upstream = UpstreamClient(config.upstream, config.cache, metrics)
+    identities = IdentityRule(config.upstream.forward_headers, config.upstream.non_identity_headers)
+    upstream = UpstreamClient(config.upstream, config.cache, metrics, identities)
+    app[IDENTITIES] = identities
     app[CONFIG] = config
     app[METRICS] = metrics
     app[UPSTREAM] = upstream
@@ -76,6 +79,7 @@ def build_app(config: SidecarConfig) -> web.Application:
     endpoint = McpEndpoint(
         config,
         upstream,
+        identities=identities,
         listen=hub.handle_listen,
         observer=registry,
         readthrough=readthrough,
@@ -104,7 +108,7 @@ async def _upstream_context(app: web.Application) -> AsyncIterator[None]:
 
 async def _cluster_context(app: web.Application) -> AsyncIterator[None]:
     cluster = app[CLUSTER]
-    set_partition_key(await cluster.start())
+    app[IDENTITIES].use_key(await cluster.start())
     yield
     await cluster.aclose()
 

@@ -69,6 +69,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "check-config":
             config = load_config(args.file)
+            for warning in config.upstream.identity_warnings():
+                print(f"mcp-sidecar: warning: {warning}", file=sys.stderr)
             return _print(config.model_dump_json(indent=2))
         if args.command == "demo":
             from sidecar.demo.run import run_demo
@@ -153,6 +155,8 @@ async def serve(config: SidecarConfig, ready: asyncio.Event | None = None, *, re
     summary = config.model_dump(mode="json")
     summary["upstream"]["url"] = config.upstream.display_url
     logger.info("configuration", extra={"config": summary})
+    for warning in config.upstream.identity_warnings():
+        logger.warning(warning)
     host, port = runner.addresses[0][:2]
     url_host = f"[{host}]" if ":" in host else host  # an IPv6 address needs brackets in a URL
     logger.info(

@@ -58,6 +58,8 @@ DEFAULT_MAX_URIS_PER_STREAM = 1_000
 DEFAULT_MAX_URI_LENGTH = 2_048
 
 _FORWARD_HEADERS = ["authorization", "traceparent", "tracestate", "baggage"]
+_NON_IDENTITY_HEADERS = ["traceparent", "tracestate", "baggage"]
+_IDENTITY_WORDS = ("auth", "token", "key", "cookie", "session", "user", "account", "tenant", "secret", "credential")
 
 
 class ConfigError(Exception):
@@ -101,6 +103,11 @@ class UpstreamConfig(_Section):
     forward_headers: list[str] = Field(
         default_factory=lambda: list(_FORWARD_HEADERS), description="Client headers forwarded upstream."
     )
+    non_identity_headers: list[str] = Field(
+        default_factory=lambda: list(_NON_IDENTITY_HEADERS),
+        description="Forwarded headers that say nothing about who the client is; every other forwarded header "
+        "is part of the client's authorization context (cache, watches, upstream sessions are kept per context).",
+    )
     public_url: str | None = Field(
         None,
         description="The MCP URL clients use to reach the sidecar; auth challenges and protected-resource "
@@ -137,10 +144,20 @@ class UpstreamConfig(_Section):
         netloc = f"***@{host}" + (f":{parts.port}" if parts.port else "")
         return urlunsplit(parts._replace(netloc=netloc))
 
-    @field_validator("forward_headers")
+    @field_validator("forward_headers", "non_identity_headers")
     @classmethod
     def _lowercase(cls, value: list[str]) -> list[str]:
         return [name.lower() for name in value]
+
+    def identity_warnings(self) -> list[str]:
+        """Forwarded headers declared non-identifying whose names suggest they identify the client."""
+        forwarded = set(self.forward_headers)
+        return [
+            f"upstream.non_identity_headers: {name!r} looks like it identifies the client; clients sending "
+            "different values would share cache entries, watches and upstream sessions"
+            for name in self.non_identity_headers
+            if name in forwarded and any(word in name for word in _IDENTITY_WORDS)
+        ]
 
 
 class PollingConfig(_Section):
@@ -184,6 +201,12 @@ class CacheConfig(_Section):
     default_ttl_ms: int = Field(0, ge=0, description="ttlMs stamped on legacy results; 0 means always stale.")
     max_entries: int = Field(DEFAULT_CACHE_ENTRIES, ge=0, description="Cached results at most; 0 turns caching off.")
     max_bytes: int = Field(DEFAULT_CACHE_BYTES, ge=0, description="Bytes of cached results at most.")
+    public_requires_verified_context: bool = Field(
+        True,
+        description="Serve a cached public result to a context only after the upstream answered that context "
+        "for that request once (the spec allows sharing public results with anyone; a careful proxy does not "
+        "hand them to clients the upstream would refuse). false: any client gets them.",
+    )
 
 
 class StreamsConfig(_Section):

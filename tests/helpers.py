@@ -12,7 +12,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from sidecar.app import build_app
+from sidecar.app import IDENTITIES, build_app
 from sidecar.config import SidecarConfig
 
 PV = "2026-07-28"
@@ -54,6 +54,11 @@ async def serve_sidecar(upstream_url: str, **sections: dict[str, Any]) -> AsyncI
         yield Sidecar(f"{base}{config.listen.path}", base, app, runner)
     finally:
         await runner.cleanup()
+
+
+def context_of(sidecar: Sidecar, authorization: str) -> str:
+    """The authorization context the sidecar names a client sending this `Authorization` (and nothing else)."""
+    return sidecar.app[IDENTITIES].of({"Authorization": authorization}).context
 
 
 def headers(method: str, name: str | None = None, **extra: str) -> dict[str, str]:

@@ -15,10 +15,9 @@ from sidecar.config import SidecarConfig
 from sidecar.downstream.guards import check_host_and_origin, read_body
 from sidecar.downstream.legacy import LegacySessions
 from sidecar.downstream.readthrough import ReadThrough, is_shareable
+from sidecar.identity import Identity, IdentityRule
 from sidecar.observability.metrics import Metrics, method_label
-from sidecar.partition import context_id
 from sidecar.protocol.constants import (
-    HEADER_AUTHORIZATION,
     HEADER_SESSION_ID,
     META_SERVER_INFO,
     META_UPSTREAM_SERVER_INFO,
@@ -42,7 +41,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 JsonObject = dict[str, Any]
-ListenHandler = Callable[[web.Request, Message], Awaitable[web.StreamResponse]]
+ListenHandler = Callable[[web.Request, Message, Identity], Awaitable[web.StreamResponse]]
 
 # Typed keys: a plain string key makes aiohttp warn (NotAppKeyWarning), an error under our test settings.
 _METHOD_KEY = web.RequestKey("mcp_sidecar.method", str)
@@ -62,8 +61,12 @@ class ForwardObserver(Protocol):
         ...
 
     def after_forward(
-        self, method: str, params: JsonObject, credential: str | None, answer: JsonObject, ticket: int
+        self, method: str, params: JsonObject, identity: Identity, answer: JsonObject, ticket: int
     ) -> None: ...
+
+    def refused(self, method: str, params: JsonObject, identity: Identity) -> None:
+        """The upstream refused `identity` this request with 401/403."""
+        ...
 
 
 def json_response(payload: JsonObject, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
@@ -108,6 +111,7 @@ class McpEndpoint:
         config: SidecarConfig,
         upstream: UpstreamClient,
         *,
+        identities: IdentityRule,
         listen: ListenHandler | None = None,
         observer: ForwardObserver | None = None,
         readthrough: ReadThrough | None = None,
@@ -115,6 +119,7 @@ class McpEndpoint:
         legacy: LegacySessions,
     ) -> None:
         self._legacy = legacy
+        self._identities = identities
         self._metrics = metrics or Metrics()
         self._config = config
         self._upstream = upstream
@@ -146,6 +151,7 @@ class McpEndpoint:
             refused = check_host_and_origin(request, self._config.listen)
             if refused is not None:
                 raise refused
+            identity = self._identities.of(request.headers)  # once per request; a repeated identity header: 400
             body = await read_body(request, self._config.listen.max_body_bytes)
             message: Message | None = None
             if HEADER_SESSION_ID not in request.headers:
@@ -153,11 +159,11 @@ class McpEndpoint:
                 request_id = message.id
                 request[_METHOD_KEY] = message.method
             if message is None or detect_era(message, request.headers) == "legacy":
-                return await self._legacy_post(request, body, message)
+                return await self._legacy_post(request, body, message, identity)
             validate_modern(message, request.headers)
             if message.is_notification:
                 return web.Response(status=202)
-            return await self._route(request, message)
+            return await self._route(request, message, identity)
         except RpcError as exc:
             return self._error(exc.request_id if exc.request_id is not None else request_id, exc)
         except UpstreamHTTPError as exc:
@@ -168,10 +174,12 @@ class McpEndpoint:
             logger.exception("unexpected failure handling a request")
             return self._error(request_id, InternalError("internal error"))
 
-    async def _legacy_post(self, request: web.Request, body: bytes, message: Message | None) -> web.StreamResponse:
+    async def _legacy_post(
+        self, request: web.Request, body: bytes, message: Message | None, identity: Identity
+    ) -> web.StreamResponse:
         # Legacy sessions are served by the sidecar, riding on an upstream session of their own.
         ticket = self._observer.ticket() if self._observer is not None else 0
-        answer = await self._legacy.handle_post(request, body)
+        answer = await self._legacy.handle_post(request, body, identity)
         if isinstance(answer, web.StreamResponse):
             return answer  # served here (initialize, subscribe, ping): nothing went upstream
         response = await self._write_reply(request, answer)
@@ -180,8 +188,7 @@ class McpEndpoint:
                 message = parse_message(body)
         if self._observer is not None and message is not None and not message.is_notification and answer.status < 500:
             # What a 2026-07-28 client's request teaches the watches, a 2025 client's teaches them too (a write).
-            credential = request.headers.get(HEADER_AUTHORIZATION)
-            self._observer.after_forward(message.method, message.params, credential, {}, ticket)
+            self._observer.after_forward(message.method, message.params, identity, {}, ticket)
         return response
 
     async def handle_protected_resource_metadata(self, request: web.Request) -> web.Response:
@@ -205,50 +212,73 @@ class McpEndpoint:
         return await self._legacy_call(request, self._legacy.handle_delete)
 
     async def _legacy_call(
-        self, request: web.Request, call: Callable[[web.Request], Awaitable[web.StreamResponse]]
+        self, request: web.Request, call: Callable[[web.Request, Identity], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
         refused = check_host_and_origin(request, self._config.listen)
         try:
             if refused is not None:
                 raise refused
-            return await call(request)
+            return await call(request, self._identities.of(request.headers))
         except RpcError as exc:
             return self._error(None, exc)
         except UpstreamError as exc:
             return self._error(None, exc.to_rpc())
 
-    async def _route(self, request: web.Request, message: Message) -> web.StreamResponse:
+    async def _route(self, request: web.Request, message: Message, identity: Identity) -> web.StreamResponse:
         method = message.method
         if method in REMOVED_METHODS:
             raise MethodNotFound("Method not found", method)
         if method == "server/discover":
-            info = await self._upstream.ensure_info(self._upstream.forwarded_headers(request.headers))
+            info = await self._upstream.ensure_info(identity)
             result = build_discover_result(info, subscriptions=self._listen is not None)
             return json_response(result_response(message.id, result))
         if method == "subscriptions/listen":
             if self._listen is None:
                 raise MethodNotFound("Method not found", method)
-            return await self._listen(request, message)
+            return await self._listen(request, message, identity)
         ticket = self._observer.ticket() if self._observer is not None else 0
-        if self._readthrough is not None and is_shareable(method, message.params):
-            context = context_id(request.headers.get(HEADER_AUTHORIZATION))
-            cached = self._readthrough.lookup(method, message.params, context)
-            if cached is not None:
-                return json_response(result_response(message.id, cached))
-            reply, shared = await self._readthrough.fetch(
-                method, message.params, context, lambda: self._upstream.forward(message, request.headers)
-            )
-            if shared is not None:
-                return json_response({**shared, "id": message.id})
-            if reply is None:
-                reply = await self._upstream.forward(message, request.headers)
-        else:
-            reply = await self._upstream.forward(message, request.headers)
+        try:
+            reply, shared = await self._forward(request, message, identity)
+        except UpstreamHTTPError as exc:
+            if exc.is_auth_failure:
+                self._refused(message, identity)
+            raise
+        if shared is not None:
+            return json_response({**shared, "id": message.id})
         response = await self._write_reply(request, reply)
-        if self._observer is not None and reply.status < 500:
-            credential = request.headers.get(HEADER_AUTHORIZATION)
-            self._observer.after_forward(method, message.params, credential, reply.message or {}, ticket)
+        if reply.status in (401, 403):
+            self._refused(message, identity)
+        elif self._observer is not None and reply.status < 500:
+            self._observer.after_forward(method, message.params, identity, reply.message or {}, ticket)
         return response
+
+    async def _forward(
+        self, request: web.Request, message: Message, identity: Identity
+    ) -> tuple[Reply, JsonObject | None]:
+        """The upstream's reply to this request, or a ready answer: a cached one, or the one an identical request
+        in flight got (its id is replaced by this request's)."""
+        if self._readthrough is None or not is_shareable(message.method, message.params):
+            return await self._upstream.forward(message, request.headers, identity), None
+        cached = self._readthrough.lookup(message.method, message.params, identity.context)
+        if cached is not None:
+            # Answered as it is: an older answer is no evidence for the watches (see `after_forward`'s ticket).
+            return Reply(200), result_response(message.id, cached)
+        reply, shared = await self._readthrough.fetch(
+            message.method,
+            message.params,
+            identity.context,
+            lambda: self._upstream.forward(message, request.headers, identity),
+        )
+        if reply is None and shared is None:
+            reply = await self._upstream.forward(message, request.headers, identity)
+        return (reply, None) if reply is not None else (Reply(200), shared)
+
+    def _refused(self, message: Message, identity: Identity) -> None:
+        # The upstream refused this client: nothing shared or watched may keep reaching it on someone else's word.
+        if self._readthrough is not None:
+            self._readthrough.refused(message.method, message.params, identity.context)
+        if self._observer is not None:
+            self._observer.refused(message.method, message.params, identity)
 
     async def _write_reply(self, request: web.Request, reply: Reply) -> web.StreamResponse:
         if reply.stream is None:

@@ -21,8 +21,9 @@ from aiohttp import web
 
 from sidecar.config import StreamsConfig
 from sidecar.downstream.listen import StreamHub
+from sidecar.identity import Identity
 from sidecar.observability.metrics import Metrics
-from sidecar.protocol.constants import HEADER_AUTHORIZATION, HEADER_SESSION_ID
+from sidecar.protocol.constants import HEADER_SESSION_ID
 from sidecar.protocol.envelope import Message, parse_message
 from sidecar.protocol.errors import (
     InvalidParams,
@@ -35,7 +36,7 @@ from sidecar.protocol.errors import (
 from sidecar.protocol.frames import error_response, result_response
 from sidecar.upstream.client import Reply, UpstreamClient
 from sidecar.upstream.sse import SSEDecoder, SSETooLarge
-from sidecar.watch.keys import WatchKind
+from sidecar.watch.keys import WatchKey, WatchKind
 from sidecar.watch.registry import Handle, WatchRegistry
 
 __all__ = ["LegacySession", "LegacySessions"]
@@ -58,10 +59,10 @@ _UPSTREAM_FRAMES = 256
 class LegacySession:
     """One client session: the upstream session it rides on, its subscriptions, its pending signals."""
 
-    def __init__(self, session_id: str, upstream_session: str | None, credential: str | None) -> None:
+    def __init__(self, session_id: str, upstream_session: str | None, identity: Identity) -> None:
         self.session_id = session_id
         self.upstream_session = upstream_session
-        self.credential = credential
+        self.identity = identity
         self.last_seen = time.monotonic()
         self.subscriptions: dict[str, Handle] = {}
         self.list_handles: list[Handle] = []
@@ -81,6 +82,14 @@ class LegacySession:
 
     def close(self, reason: str) -> None:
         self._wake.set()
+
+    def revoke(self, key: WatchKey) -> list[Handle]:
+        """The session's credential was refused `key`: its subscription ends (its reads are refused anyway)."""
+        if key.kind == "resource" and key.uri is not None and key.uri in self.subscriptions:
+            return [self.subscriptions.pop(key.uri)]
+        revoked = [handle for handle in self.list_handles if handle.key == key]
+        self.list_handles = [handle for handle in self.list_handles if handle.key != key]
+        return revoked
 
     def drain(self) -> list[JsonObject]:
         pending, self._pending = self._pending, {}
@@ -130,23 +139,21 @@ class LegacySessions:
 
     # -- POST --------------------------------------------------------------------------------------------
 
-    async def handle_post(self, request: web.Request, body: bytes) -> web.StreamResponse | Reply:
+    async def handle_post(self, request: web.Request, body: bytes, identity: Identity) -> web.StreamResponse | Reply:
         """A legacy-era POST; returns either our own response or the upstream's reply to relay."""
-        session_id = request.headers.get(HEADER_SESSION_ID)
         message = _try_parse(body)
-        if session_id is None:
+        if request.headers.get(HEADER_SESSION_ID) is None:
             if message is not None and message.method == "initialize":
-                return await self._initialize(request, body, message)
+                return await self._initialize(request, body, message, identity)
             raise InvalidRequest("Bad Request: Mcp-Session-Id header is required", http_status=400)
-        session = self._sessions.get(session_id)
-        if session is None:
-            raise _session_not_found()
-        session.last_seen = time.monotonic()
+        session = self._session_of(request, identity)
         if message is not None and message.method in _LOCAL_METHODS and not message.is_notification:
             return await self._serve_locally(session, message)
         return await self._upstream.relay(body, request.headers, session_id=session.upstream_session)
 
-    async def _initialize(self, request: web.Request, body: bytes, message: Message) -> web.StreamResponse:
+    async def _initialize(
+        self, request: web.Request, body: bytes, message: Message, identity: Identity
+    ) -> web.StreamResponse:
         if len(self._sessions) >= self._config.max_sessions:
             self._metrics.limit_rejections.labels("max_sessions").inc()
             raise Overloaded(f"this sidecar already holds {self._config.max_sessions} sessions; retry later")
@@ -165,9 +172,7 @@ class LegacySessions:
                 capabilities["resources"]["subscribe"] = True
         session_id = secrets.token_urlsafe(24)
         upstream_session = reply.headers.get(HEADER_SESSION_ID)
-        self._sessions[session_id] = LegacySession(
-            session_id, upstream_session, request.headers.get(HEADER_AUTHORIZATION)
-        )
+        self._sessions[session_id] = LegacySession(session_id, upstream_session, identity)
         self._metrics.legacy_sessions.set(len(self._sessions))
         logger.info("legacy session opened")
         return web.json_response(answer, headers={HEADER_SESSION_ID: session_id}, dumps=_dumps)
@@ -205,7 +210,7 @@ class LegacySessions:
         if len(session.subscriptions) >= self._config.max_uris_per_stream:
             self._metrics.limit_rejections.labels("max_uris_per_stream").inc()
             raise InvalidParams(f"a session may subscribe to at most {self._config.max_uris_per_stream} URIs")
-        handle = await self._registry.acquire("resource", uri, session.credential)  # UpstreamError: said as it is
+        handle = await self._registry.acquire("resource", uri, session.identity)  # UpstreamError: said as it is
         if handle is None:
             raise RpcError("Resource not found", {"uri": uri}, code=-32002)
         if session.session_id not in self._sessions:  # ended while the baseline was read
@@ -220,8 +225,8 @@ class LegacySessions:
 
     # -- GET and DELETE ------------------------------------------------------------------------------------
 
-    async def handle_get(self, request: web.Request) -> web.StreamResponse:
-        session = self._session_of(request)
+    async def handle_get(self, request: web.Request, identity: Identity) -> web.StreamResponse:
+        session = self._session_of(request, identity)
         if not session.lists_watched:
             session.lists_watched = True  # once per session, kept until it ends: reconnects add nothing
             try:
@@ -281,31 +286,33 @@ class LegacySessions:
                 async for chunk in chunks:
                     await frames.put(chunk)
 
-    async def handle_delete(self, request: web.Request) -> web.StreamResponse:
-        session = self._session_of(request)
+    async def handle_delete(self, request: web.Request, identity: Identity) -> web.StreamResponse:
+        session = self._session_of(request, identity)
         with contextlib.suppress(Exception):  # boundary: ending our side must not depend on the upstream
             await self._upstream.relay(None, request.headers, session_id=session.upstream_session, http_method="DELETE")
         self._end(session.session_id)
         return web.Response(status=200)
 
-    def _session_of(self, request: web.Request) -> LegacySession:
+    def _session_of(self, request: web.Request, identity: Identity) -> LegacySession:
         session_id = request.headers.get(HEADER_SESSION_ID)
         if session_id is None:
             raise InvalidRequest("Bad Request: Mcp-Session-Id header is required", http_status=400)
         session = self._sessions.get(session_id)
-        if session is None:
+        if session is None or session.identity.context != identity.context:
+            # A session belongs to whoever opened it: presented by anyone else (another token, none) it does not
+            # exist, so a leaked session id carries no one's identity, and a client whose token changed
+            # initializes again.
             raise _session_not_found()
         session.last_seen = time.monotonic()
         return session
 
     async def _watch_lists(self, session: LegacySession) -> None:
         # Legacy sessions get list changes whenever the capability is on: watch the lists the upstream has.
-        # With the session's own credential: a protected upstream refuses an anonymous probe.
-        probe_headers = {HEADER_AUTHORIZATION: session.credential} if session.credential else None
-        capabilities = (await self._upstream.ensure_info(probe_headers)).capabilities
+        # As the session's client: a protected upstream refuses an anonymous probe.
+        capabilities = (await self._upstream.ensure_info(session.identity)).capabilities
         kinds = [kind for primitive, kind in _LIST_KINDS if primitive in capabilities]
         handles = await asyncio.gather(
-            *(self._registry.acquire(kind, None, session.credential) for kind in kinds), return_exceptions=True
+            *(self._registry.acquire(kind, None, session.identity) for kind in kinds), return_exceptions=True
         )
         alive = session.session_id in self._sessions  # a DELETE or the reaper may have ended it meanwhile
         for handle in handles:

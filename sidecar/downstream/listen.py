@@ -20,8 +20,8 @@ from aiohttp_sse import EventSourceResponse
 
 from sidecar.bus.base import Bus, ChangeEvent
 from sidecar.config import StreamsConfig
+from sidecar.identity import Identity
 from sidecar.observability.metrics import Metrics
-from sidecar.protocol.constants import HEADER_AUTHORIZATION
 from sidecar.protocol.envelope import Message, RequestId
 from sidecar.protocol.errors import InvalidParams, Overloaded, UpstreamError, UpstreamHTTPError
 from sidecar.protocol.frames import ack_notification, complete_result, notification
@@ -95,6 +95,10 @@ class SignalSink(Protocol):
 
     def close(self, reason: str) -> None: ...
 
+    def revoke(self, key: WatchKey) -> list[Handle]:
+        """Its context was refused `key` upstream: stop delivering it; returns the handles to release now."""
+        ...
+
 
 class ListenStream:
     """One listen request: a pending set of signals keyed by (method, uri), never a queue (invariant 11)."""
@@ -121,6 +125,11 @@ class ListenStream:
             return
         self._pending[key] = detected_at
         self._wake.set()
+
+    def revoke(self, key: WatchKey) -> list[Handle]:
+        """A refused credential ends the whole stream, so the client re-authenticates and listens again."""
+        self.close("auth")
+        return []
 
     def close(self, reason: str) -> None:
         """Start a graceful end: pending signals flush, then the complete result, then the stream closes."""
@@ -179,12 +188,15 @@ class StreamHub:
             stream.signal(event.key.notification_method, event.key.uri, event.detected_at)
 
     def _on_auth_failure(self, key: WatchKey, context: str) -> None:
-        # The credential was refused: end that context's streams on this key so its clients re-authenticate.
-        for stream in list(self._by_key.get(key, ())):
-            if any(handle.context == context and handle.key == key for handle in stream.handles):
-                stream.close("auth")
+        # The credential was refused: that context's sinks on this key stop getting it (a listen stream ends, so
+        # its client re-authenticates; a legacy session drops the subscription).
+        for sink in list(self._by_key.get(key, ())):
+            if any(handle.context == context and handle.key == key for handle in sink.handles):
+                for handle in sink.revoke(key):
+                    self.detach(sink, handle)
+                    handle.release()
 
-    async def handle_listen(self, request: web.Request, message: Message) -> web.StreamResponse:
+    async def handle_listen(self, request: web.Request, message: Message, identity: Identity) -> web.StreamResponse:
         if message.id is None:
             raise InvalidParams("subscriptions/listen must be a request with an id")
         wanted = parse_filter(message.params, self._config.max_uri_length)
@@ -194,13 +206,12 @@ class StreamHub:
         if len(self._streams) >= self._config.max_streams:
             self._metrics.limit_rejections.labels("max_streams").inc()
             raise Overloaded(f"this sidecar already serves {self._config.max_streams} listen streams; retry later")
-        credential = request.headers.get(HEADER_AUTHORIZATION)
         stream = ListenStream(message.id, self._metrics)
         self._streams.add(stream)
         self._metrics.listen_streams.inc()
         response = _EventStream(self._metrics, self._config.keepalive_s)
         try:
-            honoured = await self._subscribe(stream, wanted, credential)
+            honoured = await self._subscribe(stream, wanted, identity)
             await response.prepare(request)
             await response.send(orjson.dumps(ack_notification(message.id, honoured)).decode())
             logger.info("listen stream opened", extra={"subscription_id": message.id, "watches": len(stream.handles)})
@@ -217,16 +228,13 @@ class StreamHub:
                 response.stop_streaming()  # the keep-alive task must not outlive the stream
         return response
 
-    async def _subscribe(
-        self, stream: ListenStream, wanted: SubscriptionFilter, credential: str | None
-    ) -> dict[str, Any]:
+    async def _subscribe(self, stream: ListenStream, wanted: SubscriptionFilter, identity: Identity) -> dict[str, Any]:
         uris = wanted.uris[: self._config.max_uris_per_stream]
         if len(wanted.uris) > len(uris):
             self._metrics.limit_rejections.labels("max_uris_per_stream").inc(len(wanted.uris) - len(uris))
-        # The probe (when this is the first contact) goes with the client's credential: a protected upstream
-        # would refuse an anonymous one, and the client would get a 401 for a token that is valid.
-        probe_headers = {HEADER_AUTHORIZATION: credential} if credential else None
-        capabilities = (await self._upstream.ensure_info(probe_headers)).capabilities
+        # The probe (when this is the first contact) goes as the client: a protected upstream would refuse an
+        # anonymous one, and the client would get a 401 for a token that is valid.
+        capabilities = (await self._upstream.ensure_info(identity)).capabilities
         # A list kind whose primitive the upstream lacks is left out of the ack (invariant 2).
         lists = [
             (field, kind)
@@ -238,7 +246,7 @@ class StreamHub:
 
         async def join(kind: WatchKind, uri: str | None) -> bool:
             try:
-                handle = await self._registry.acquire(kind, uri, credential)
+                handle = await self._registry.acquire(kind, uri, identity)
             except UpstreamError as exc:
                 failures.append(exc)  # left out of the ack; the listen fails with it if nothing else joins
                 return False

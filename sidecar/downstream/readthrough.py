@@ -14,7 +14,7 @@ import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -22,8 +22,8 @@ from cachetools import TLRUCache
 
 from sidecar.bus.base import ChangeEvent
 from sidecar.config import CacheConfig
+from sidecar.identity import PUBLIC
 from sidecar.observability.metrics import Metrics
-from sidecar.partition import PUBLIC
 from sidecar.protocol.constants import CACHEABLE_METHODS
 from sidecar.upstream.client import Reply
 
@@ -43,6 +43,8 @@ _LIST_GROUPS: dict[str, tuple[str, ...]] = {
 }
 _MRTR_PARAMS = ("inputResponses", "requestState")
 _INDEX_PRUNE_EVERY = 1024
+_MAX_VERIFIED = 4096
+"""Contexts remembered per public entry; past that, a new context's first read goes upstream (and is answered)."""
 
 
 def is_shareable(method: str, params: JsonObject) -> bool:
@@ -71,6 +73,8 @@ class _Entry:
     result: JsonObject
     expires_at: float
     size: int
+    verified: set[str] = field(default_factory=set)
+    """For a public entry: the contexts the upstream has answered for this request (they may be served it)."""
 
 
 class _EntryCache(TLRUCache[CacheKey, _Entry]):
@@ -105,6 +109,7 @@ class ReadThrough:
             getsizeof=lambda entry: entry.size,
         )
         self._cache.on_evict = metrics.cache_evictions.inc
+        self._verify = config.public_requires_verified_context
         self._flights: dict[tuple[str, bytes, str], _Flight] = {}
         self._index: dict[Group, set[CacheKey]] = {}
         self._inserts = 0
@@ -118,6 +123,8 @@ class ReadThrough:
         params_key = _params_key(params)
         for partition in (PUBLIC, context):
             entry = self._cache.get((method, params_key, partition))
+            if entry is not None and partition == PUBLIC and context not in entry.verified and self._verify:
+                continue  # the upstream has not answered this context yet: it may refuse it
             if entry is not None:
                 self._metrics.cache_hits.inc()
                 result = dict(entry.result)
@@ -143,7 +150,11 @@ class ReadThrough:
         key = (method, _params_key(params), partition)
         while len(self._cache) >= self._config.max_entries and key not in self._cache:
             self._cache.popitem()
-        self._cache[key] = _Entry(result, received_at + ttl / 1000, size)
+        previous = self._cache.get(key)
+        verified = previous.verified if previous is not None else set()
+        if partition == PUBLIC and len(verified) < _MAX_VERIFIED:
+            verified.add(context)
+        self._cache[key] = _Entry(result, received_at + ttl / 1000, size, verified)
         self._index.setdefault(_group(method, params), set()).add(key)
         self._metrics.cache_bytes.set(self._cache.currsize)
         self._inserts += 1
@@ -194,6 +205,13 @@ class ReadThrough:
                 del self._flights[flight_key]
             if not flight.future.done():
                 flight.future.set_result(shared)
+
+    def refused(self, method: str, params: JsonObject, context: str) -> None:
+        """The upstream refused `context` this request (401/403): it must prove access again before a shared
+        answer reaches it."""
+        entry = self._cache.get((method, _params_key(params), PUBLIC))
+        if entry is not None:
+            entry.verified.discard(context)
 
     # -- invalidation ------------------------------------------------------------------------------------
 

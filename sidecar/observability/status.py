@@ -12,8 +12,8 @@ from aiohttp import web
 
 from sidecar import __version__
 from sidecar.downstream.listen import StreamHub
+from sidecar.identity import PUBLIC
 from sidecar.observability.logs import INSTANCE_ID
-from sidecar.partition import PUBLIC
 from sidecar.upstream.client import UpstreamClient
 from sidecar.watch.registry import WatchRegistry
 

@@ -13,12 +13,12 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import orjson
+from multidict import CIMultiDictProxy
 
 from sidecar.config import CacheConfig, UpstreamConfig
+from sidecar.identity import ANONYMOUS_IDENTITY, Identity, IdentityRule
 from sidecar.observability.metrics import Metrics, method_label
-from sidecar.partition import ANONYMOUS, context_id
 from sidecar.protocol.constants import (
-    HEADER_AUTHORIZATION,
     HEADER_METHOD,
     HEADER_NAME,
     HEADER_PROTOCOL_VERSION,
@@ -50,6 +50,7 @@ __all__ = ["Reply", "UpstreamClient", "UpstreamInfo"]
 logger = logging.getLogger(__name__)
 
 JsonObject = dict[str, Any]
+Headers = CIMultiDictProxy[str] | Mapping[str, str]
 
 _READY_FRESH_S = 2.0
 """A readiness check trusts an answer this recent; older, it probes the upstream again."""
@@ -81,9 +82,16 @@ class Reply:
 class UpstreamClient:
     """Forwards client requests and makes the sidecar's own calls, in whichever era the upstream speaks."""
 
-    def __init__(self, config: UpstreamConfig, cache: CacheConfig, metrics: Metrics | None = None) -> None:
+    def __init__(
+        self,
+        config: UpstreamConfig,
+        cache: CacheConfig,
+        metrics: Metrics | None = None,
+        identities: IdentityRule | None = None,
+    ) -> None:
         self.url = config.display_url
         self._config = config
+        self._identities = identities or IdentityRule(config.forward_headers, config.non_identity_headers)
         self._http = UpstreamHTTP(config)
         self._legacy = LegacyBridge(self._http, cache)
         self._info: UpstreamInfo | None = None
@@ -118,8 +126,9 @@ class UpstreamClient:
 
     # -- era ---------------------------------------------------------------------------------------------
 
-    async def ensure_info(self, headers: Mapping[str, str] | None = None) -> UpstreamInfo:
-        """Probe the upstream once (again after a failure) and remember its era and capabilities."""
+    async def ensure_info(self, identity: Identity = ANONYMOUS_IDENTITY) -> UpstreamInfo:
+        """Probe the upstream once (again after a failure) and remember its era and capabilities; the probe goes
+        with `identity`'s headers, since a protected upstream refuses an anonymous one."""
         info = self._info
         if info is not None:
             return info
@@ -127,7 +136,7 @@ class UpstreamClient:
             if self._info is None:
                 try:
                     with self._observe("probe"):
-                        info = await self._probe(dict(headers or {}))
+                        info = await self._probe(identity)
                 except UpstreamError as exc:
                     self._probe_failed(exc)
                     raise
@@ -194,7 +203,7 @@ class UpstreamClient:
                 if info.era == "modern":
                     await self._modern_call("server/discover", {}, {})
                 else:
-                    answer = await self._legacy.request(ANONYMOUS, "ping", {}, {})
+                    answer = await self._legacy.request(ANONYMOUS_IDENTITY.context, "ping", {}, {})
                     if "error" in answer:
                         raise UpstreamRpcError(self.url, answer["error"])
         except UpstreamRpcError:
@@ -207,8 +216,9 @@ class UpstreamClient:
         else:
             self._usable(None)
 
-    async def _probe(self, headers: dict[str, str]) -> UpstreamInfo:
+    async def _probe(self, identity: Identity) -> UpstreamInfo:
         protocol = self._config.protocol
+        headers = identity.as_headers()
         if protocol != "2025-11-25":
             try:
                 result = await self._modern_call("server/discover", {}, headers)
@@ -229,7 +239,7 @@ class UpstreamClient:
                     )
                 if protocol == MODERN_VERSION:
                     raise UpstreamBadResponse(self.url, f"server/discover does not list {MODERN_VERSION}")
-        session = await self._legacy.initialize(context_id(headers.get("authorization")), headers)
+        session = await self._legacy.initialize(identity.context, headers)
         result = session.initialize_result
         return UpstreamInfo(
             era="legacy",
@@ -311,23 +321,18 @@ class UpstreamClient:
 
     # -- forwarding --------------------------------------------------------------------------------------
 
-    def forwarded_headers(self, client_headers: Mapping[str, str]) -> dict[str, str]:
-        """The allowlisted client headers (never Host, cookies or hop-by-hop headers)."""
-        allow = self._config.forward_headers
-        return {name: value for name, value in client_headers.items() if name.lower() in allow}
-
-    async def forward(self, message: Message, client_headers: Mapping[str, str]) -> Reply:
+    async def forward(self, message: Message, client_headers: Headers, identity: Identity) -> Reply:
         """Send a client's request upstream and return the answer for the client, in the client's era."""
-        headers = self.forwarded_headers(client_headers)
-        info = await self.ensure_info(headers)
+        headers = self._identities.forwarded(client_headers)
+        info = await self.ensure_info(identity)
         with self._observe(message.method):
             if info.era == "modern":
                 return await self._forward_modern(message, client_headers, headers)
-            return await self._forward_legacy(message, headers)
+            answer = await self._legacy.request(identity.context, message.method, message.params, headers)
+            answer = {"jsonrpc": "2.0", "id": message.id, **answer}
+            return Reply(200, {"Content-Type": "application/json"}, message=answer)
 
-    async def _forward_modern(
-        self, message: Message, client_headers: Mapping[str, str], headers: dict[str, str]
-    ) -> Reply:
+    async def _forward_modern(self, message: Message, client_headers: Headers, headers: dict[str, str]) -> Reply:
         for name, value in client_headers.items():
             lower = name.lower()
             if lower in ("mcp-protocol-version", "mcp-method", "mcp-name") or lower.startswith("mcp-param-"):
@@ -337,14 +342,14 @@ class UpstreamClient:
     async def relay(
         self,
         body: bytes | None,
-        client_headers: Mapping[str, str],
+        client_headers: Headers,
         *,
         session_id: str | None = None,
         http_method: str = "POST",
     ) -> Reply:
         """Pass a legacy-era client's request through on the upstream session `session_id` (the upstream's
         own id; the client's session header is replaced by it, or dropped when None)."""
-        headers = self.forwarded_headers(client_headers)
+        headers = self._identities.forwarded(client_headers)
         for name, value in client_headers.items():
             if name.lower() == "mcp-protocol-version":
                 headers[name] = value
@@ -403,22 +408,16 @@ class UpstreamClient:
             raise UpstreamBadResponse(self.url, "answer is not JSON")
         raise UpstreamHTTPError(self.url, response.status, response.reason or "")
 
-    async def _forward_legacy(self, message: Message, headers: dict[str, str]) -> Reply:
-        partition = context_id(headers.get(_auth_key(headers)))
-        answer = await self._legacy.request(partition, message.method, message.params, headers)
-        answer = {"jsonrpc": "2.0", "id": message.id, **answer}
-        return Reply(200, {"Content-Type": "application/json"}, message=answer)
-
     # -- the sidecar's own calls ---------------------------------------------------------------------------
 
-    async def call(self, method: str, params: JsonObject, credential: str | None = None) -> JsonObject:
-        """One request on the sidecar's behalf (a poll); returns the result or raises an UpstreamError."""
-        headers = {HEADER_AUTHORIZATION: credential} if credential else {}
-        info = await self.ensure_info(headers)
+    async def call(self, method: str, params: JsonObject, identity: Identity = ANONYMOUS_IDENTITY) -> JsonObject:
+        """One request on the sidecar's behalf (a poll), for `identity`; the result, or an UpstreamError."""
+        headers = identity.as_headers()
+        info = await self.ensure_info(identity)
         with self._observe(method):
             if info.era == "modern":
                 return await self._modern_call(method, params, headers)
-            answer = await self._legacy.request(context_id(credential), method, params, headers)
+            answer = await self._legacy.request(identity.context, method, params, headers)
         if "error" in answer:
             raise UpstreamRpcError(self.url, answer["error"])
         result: JsonObject = answer["result"]
@@ -426,16 +425,16 @@ class UpstreamClient:
 
     @contextlib.asynccontextmanager
     async def open_notifications(
-        self, credential: str | None, wanted: JsonObject
+        self, identity: Identity, wanted: JsonObject
     ) -> AsyncIterator[AsyncIterator[JsonObject]]:
         """The upstream's own notifications for one authorization context, held open for the block: against a
         2026-07-28 upstream, a `subscriptions/listen` with the filter `wanted` (its first message is the ack);
         against a 2025-11-25 one, the context session's GET stream (the caller subscribes to URIs with
         `call("resources/subscribe", ...)`, which uses the same session)."""
-        headers = {HEADER_AUTHORIZATION: credential} if credential else {}
-        info = await self.ensure_info(headers)
+        headers = identity.as_headers()
+        info = await self.ensure_info(identity)
         if info.era == "legacy":
-            async with self._legacy.open_notifications(context_id(credential), headers) as messages:
+            async with self._legacy.open_notifications(identity.context, headers) as messages:
                 yield messages
             return
         _, body, sent = self._modern_request("subscriptions/listen", {"notifications": wanted}, headers)
@@ -481,13 +480,6 @@ class UpstreamClient:
                     raise UpstreamBadResponse(self.url, "response has neither result nor error")
                 return result
         raise UpstreamBadResponse(self.url, "stream ended without a response")
-
-
-def _auth_key(headers: Mapping[str, str]) -> str:
-    for name in headers:
-        if name.lower() == "authorization":
-            return name
-    return HEADER_AUTHORIZATION
 
 
 def _try_json(body: bytes) -> JsonObject | None:

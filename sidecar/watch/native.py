@@ -20,8 +20,8 @@ from collections.abc import Callable
 from typing import Any
 
 from sidecar.config import PollingConfig
+from sidecar.identity import PUBLIC, Identity
 from sidecar.observability.metrics import Metrics
-from sidecar.partition import PUBLIC
 from sidecar.protocol.constants import LIST_CHANGED_METHODS, RESOURCE_UPDATED_METHOD
 from sidecar.protocol.errors import UpstreamError, UpstreamHTTPError, UpstreamRpcError
 from sidecar.upstream.client import UpstreamClient
@@ -62,10 +62,10 @@ def _capability(capabilities: JsonObject, primitive: str, flag: str) -> bool:
 class _Channel:
     """One context's stream of upstream notifications and what it covers."""
 
-    def __init__(self, owner: NativeNotifications, context: str, credential: str | None) -> None:
+    def __init__(self, owner: NativeNotifications, identity: Identity) -> None:
         self.owner = owner
-        self.context = context
-        self.credential = credential
+        self.context = identity.context
+        self.identity = identity
         self.uris: dict[str, int] = {}
         self.lists: dict[WatchKind, int] = {}
         self.covered_uris: frozenset[str] = frozenset()
@@ -166,7 +166,7 @@ class _Channel:
                 stack = contextlib.AsyncExitStack()
                 try:
                     upstream = self.owner.upstream
-                    messages = await stack.enter_async_context(upstream.open_notifications(self.credential, wanted))
+                    messages = await stack.enter_async_context(upstream.open_notifications(self.identity, wanted))
                     ack = await asyncio.wait_for(anext(messages), _ACK_TIMEOUT_S)
                     reader = asyncio.get_running_loop().create_task(self._read(messages))
                 except BaseException:
@@ -190,7 +190,7 @@ class _Channel:
         """2025-11-25: the context session's GET stream; URIs are subscribed to one by one on that session."""
         capabilities = self.owner.capabilities
         subscribe = _capability(capabilities, "resources", "subscribe")
-        async with self.owner.upstream.open_notifications(self.credential, {}) as messages:
+        async with self.owner.upstream.open_notifications(self.identity, {}) as messages:
             reader = asyncio.get_running_loop().create_task(self._read(messages))
             self._opened()
             subscribed: set[str] = set()
@@ -199,14 +199,14 @@ class _Channel:
                     self.changed.clear()
                     for uri in sorted(set(self.uris) - subscribed) if subscribe else ():
                         try:
-                            await self.owner.upstream.call("resources/subscribe", {"uri": uri}, self.credential)
+                            await self.owner.upstream.call("resources/subscribe", {"uri": uri}, self.identity)
                             subscribed.add(uri)
                         except UpstreamRpcError:
                             continue  # refused for this URI: it stays polled
                     for uri in subscribed - set(self.uris):
                         subscribed.discard(uri)
                         with contextlib.suppress(UpstreamError):
-                            await self.owner.upstream.call("resources/unsubscribe", {"uri": uri}, self.credential)
+                            await self.owner.upstream.call("resources/unsubscribe", {"uri": uri}, self.identity)
                     lists = frozenset(
                         kind for kind in self.lists if _capability(capabilities, _FILTER_FIELDS[kind][1], "listChanged")
                     )
@@ -309,16 +309,17 @@ class NativeNotifications:
             return _capability(self.capabilities, "resources", "subscribe")
         return _capability(self.capabilities, _FILTER_FIELDS[kind][1], "listChanged")
 
-    def hold(self, context: str, credential: str | None, kind: WatchKind, uri: str | None) -> None:
-        """`context` now watches (kind, uri): cover it upstream when the upstream can push it."""
+    def hold(self, identity: Identity, kind: WatchKind, uri: str | None) -> None:
+        """`identity` now watches (kind, uri): cover it upstream when the upstream can push it."""
         if not self._can_push(kind):
             return
+        context = identity.context
         channel = self._channels.get(context)
         if channel is None:
             if len(self._channels) >= self._config.max_native_streams:
                 self._metrics.limit_rejections.labels("native_streams").inc()
                 return
-            channel = self._channels[context] = _Channel(self, context, credential)
+            channel = self._channels[context] = _Channel(self, identity)
         if kind == "resource" and uri is not None:
             channel.uris[uri] = channel.uris.get(uri, 0) + 1
         else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from sidecar.identity import Identity
 from sidecar.protocol.errors import UpstreamBadResponse, UpstreamRpcError
 from sidecar.upstream.client import UpstreamClient
 from sidecar.watch.fingerprint import ABSENT, fingerprint_contents, fingerprint_items
@@ -51,19 +52,19 @@ def observation_from_read(result: dict[str, Any]) -> Observation:
     return Observation(fingerprint_contents(result.get("contents")), _ttl(result), result.get("cacheScope") == "public")
 
 
-async def observe(upstream: UpstreamClient, kind: WatchKind, uri: str | None, credential: str | None) -> Observation:
-    """Look once; raises UpstreamError when the upstream cannot answer (a not-found resource is an answer)."""
+async def observe(upstream: UpstreamClient, kind: WatchKind, uri: str | None, identity: Identity) -> Observation:
+    """Look once, as `identity`; raises UpstreamError when the upstream cannot answer (a not-found resource is an
+    answer)."""
     try:
-        return await _observe(upstream, kind, uri, credential)
+        return await _observe(upstream, kind, uri, identity)
     except ValueError as exc:  # an answer that cannot be fingerprinted is a bad answer for this key
         raise UpstreamBadResponse(upstream.url, str(exc)) from exc
 
 
-async def _observe(upstream: UpstreamClient, kind: WatchKind, uri: str | None, credential: str | None) -> Observation:
-    """Look once; raises UpstreamError when the upstream cannot answer (a not-found resource is an answer)."""
+async def _observe(upstream: UpstreamClient, kind: WatchKind, uri: str | None, identity: Identity) -> Observation:
     if kind == "resource":
         try:
-            result = await upstream.call("resources/read", {"uri": uri}, credential)
+            result = await upstream.call("resources/read", {"uri": uri}, identity)
         except UpstreamRpcError as exc:
             if is_not_found(exc):
                 return Observation(ABSENT, None, False)
@@ -77,7 +78,7 @@ async def _observe(upstream: UpstreamClient, kind: WatchKind, uri: str | None, c
         for _ in range(MAX_LIST_PAGES):
             params: dict[str, Any] = {} if cursor is None else {"cursor": cursor}
             try:
-                result = await upstream.call(method, params, credential)
+                result = await upstream.call(method, params, identity)
             except UpstreamRpcError as exc:
                 if method == "resources/templates/list" and exc.code == -32601:
                     break  # an upstream without templates

@@ -18,12 +18,13 @@ import contextlib
 import itertools
 import logging
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from sidecar.bus.base import Bus, ChangeEvent
 from sidecar.config import PollingConfig
+from sidecar.identity import ANONYMOUS, PUBLIC, Identity
 from sidecar.observability.metrics import Metrics
-from sidecar.partition import ANONYMOUS, PUBLIC, context_id
 from sidecar.protocol.constants import READ_ONLY_METHODS
 from sidecar.protocol.errors import UpstreamHTTPError
 from sidecar.upstream.client import UpstreamClient
@@ -43,6 +44,14 @@ _NEW_WATCH_GRACE_S = 1.0
 
 AuthFailureListener = Callable[[WatchKey, str], None]
 """Told that a context's credential was refused while polling a key (its streams should end)."""
+
+
+@dataclass(slots=True)
+class _Holder:
+    """A context holding a watch: the identity it is polled with, and how many handles it holds."""
+
+    identity: Identity
+    handles: int = 0
 
 
 class Handle:
@@ -83,11 +92,12 @@ class WatchRegistry:
         self._tickets = itertools.count(1)
         self._watches: dict[WatchKey, Watch] = {}
         self._baselines: dict[tuple[WatchKind, str | None, str], asyncio.Task[Watch | None]] = {}
-        # context -> [credential, number of handles]: the only place credentials live.
-        self._credentials: dict[WatchKey, dict[str, list[Any]]] = {}
+        self._holders: dict[WatchKey, dict[str, _Holder]] = {}
+        """Per key, the contexts holding it: the only place the identities the sidecar polls with live."""
         self._lingers: dict[WatchKey, asyncio.TimerHandle] = {}
-        self._polled_as: dict[WatchKey, str] = {}
-        """The context whose credential the last poll of a key used (one of its holders, for public keys)."""
+        self._last_poller: dict[WatchKey, str] = {}
+        """The context whose identity the last poll of a key went with (one of its holders, for public keys): a
+        refusal of that poll concerns that context alone."""
         self._hinted_contexts: set[str] = set()
         self._revalidate_timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -113,26 +123,26 @@ class WatchRegistry:
 
     # -- interest ----------------------------------------------------------------------------------------
 
-    async def acquire(self, kind: WatchKind, uri: str | None, credential: str | None) -> Handle | None:
+    async def acquire(self, kind: WatchKind, uri: str | None, identity: Identity) -> Handle | None:
         """Join or start the watch for this client; None when its own read finds nothing (not found).
 
         Raises UpstreamError when the upstream could not answer that read (down, a bad answer, a refusal), so
         the caller can tell the client what happened rather than that the resource does not exist.
         """
-        context = context_id(credential)
+        context = identity.context
         watch = self._joinable(kind, uri, context)
         if watch is None:
             flight = (kind, uri, context)
             task = self._baselines.get(flight)
             if task is None:
-                task = asyncio.get_running_loop().create_task(self._baseline(kind, uri, context, credential))
+                task = asyncio.get_running_loop().create_task(self._baseline(kind, uri, identity))
                 self._baselines[flight] = task
                 task.add_done_callback(lambda _: self._baselines.pop(flight, None))
             # Shielded: one caller giving up must not cancel the read the others are waiting for.
             watch = await asyncio.shield(task)
             if watch is None:
                 return None
-        return self._add_ref(watch, context, credential)
+        return self._add_ref(watch, identity)
 
     def _joinable(self, kind: WatchKind, uri: str | None, context: str) -> Watch | None:
         public = self._watches.get(WatchKey(kind, uri, PUBLIC))
@@ -140,10 +150,11 @@ class WatchRegistry:
             return public
         return self._watches.get(WatchKey(kind, uri, context))
 
-    async def _baseline(self, kind: WatchKind, uri: str | None, context: str, credential: str | None) -> Watch | None:
+    async def _baseline(self, kind: WatchKind, uri: str | None, identity: Identity) -> Watch | None:
+        context = identity.context
         async with self._gate:
             ticket = self.ticket()
-            observation = await observe(self._upstream, kind, uri, credential)
+            observation = await observe(self._upstream, kind, uri, identity)
         if not observation.found:
             return None
         key = WatchKey(kind, uri, PUBLIC if observation.public else context)
@@ -176,7 +187,7 @@ class WatchRegistry:
             coordinator=self._coordinator,
         )
         self._watches[key] = watch
-        self._credentials[key] = {}
+        self._holders[key] = {}
         self._set_native(watch, self._native.covers(key.kind, key.uri, key.partition))
         watch.start()
         self._metrics.watches.labels(key.kind).inc()
@@ -187,19 +198,20 @@ class WatchRegistry:
         self._linger(watch, minimum_s=_NEW_WATCH_GRACE_S)
         return watch
 
-    def _add_ref(self, watch: Watch, context: str, credential: str | None) -> Handle:
+    def _add_ref(self, watch: Watch, identity: Identity) -> Handle:
+        context = identity.context
         watch.refs += 1
         if watch.refs == 1:
             self._coordinator.track(watch)
         linger = self._lingers.pop(watch.key, None)
         if linger is not None:
             linger.cancel()
-        holders = self._credentials[watch.key]
-        entry = holders.get(context)
-        if entry is None:
-            entry = holders[context] = [credential, 0]
-            self._native.hold(context, credential, watch.key.kind, watch.key.uri)
-        entry[1] += 1
+        holders = self._holders[watch.key]
+        holder = holders.get(context)
+        if holder is None:
+            holder = holders[context] = _Holder(identity)
+            self._native.hold(identity, watch.key.kind, watch.key.uri)
+        holder.handles += 1
         return Handle(self, watch.key, context)
 
     def _release(self, handle: Handle) -> None:
@@ -207,12 +219,12 @@ class WatchRegistry:
         if watch is None:
             return
         watch.refs -= 1
-        holders = self._credentials[handle.key]
-        entry = holders.get(handle.context)
-        if entry is not None:
-            entry[1] -= 1
-            if entry[1] <= 0:
-                del holders[handle.context]  # the credential leaves memory with its last stream
+        holders = self._holders[handle.key]
+        holder = holders.get(handle.context)
+        if holder is not None:
+            holder.handles -= 1
+            if holder.handles <= 0:
+                del holders[handle.context]  # the identity leaves memory with its last stream
                 self._native.drop(handle.context, handle.key.kind, handle.key.uri)
         if watch.refs <= 0:
             # No local interest: the lease goes to a replica that still has some; we linger, unpolled.
@@ -232,10 +244,10 @@ class WatchRegistry:
         if watch is None or watch.refs > 0:
             return
         del self._watches[key]
-        self._credentials.pop(key, None)
+        self._holders.pop(key, None)
         if watch.native:
             self._metrics.native_watches.dec()
-        self._polled_as.pop(key, None)
+        self._last_poller.pop(key, None)
         self._metrics.watches.labels(key.kind).dec()
         self._refresh_partitions()
         self._spawn(watch.stop())
@@ -245,31 +257,30 @@ class WatchRegistry:
         self._metrics.partitions.set(len({key.partition for key in self._watches}))
 
     async def _read(self, watch: Watch) -> Observation | None:
-        holders = self._credentials.get(watch.key)
+        holders = self._holders.get(watch.key)
         if not holders:
             return None  # lingering: no stream holds it, so no credential to poll with
         # Public data is the same for everyone; prefer polling it without credentials when possible.
         context = ANONYMOUS if ANONYMOUS in holders else next(iter(holders))
-        credential = holders[context][0]
-        self._polled_as[watch.key] = context
-        observation = await observe(self._upstream, watch.key.kind, watch.key.uri, credential)
+        self._last_poller[watch.key] = context
+        observation = await observe(self._upstream, watch.key.kind, watch.key.uri, holders[context].identity)
         return observation
 
     # -- evidence and hints --------------------------------------------------------------------------------
 
     def after_forward(
-        self, method: str, params: JsonObject, credential: str | None, answer: JsonObject, ticket: int
+        self, method: str, params: JsonObject, identity: Identity, answer: JsonObject, ticket: int
     ) -> None:
         """A forwarded request taught us something: a write may have changed data; a read shows content."""
         if method not in READ_ONLY_METHODS:
-            self.revalidate(credential)
+            self.revalidate(identity)
             return
         if method != "resources/read" or not isinstance(params.get("uri"), str):
             return
         uri = params["uri"]
         result = answer.get("result")
         if isinstance(result, dict):
-            scope = PUBLIC if result.get("cacheScope") == "public" else context_id(credential)
+            scope = PUBLIC if result.get("cacheScope") == "public" else identity.context
             watch = self._watches.get(WatchKey("resource", uri, scope))
             if watch is not None:  # fingerprint only what someone watches: this is the forwarding hot path
                 with contextlib.suppress(ValueError):  # unfingerprintable content teaches nothing
@@ -278,18 +289,33 @@ class WatchRegistry:
         error = answer.get("error")
         if isinstance(error, dict) and error.get("code") in (-32602, -32002):
             # Only this context's own watch: a resource hidden from one user is not gone for everyone.
-            watch = self._watches.get(WatchKey("resource", uri, context_id(credential)))
+            watch = self._watches.get(WatchKey("resource", uri, identity.context))
             if watch is not None:
                 self._apply(watch, Observation(ABSENT, None, False), ticket)
+
+    def refused(self, method: str, params: JsonObject, identity: Identity) -> None:
+        """The upstream refused `identity` a forwarded request (401/403). A refused read of a URI the context
+        watches ends its subscription to it, even when the watch is public and polled with someone else's
+        credential, which the upstream still accepts."""
+        uri = params.get("uri")
+        if method != "resources/read" or not isinstance(uri, str):
+            return
+        for partition in (PUBLIC, identity.context):
+            key = WatchKey("resource", uri, partition)
+            watch = self._watches.get(key)
+            if watch is not None:
+                watch.verified.discard(identity.context)  # it must prove access again before rejoining
+                for listener in self._auth_listeners:
+                    listener(key, identity.context)
 
     def _apply(self, watch: Watch, observation: Observation, ticket: int) -> None:
         event = watch.offer(observation, ticket)
         if event is not None:
             self._spawn(self._bus.publish(event))
 
-    def revalidate(self, credential: str | None) -> None:
+    def revalidate(self, identity: Identity) -> None:
         """Hint the public watches and this context's watches to poll soon (debounced)."""
-        self._hinted_contexts.add(context_id(credential))
+        self._hinted_contexts.add(identity.context)
         if self._revalidate_timer is None:
             loop = asyncio.get_running_loop()
             delay = self._config.revalidate_debounce_ms / 1000
@@ -338,7 +364,7 @@ class WatchRegistry:
     def _auth_failed(self, watch: Watch, error: UpstreamHTTPError) -> None:
         # Only the context whose credential was refused: a public key is polled with one holder's credential,
         # and the other holders' credentials are as good as before (their streams must not end).
-        context = watch.key.partition if watch.key.partition != PUBLIC else self._polled_as.get(watch.key)
+        context = watch.key.partition if watch.key.partition != PUBLIC else self._last_poller.get(watch.key)
         if context is None:
             return
         watch.verified.discard(context)  # it must prove access again with its own read before rejoining

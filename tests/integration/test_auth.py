@@ -28,9 +28,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sidecar.app import HUB, METRICS, REGISTRY
-from sidecar.partition import PUBLIC, context_id
+from sidecar.identity import PUBLIC
 from sidecar.watch.poller import Watch
-from tests.helpers import SUB_ID_KEY, Sidecar, eventually, headers, request, rpc, serve_sidecar
+from tests.helpers import SUB_ID_KEY, Sidecar, context_of, eventually, headers, request, rpc, serve_sidecar
 from tests.observing import UPDATED, ListenStream
 from tests.peers import Upstream, start_upstream
 
@@ -276,7 +276,7 @@ class World:
 
     def _watch(self, uri: str, user: str) -> Watch:
         assert self.sidecar is not None
-        partitions = (context_id(f"Bearer {user}"), PUBLIC)
+        partitions = (context_of(self.sidecar, f"Bearer {user}"), PUBLIC)
         registry = self.sidecar.app[REGISTRY]
         (watch,) = [w for w in registry.watches() if w.key.uri == uri and w.key.partition in partitions]
         return watch
@@ -344,7 +344,7 @@ class World:
         watches = list(self.sidecar.app[REGISTRY].watches())
         profiles = sorted(w.key.partition for w in watches if w.key.uri == PROFILE)
         prices = sorted(w.key.partition for w in watches if w.key.uri == PRICE)
-        assert profiles == sorted(context_id(f"Bearer {user}") for user in USERS)
+        assert profiles == sorted(context_of(self.sidecar, f"Bearer {user}") for user in USERS)
         if self.era == "modern":
             assert prices == [PUBLIC]  # public data: one watch, polled once for everyone
         else:

@@ -20,10 +20,20 @@ import pytest
 from mcp import Client
 
 from sidecar.app import HUB, METRICS, REGISTRY
-from sidecar.partition import ANONYMOUS, PUBLIC, context_id
+from sidecar.identity import ANONYMOUS, PUBLIC
 from sidecar.watch.keys import WatchKind
 from sidecar.watch.poller import Watch
-from tests.helpers import SUB_ID_KEY, Sidecar, eventually, headers, request, rpc, serve_sidecar, sse_messages
+from tests.helpers import (
+    SUB_ID_KEY,
+    Sidecar,
+    context_of,
+    eventually,
+    headers,
+    request,
+    rpc,
+    serve_sidecar,
+    sse_messages,
+)
 from tests.peers import Upstream, start_bare_upstream, start_upstream
 
 TTL_MS = 300
@@ -187,9 +197,9 @@ async def test_a_private_resource_changes_only_for_its_owner_and_is_polled_only_
                 assert ack["params"]["notifications"] == {"resourceSubscriptions": [PROFILE]}
             # Two authorization contexts, two watches: nobody shares a private view.
             by_partition = {watch.key.partition: watch for watch in watches(sidecar)}
-            assert set(by_partition) == {context_id("Bearer a"), context_id("Bearer b")}
+            assert set(by_partition) == {context_of(sidecar, "Bearer a"), context_of(sidecar, "Bearer b")}
             assert sidecar.app[METRICS].partitions._value.get() == 2
-            watch_b = by_partition[context_id("Bearer b")]
+            watch_b = by_partition[context_of(sidecar, "Bearer b")]
 
             assert await up.bump_profile("a") == "profile of a v2"
             update = await a.next()
@@ -206,7 +216,7 @@ async def test_a_private_resource_changes_only_for_its_owner_and_is_polled_only_
             # B leaves: its watch lingers 100 ms, then goes, and its token with it.
             await b.close()
             await eventually(lambda: watch_count(sidecar, "resource") == 1, within_s=WAIT_S)
-            assert [watch.key.partition for watch in watches(sidecar)] == [context_id("Bearer a")]
+            assert [watch.key.partition for watch in watches(sidecar)] == [context_of(sidecar, "Bearer a")]
             assert sidecar.app[METRICS].partitions._value.get() == 1
             after_b_left = len(await up.log())
             await polled(sidecar, "resource", 2)  # A's polls go on

@@ -11,8 +11,7 @@ import pytest
 from sidecar import __version__
 from sidecar.app import REGISTRY
 from sidecar.observability.logs import INSTANCE_ID
-from sidecar.partition import context_id
-from tests.helpers import Sidecar, eventually, serve_sidecar
+from tests.helpers import Sidecar, context_of, eventually, serve_sidecar
 from tests.observing import WAIT_S, ListenStream, listening
 from tests.peers import Upstream, start_upstream
 
@@ -20,7 +19,17 @@ PRICE = "catalog://price"
 PROFILE = "catalog://profile"
 TOKEN = "s3cr3t-token"
 AUTHORIZATION = f"Bearer {TOKEN}"
-COLUMNS = ["kind", "uri", "partition", "interval_ms", "last_poll", "last_change", "consecutive_errors", "subscribers"]
+COLUMNS = [
+    "kind",
+    "uri",
+    "partition",
+    "mode",
+    "interval_ms",
+    "last_poll",
+    "last_change",
+    "consecutive_errors",
+    "subscribers",
+]
 POLLING = {"min_interval_ms": 100, "default_interval_ms": 300, "linger_ms": 100}
 
 
@@ -91,11 +100,18 @@ async def test_status_lists_the_watches_that_exist_without_credentials(
 
     for text in (raw, page):
         assert TOKEN not in text and "Bearer" not in text
-        assert context_id(AUTHORIZATION) not in text  # not even the partition's keyed hash: only a short name
+        assert context_of(sidecar, AUTHORIZATION) not in text  # not even the partition's keyed hash: only a short name
 
     assert status["version"] == __version__ and status["instance"] == INSTANCE_ID
     assert status["ready"] is True
-    assert status["upstream"] == {"url": fast_upstream.url, "era": "modern", "up": True, "last_error": None}
+    assert status["upstream"] == {
+        "url": fast_upstream.url,
+        "era": "modern",
+        "up": True,
+        "usable": True,
+        "not_ready_reason": None,
+        "last_error": None,
+    }
     assert status["counts"] == {"streams": 3, "watches": 3, "partitions": 2}
     watches = status["watches"]
     assert isinstance(watches, list) and status["watches_shown"] == 3

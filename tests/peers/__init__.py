@@ -77,9 +77,11 @@ class Upstream:
         module: str = SHOP_SERVER,
         auth: bool = False,
         native: bool = False,
+        session_auth: bool = False,
     ) -> None:
         self.era = era
         self.native = native
+        self.session_auth = session_auth
         self.module = module
         self.auth = auth
         self.port = port
@@ -112,6 +114,7 @@ class Upstream:
             "--read-ttl-ms", str(self.read_ttl_ms), "--list-ttl-ms", str(self.list_ttl_ms),
             *(["--auth"] if self.auth else []),
             *(["--native"] if self.native else []),
+            *(["--session-auth"] if self.session_auth else []),
         ]  # fmt: skip
         with self.log_path.open("ab") as out:
             self._proc = await asyncio.create_subprocess_exec(
@@ -245,11 +248,19 @@ async def start_upstream(
     list_ttl_ms: int = 1000,
     auth: bool = False,
     native: bool = False,
+    session_auth: bool = False,
 ) -> Upstream:
     """Start a shop server of ``era`` on ``port`` (a free one if None) and wait until it is ready; ``auth``
-    starts it OAuth-protected, ``native`` serving its own listen (see ``shop_server``)."""
+    starts it OAuth-protected, ``native`` serving its own listen, ``session_auth`` binding each session to the
+    token that opened it (see ``shop_server``)."""
     upstream = Upstream(
-        era, port or _free_port(), read_ttl_ms=read_ttl_ms, list_ttl_ms=list_ttl_ms, auth=auth, native=native
+        era,
+        port or _free_port(),
+        read_ttl_ms=read_ttl_ms,
+        list_ttl_ms=list_ttl_ms,
+        auth=auth,
+        native=native,
+        session_auth=session_auth,
     )
     await upstream.start()
     return upstream

@@ -20,6 +20,11 @@ itself and announce every change it makes (``set``, ``set_price``, ``add``) as t
 ``POST /admin/notify {"uri"}`` or ``{"list": "tools"|"prompts"|"resources"}`` announces a change that
 did not happen.
 
+``--session-auth`` authenticates once per session, as some servers do: ``initialize`` needs an
+``Authorization`` (any; 401 without), and every later request on that session is served as the client
+that opened it, whatever ``Authorization`` it carries or lacks. ``catalog://profile`` names the caller's
+token, taken from ``Authorization`` or else ``X-Api-Key``.
+
 ``--auth`` makes it an OAuth-protected resource (RFC 9728): every /mcp request needs
 ``Authorization: Bearer <token>`` with a token granted by ``POST /admin/grant {"token"}``; without one
 it gets 401 and ``WWW-Authenticate: Bearer resource_metadata="http://127.0.0.1:P/.well-known/
@@ -155,13 +160,23 @@ class _Front:
     then replayed."""
 
     def __init__(
-        self, app: ASGIApp, admin: ASGIApp, log: AdminLog, *, legacy: bool, auth: AuthState | None = None
+        self,
+        app: ASGIApp,
+        admin: ASGIApp,
+        log: AdminLog,
+        *,
+        legacy: bool,
+        auth: AuthState | None = None,
+        session_auth: bool = False,
     ) -> None:
         self.app = app
         self.admin = admin
         self.log = log
         self.legacy = legacy
         self.auth = auth
+        self.session_auth = session_auth
+        self.session_owners: dict[str, str] = {}
+        """--session-auth: session id -> the Authorization it was opened with."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"].startswith("/admin/"):
@@ -194,6 +209,13 @@ class _Front:
             if refusal is not None:
                 await refusal(scope, receive, send)
                 return
+        if self.session_auth:
+            owned = self._session_owner(scope, headers, send)
+            if owned is None:
+                challenge = {"WWW-Authenticate": "Bearer"}
+                await JSONResponse({"error": "invalid_token"}, status_code=401, headers=challenge)(scope, receive, send)
+                return
+            scope, send = owned
         version = headers.get("mcp-protocol-version")
         if self.legacy and version is not None and version not in HANDSHAKE_PROTOCOL_VERSIONS:
             supported = ", ".join(HANDSHAKE_PROTOCOL_VERSIONS)
@@ -218,6 +240,29 @@ class _Front:
 
         await self.app(scope, replay, send)
 
+    def _session_owner(self, scope: Scope, headers: dict[str, str], send: Send) -> tuple[Scope, Send] | None:
+        """--session-auth: a session is opened with a token (None: refused without one) and is its owner's from
+        then on, whatever Authorization later requests carry or lack, as a server that authenticates once."""
+        session = headers.get("mcp-session-id")
+        if session is None:
+            owner = headers.get("authorization")
+            if not owner:
+                return None
+
+            async def remember(message: Message) -> None:
+                if message["type"] == "http.response.start":
+                    for name, value in message.get("headers", []):
+                        if name.decode("latin-1").lower() == "mcp-session-id":
+                            self.session_owners[value.decode("latin-1")] = owner
+                await send(message)
+
+            return scope, remember
+        owner = self.session_owners.get(session)
+        if owner is None:
+            return scope, send  # an unknown session: the SDK answers 404
+        kept = [(name, value) for name, value in scope["headers"] if name.lower() != b"authorization"]
+        return {**scope, "headers": [*kept, (b"authorization", owner.encode("latin-1"))]}, send
+
 
 def build_app(
     era: str,
@@ -227,6 +272,7 @@ def build_app(
     auth: bool = False,
     port: int = 0,
     native: bool = False,
+    session_auth: bool = False,
 ) -> ASGIApp:
     """Build the shop server for ``era`` ("modern" or "legacy") as one ASGI app; ``auth`` protects /mcp (the
     ``port`` it is served on goes into its protected-resource metadata); ``native`` serves its own
@@ -245,7 +291,10 @@ def build_app(
 
     async def per_uri_cache(ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
         request = ctx.request
-        token = _authorization.set(request.headers.get("authorization") if isinstance(request, Request) else None)
+        caller = None
+        if isinstance(request, Request):  # who is asking: the Authorization, else an API key
+            caller = request.headers.get("authorization") or request.headers.get("x-api-key")
+        token = _authorization.set(caller)
         try:
             result = await call_next(ctx)
         finally:
@@ -440,7 +489,10 @@ def build_app(
             Route("/admin/forbid", admin_forbid, methods=["POST"]),
         ]
     )
-    return _Front(mcp.streamable_http_app(), admin, log, legacy=era == "legacy", auth=auth_state)
+    front = _Front(
+        mcp.streamable_http_app(), admin, log, legacy=era == "legacy", auth=auth_state, session_auth=session_auth
+    )
+    return front
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -451,6 +503,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--list-ttl-ms", type=int, default=1000)
     parser.add_argument("--auth", action="store_true", help="require granted Bearer tokens (see the module doc)")
     parser.add_argument("--native", action="store_true", help="serve subscriptions/listen and announce changes")
+    parser.add_argument("--session-auth", action="store_true", help="a session is its opener's (see the module doc)")
     args = parser.parse_args(argv)
     app = build_app(
         args.era,
@@ -459,6 +512,7 @@ def main(argv: list[str] | None = None) -> None:
         auth=args.auth,
         port=args.port,
         native=args.native,
+        session_auth=args.session_auth,
     )
     # uvicorn binds host/port itself: SO_REUSEADDR (restart on the same port) and TCP_NODELAY.
     config = uvicorn.Config(app, host="127.0.0.1", port=args.port, log_level="warning", timeout_graceful_shutdown=1)
