@@ -611,14 +611,14 @@ async def watches(ctx: Context) -> None:
 
         await load.call("close", group="idle")
         await asyncio.sleep(1.5)
-        before = await scrape(sidecar.base_url)
+        before = await scrape(sidecar.admin_url)
         cpu_before = cpu_seconds(sidecar.pid)
         loop = asyncio.get_running_loop()
         started = loop.time()
         await asyncio.sleep(p.cpu_window_s)
         cpu_after = cpu_seconds(sidecar.pid)
         elapsed = loop.time() - started
-        after = await scrape(sidecar.base_url)
+        after = await scrape(sidecar.admin_url)
         polls = after.value("mcp_sidecar_polls_total", kind="resource") - before.value(
             "mcp_sidecar_polls_total", kind="resource"
         )

@@ -79,6 +79,11 @@ class Sidecar(Service):
     def pid(self) -> int:
         return self.proc.pid
 
+    @property
+    def admin_url(self) -> str:
+        """The admin listener (/metrics, /status)."""
+        return f"http://127.0.0.1:{self.config['admin']['port']}"
+
 
 async def _start(
     stack: contextlib.AsyncExitStack, proc: Proc, probe_url: str, within_s: float = 30.0, *, pipes: bool = False
@@ -114,6 +119,7 @@ def sidecar_config(upstream_url: str, port: int, sections: dict[str, dict[str, A
     data: dict[str, Any] = {
         "upstream": {"url": upstream_url},
         "listen": {"host": "127.0.0.1", "port": port, "shutdown_grace_s": 2},
+        "admin": {"host": "127.0.0.1", "port": free_port()},
         "logging": {"level": "warning", "format": "json"},
     }
     for name, values in sections.items():

@@ -23,7 +23,18 @@ from sidecar.observability.status import make_status
 from sidecar.upstream.client import UpstreamClient
 from sidecar.watch.registry import WatchRegistry
 
-__all__ = ["CLUSTER", "CONFIG", "HUB", "IDENTITIES", "LEGACY", "METRICS", "REGISTRY", "UPSTREAM", "build_app"]
+__all__ = [
+    "ADMIN",
+    "CLUSTER",
+    "CONFIG",
+    "HUB",
+    "IDENTITIES",
+    "LEGACY",
+    "METRICS",
+    "REGISTRY",
+    "UPSTREAM",
+    "build_app",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -35,10 +46,13 @@ HUB = web.AppKey("hub", StreamHub)
 IDENTITIES = web.AppKey("identities", IdentityRule)
 CLUSTER = web.AppKey("cluster", RedisCluster)
 LEGACY = web.AppKey("legacy", LegacySessions)
+ADMIN = web.AppKey("admin", web.Application)
+"""The admin listener's application (/metrics, /status): served by the caller on `config.admin`."""
 
 
 def build_app(config: SidecarConfig) -> web.Application:
-    """The whole sidecar as one aiohttp application (the CLI runs it; tests serve it on a free port)."""
+    """The whole sidecar as one aiohttp application (the CLI runs it; tests serve it on a free port), with its
+    admin application under `ADMIN`, to be served on `config.admin`."""
     app = web.Application(middlewares=[no_tracebacks], handler_args={"max_field_size": 16384})
     metrics = Metrics()
     metrics.stream_limit.set(config.streams.max_streams)
@@ -92,10 +106,19 @@ def build_app(config: SidecarConfig) -> web.Application:
     app.router.add_delete(path, endpoint.handle_delete)
     app.router.add_get("/.well-known/oauth-protected-resource", endpoint.handle_protected_resource_metadata)
     app.router.add_get("/.well-known/oauth-protected-resource/{path:.*}", endpoint.handle_protected_resource_metadata)
+    readyz = make_readyz(upstream, lambda: cluster.degraded if cluster else None)
     app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", make_readyz(upstream, lambda: cluster.degraded if cluster else None))
-    app.router.add_get(config.metrics.path, _metrics_handler)
-    app.router.add_get("/status", make_status(upstream, registry, hub))
+    app.router.add_get("/readyz", readyz)
+
+    # Metrics and the status page list what the sidecar watches: on a listener of their own, off the MCP port.
+    admin = web.Application(middlewares=[no_tracebacks])
+    admin[METRICS] = metrics
+    admin[UPSTREAM] = upstream
+    admin.router.add_get("/healthz", healthz)
+    admin.router.add_get("/readyz", readyz)
+    admin.router.add_get(config.metrics.path, _metrics_handler)
+    admin.router.add_get("/status", make_status(upstream, registry, hub))
+    app[ADMIN] = admin
     return app
 
 

@@ -16,16 +16,21 @@ from typing import Any
 from aiohttp import web
 
 from sidecar import __version__
-from sidecar.app import build_app
+from sidecar.app import ADMIN, METRICS, build_app
 from sidecar.bus.redis import RedisUnavailable
 from sidecar.config import ConfigError, SidecarConfig, load_config
 from sidecar.observability.logs import configure_logging
+from sidecar.serving import GuardedRunner, install_quiet_errors, raise_open_files_limit
 
 __all__ = ["main", "run_workers", "serve"]
 
 logger = logging.getLogger(__name__)
 
 _WORKER_ENV = "MCP_SIDECAR_WORKER"
+_FILES_BESIDES_CLIENTS = 1024
+"""Open files the sidecar needs besides client connections: upstream pool, Redis, logs, the admin listener."""
+_ADMIN_CONNECTIONS = 64
+"""Scrapers and probes: a handful of connections; more is a client that should not be there."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -132,9 +137,21 @@ def run_workers(count: int, argv: Sequence[str]) -> int:
 
 async def serve(config: SidecarConfig, ready: asyncio.Event | None = None, *, reuse_port: bool = False) -> int:
     """Serve until SIGTERM or SIGINT, then shut down in order: streams end, requests drain, parts close."""
+    loop = asyncio.get_running_loop()
+    install_quiet_errors(loop)
+    raise_open_files_limit(config.listen.max_connections + _FILES_BESIDES_CLIENTS)
     app = build_app(config)
-    runner = web.AppRunner(
-        app, handler_cancellation=True, shutdown_timeout=config.listen.shutdown_grace_s, access_log=None
+    metrics = app[METRICS]
+    runner = GuardedRunner(
+        app,
+        config.listen,
+        metrics,
+        handler_cancellation=True,
+        shutdown_timeout=config.listen.shutdown_grace_s,
+        access_log=None,
+    )
+    admin_runner = GuardedRunner(
+        app[ADMIN], config.listen.model_copy(update={"max_connections": _ADMIN_CONNECTIONS}), metrics, access_log=None
     )
     try:
         await runner.setup()
@@ -142,29 +159,33 @@ async def serve(config: SidecarConfig, ready: asyncio.Event | None = None, *, re
         print(f"mcp-sidecar: {exc} (set bus.fallback: local to start without it)", file=sys.stderr)
         await runner.cleanup()
         return 1
-    try:
-        site = web.TCPSite(runner, config.listen.host, config.listen.port, reuse_port=reuse_port or None)
-        await site.start()
-    except OSError as exc:
-        await runner.cleanup()
-        print(
-            f"mcp-sidecar: cannot listen on {config.listen.host}:{config.listen.port}: {exc.strerror}", file=sys.stderr
-        )
-        return 1
+    await admin_runner.setup()
+    for name, site_runner, host, port in (
+        ("listen", runner, config.listen.host, config.listen.port),
+        ("admin", admin_runner, config.admin.host, config.admin.port),
+    ):
+        try:
+            await web.TCPSite(site_runner, host, port, reuse_port=reuse_port or None).start()
+        except OSError as exc:
+            await admin_runner.cleanup()
+            await runner.cleanup()
+            print(f"mcp-sidecar: {name}: cannot listen on {host}:{port}: {exc.strerror}", file=sys.stderr)
+            return 1
     # SecretStr fields dump as asterisks: the summary never carries a token or a password.
     summary = config.model_dump(mode="json")
     summary["upstream"]["url"] = config.upstream.display_url
     logger.info("configuration", extra={"config": summary})
     for warning in config.upstream.identity_warnings():
         logger.warning(warning)
-    host, port = runner.addresses[0][:2]
-    url_host = f"[{host}]" if ":" in host else host  # an IPv6 address needs brackets in a URL
     logger.info(
         "mcp-sidecar listening",
-        extra={"url": f"http://{url_host}:{port}{config.listen.path}", "upstream": config.upstream.display_url},
+        extra={
+            "url": _url(runner, config.listen.path),
+            "admin": _url(admin_runner, config.metrics.path),
+            "upstream": config.upstream.display_url,
+        },
     )
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     if ready is not None:
@@ -177,7 +198,14 @@ async def serve(config: SidecarConfig, ready: asyncio.Event | None = None, *, re
             with contextlib.suppress(Exception):
                 loop.remove_signal_handler(signum)
         await runner.cleanup()
+        await admin_runner.cleanup()
     return 0
+
+
+def _url(runner: web.AppRunner, path: str) -> str:
+    host, port = runner.addresses[0][:2]
+    url_host = f"[{host}]" if ":" in host else host  # an IPv6 address needs brackets in a URL
+    return f"http://{url_host}:{port}{path}"
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 __all__ = [
+    "AdminConfig",
     "BusConfig",
     "CacheConfig",
     "ConfigError",
@@ -31,11 +32,17 @@ logger = logging.getLogger(__name__)
 ENV_PREFIX = "MCP_SIDECAR__"
 
 DEFAULT_PORT = 8080
+DEFAULT_ADMIN_PORT = 9464
 DEFAULT_MAX_BODY_BYTES = 1_048_576
 DEFAULT_SHUTDOWN_GRACE_S = 10.0
+DEFAULT_HEADER_TIMEOUT_S = 15.0  # a slow client is cut long before nginx's 60 s client_header_timeout would
+DEFAULT_BODY_TIMEOUT_S = 30.0
+DEFAULT_MAX_CLIENT_CONNECTIONS = 12_000  # room for streams.max_streams (10,000) plus ordinary requests
 DEFAULT_UPSTREAM_TIMEOUT_S = 30.0
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
 DEFAULT_MAX_CONNECTIONS = 100
+DEFAULT_MAX_STREAM_S = 900.0
+DEFAULT_MAX_REQUESTS_PER_CONTEXT = 32  # a third of the pool: two busy clients still leave room for a third
 DEFAULT_MAX_RESPONSE_BYTES = 16 * 1_048_576
 DEFAULT_INTERVAL_MS = 5_000
 DEFAULT_MIN_INTERVAL_MS = 250
@@ -46,12 +53,15 @@ DEFAULT_BACKOFF_MAX_MS = 60_000
 DEFAULT_POLL_CONCURRENCY = 64
 DEFAULT_LINGER_MS = 5_000
 DEFAULT_MAX_NATIVE_STREAMS = 100
+DEFAULT_MAX_BASELINES_PER_S = 200.0
 DEFAULT_REVALIDATE_DEBOUNCE_MS = 10  # batches a burst of writes; short enough that a write is seen at once
 DEFAULT_CACHE_ENTRIES = 10_000
 DEFAULT_CACHE_BYTES = 64 * 1_048_576
 DEFAULT_LEASE_MS = 5_000
 DEFAULT_SESSION_IDLE_S = 1_800.0
 DEFAULT_MAX_SESSIONS = 10_000
+DEFAULT_MAX_SESSIONS_PER_CONTEXT = 1_000
+DEFAULT_SESSION_UNUSED_S = 60.0
 DEFAULT_KEEPALIVE_S = 15.0  # aiohttp-sse's default; well under common 60 s proxy idle timeouts
 DEFAULT_MAX_STREAMS = 10_000
 DEFAULT_MAX_URIS_PER_STREAM = 1_000
@@ -81,6 +91,13 @@ class ListenConfig(_Section):
     shutdown_grace_s: float = Field(
         DEFAULT_SHUTDOWN_GRACE_S, gt=0, description="How long shutdown waits for requests in flight."
     )
+    header_timeout_s: float = Field(
+        DEFAULT_HEADER_TIMEOUT_S, gt=0, description="A new or idle connection closes unless a whole request head comes."
+    )
+    body_timeout_s: float = Field(DEFAULT_BODY_TIMEOUT_S, gt=0, description="A request body must arrive within this.")
+    max_connections: int = Field(
+        DEFAULT_MAX_CLIENT_CONNECTIONS, ge=1, description="Client connections at once; one more is closed at accept."
+    )
 
     @field_validator("path")
     @classmethod
@@ -95,7 +112,21 @@ class UpstreamConfig(_Section):
     protocol: Literal["auto", "2026-07-28", "2025-11-25"] = Field(
         "auto", description="auto probes server/discover once, falling back to initialize."
     )
-    timeout_s: float = Field(DEFAULT_UPSTREAM_TIMEOUT_S, gt=0, description="Whole-request timeout.")
+    timeout_s: float = Field(
+        DEFAULT_UPSTREAM_TIMEOUT_S,
+        gt=0,
+        description="A whole JSON answer (connect, headers, body) must arrive within this; an SSE answer may not "
+        "stay silent longer.",
+    )
+    max_stream_s: float = Field(
+        DEFAULT_MAX_STREAM_S, gt=0, description="An SSE answer (a long tool call with progress) ends after this."
+    )
+    max_requests_per_context: int = Field(
+        DEFAULT_MAX_REQUESTS_PER_CONTEXT,
+        ge=1,
+        description="Requests one client (authorization context) may have in flight upstream; more get 429, so "
+        "one client cannot take the whole connection pool.",
+    )
     connect_timeout_s: float = Field(DEFAULT_CONNECT_TIMEOUT_S, gt=0)
     max_connections: int = Field(DEFAULT_MAX_CONNECTIONS, ge=1, description="Connection pool size.")
     max_response_bytes: int = Field(DEFAULT_MAX_RESPONSE_BYTES, ge=1024, description="Larger answers fail.")
@@ -180,6 +211,12 @@ class PollingConfig(_Section):
     max_native_streams: int = Field(
         DEFAULT_MAX_NATIVE_STREAMS, ge=0, description="Upstream notification streams at most (one per context)."
     )
+    max_baselines_per_s: float = Field(
+        DEFAULT_MAX_BASELINES_PER_S,
+        gt=0,
+        description="First reads of new subscriptions one client (context) may cause a second; more are left out "
+        "of the ack (a resource found missing is not read again for default_interval_ms).",
+    )
 
     @model_validator(mode="after")
     def _ordered(self) -> PollingConfig:
@@ -220,6 +257,17 @@ class StreamsConfig(_Section):
     session_idle_s: float = Field(
         DEFAULT_SESSION_IDLE_S, gt=0, description="A 2025-11-25 session idle this long (no GET stream) ends."
     )
+    max_sessions_per_context: int = Field(
+        DEFAULT_MAX_SESSIONS_PER_CONTEXT,
+        ge=1,
+        description="2025-11-25 sessions one client (authorization context; every anonymous client shares one) may "
+        "hold; more get 429.",
+    )
+    session_unused_s: float = Field(
+        DEFAULT_SESSION_UNUSED_S,
+        gt=0,
+        description="A 2025-11-25 session that sent no request and opened no stream after initialize ends this soon.",
+    )
 
 
 class BusConfig(_Section):
@@ -232,7 +280,14 @@ class BusConfig(_Section):
 
 
 class MetricsConfig(_Section):
-    path: str = Field("/metrics", description="Prometheus scrape path.")
+    path: str = Field("/metrics", description="Prometheus scrape path (on the admin listener).")
+
+
+class AdminConfig(_Section):
+    host: str = Field(
+        "127.0.0.1", description="Address of the admin listener (/metrics, /status, /healthz, /readyz); loopback."
+    )
+    port: int = Field(DEFAULT_ADMIN_PORT, ge=0, le=65535, description="Its TCP port; 0 picks a free one.")
 
 
 class LoggingConfig(_Section):
@@ -250,6 +305,7 @@ class SidecarConfig(_Section):
     streams: StreamsConfig = Field(default_factory=StreamsConfig)
     bus: BusConfig = Field(default_factory=BusConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    admin: AdminConfig = Field(default_factory=AdminConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
     def with_overrides(self, overrides: dict[str, dict[str, Any]]) -> SidecarConfig:

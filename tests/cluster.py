@@ -305,6 +305,8 @@ class Replica:
         workdir.mkdir(parents=True, exist_ok=True)
         self.name = name
         self.port: int = config["listen"]["port"]
+        config = {**config, "admin": {"host": "127.0.0.1", "port": free_port(), **config.get("admin", {})}}
+        self.admin_port: int = config["admin"]["port"]
         self.config_path = write_config(workdir / "sidecar.yaml", config)
         argv = [sys.executable, "-m", "sidecar.cli", "run", "--config", str(self.config_path), *extra_args]
         self.service = Service(name, argv, workdir / "sidecar.log")
@@ -317,12 +319,13 @@ class Replica:
     def url(self) -> str:
         return f"{self.base_url}/mcp"
 
-    async def _get(self, path: str) -> tuple[int, str]:
+    async def _get(self, path: str, *, admin: bool = False) -> tuple[int, str]:
         # A fresh connection each time: with --workers the kernel picks a worker per connection.
         connector = aiohttp.TCPConnector(force_close=True)
+        base = f"http://127.0.0.1:{self.admin_port}" if admin else self.base_url
         async with (
             aiohttp.ClientSession(connector=connector, timeout=_PROBE_TIMEOUT) as http,
-            http.get(self.base_url + path) as resp,
+            http.get(base + path) as resp,
         ):
             return resp.status, await resp.text()
 
@@ -331,13 +334,13 @@ class Replica:
         return status, orjson.loads(text)
 
     async def status(self) -> dict[str, Any]:
-        status, text = await self._get("/status")
+        status, text = await self._get("/status", admin=True)
         assert status == 200, text
         body: dict[str, Any] = orjson.loads(text)
         return body
 
     async def metrics(self) -> MetricsSnapshot:
-        status, text = await self._get("/metrics")
+        status, text = await self._get("/metrics", admin=True)
         assert status == 200, text
         return MetricsSnapshot(text)
 

@@ -12,8 +12,9 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from sidecar.app import IDENTITIES, build_app
+from sidecar.app import ADMIN, IDENTITIES, METRICS, build_app
 from sidecar.config import SidecarConfig
+from sidecar.serving import GuardedRunner, install_quiet_errors
 
 PV = "2026-07-28"
 META = {
@@ -30,6 +31,8 @@ class Sidecar:
     base_url: str
     app: web.Application
     runner: web.AppRunner
+    admin_url: str
+    """The admin listener (/metrics, /status), on a port of its own."""
 
 
 def make_config(upstream_url: str, **sections: dict[str, Any]) -> SidecarConfig:
@@ -43,17 +46,23 @@ def make_config(upstream_url: str, **sections: dict[str, Any]) -> SidecarConfig:
 async def serve_sidecar(upstream_url: str, **sections: dict[str, Any]) -> AsyncIterator[Sidecar]:
     """The sidecar app on 127.0.0.1, with the same runner settings as `mcp-sidecar run`."""
     config = make_config(upstream_url, **sections)
+    install_quiet_errors(asyncio.get_running_loop())
     app = build_app(config)
-    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=2, access_log=None)
+    metrics = app[METRICS]
+    runner = GuardedRunner(app, config.listen, metrics, handler_cancellation=True, shutdown_timeout=2, access_log=None)
+    admin = GuardedRunner(app[ADMIN], config.listen, metrics, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
+    await admin.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    await web.TCPSite(admin, "127.0.0.1", 0).start()
     host, port = runner.addresses[0][:2]
     base = f"http://{host}:{port}"
+    admin_host, admin_port = admin.addresses[0][:2]
     try:
-        yield Sidecar(f"{base}{config.listen.path}", base, app, runner)
+        yield Sidecar(f"{base}{config.listen.path}", base, app, runner, f"http://{admin_host}:{admin_port}")
     finally:
         await runner.cleanup()
+        await admin.cleanup()
 
 
 def context_of(sidecar: Sidecar, authorization: str) -> str:

@@ -28,6 +28,14 @@ _CURL = (
     '"notifications":{{"resourceSubscriptions":["catalog://plans/basic"],"toolsListChanged":true}}}}}}'
     "'"
 )
+_CURL_READ = (
+    "curl -s {url} -H 'Content-Type: application/json' -H 'Accept: application/json, text/event-stream' "
+    "-H 'MCP-Protocol-Version: {version}' -H 'Mcp-Method: resources/read' -H 'Mcp-Name: catalog://plans/basic' -d '"
+    '{{"jsonrpc":"2.0","id":2,"method":"resources/read","params":{{"_meta":{{'
+    '"io.modelcontextprotocol/protocolVersion":"{version}","io.modelcontextprotocol/clientCapabilities":{{}}}},'
+    '"uri":"catalog://plans/basic"}}}}'
+    "'"
+)
 
 
 async def run_demo(config: SidecarConfig) -> int:
@@ -54,6 +62,8 @@ async def run_demo(config: SidecarConfig) -> int:
     print(f"mcp-sidecar (2026-07-28, subscriptions):    {url}", flush=True)
     print("\nListen for changes (the basic plan's price changes every few seconds):\n", flush=True)
     print(_CURL.format(url=url, version=MODERN_VERSION), flush=True)
+    print("\nAnd in another terminal, re-read it after each notification:\n", flush=True)
+    print(_CURL_READ.format(url=url, version=MODERN_VERSION), flush=True)
     print("\nCtrl-C to stop.", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

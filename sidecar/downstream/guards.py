@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 from urllib.parse import urlsplit
 
 from aiohttp import web
 
 from sidecar.config import ListenConfig
-from sidecar.protocol.errors import InvalidRequest, PayloadTooLarge, RpcError
+from sidecar.protocol.errors import InvalidRequest, PayloadTooLarge, RequestTimeout, RpcError
 
 __all__ = ["check_host_and_origin", "is_loopback", "read_body"]
 
@@ -33,30 +34,42 @@ def _hostname(value: str) -> str:
 
 
 def check_host_and_origin(request: web.Request, config: ListenConfig) -> RpcError | None:
-    """Refuse requests a browser could be tricked into sending (protocol.md §8: Origin 403; Host 421)."""
+    """Refuse requests a browser could be tricked into sending (protocol.md §8: Origin 403; Host 421), and
+    malformed Host or Origin headers (400)."""
     origin = request.headers.get("Origin")
     if origin is not None and origin not in config.allowed_origins:
-        local_server = is_loopback(config.host)
-        if not (local_server and is_loopback(urlsplit(origin).hostname or "")):
+        try:
+            origin_host = urlsplit(origin).hostname or ""
+        except ValueError:  # "http://[": not a URL at all
+            return InvalidRequest("malformed Origin header", http_status=400)
+        if not (is_loopback(config.host) and is_loopback(origin_host)):
             return InvalidRequest(f"Origin {origin!r} is not allowed", http_status=403)
     if is_loopback(config.host):
-        host = request.headers.get("Host", "")
-        if not is_loopback(_hostname(host)):
+        try:
+            host = _hostname(request.headers.get("Host", ""))
+        except ValueError:  # "[": no host at all
+            return InvalidRequest("malformed Host header", http_status=400)
+        if not is_loopback(host):
             return InvalidRequest("Host header is not a loopback name", http_status=421)
     return None
 
 
-async def read_body(request: web.Request, limit: int) -> bytes:
-    """The whole body, refusing with 413 as soon as it is known to exceed `limit` (before it is all read)."""
+async def read_body(request: web.Request, limit: int, timeout_s: float) -> bytes:
+    """The whole body, refusing with 413 as soon as it is known to exceed `limit` (before it is all read), and
+    with 408 when it has not all arrived within `timeout_s`."""
     if request.content_length is not None and request.content_length > limit:
         raise PayloadTooLarge(f"request body larger than {limit} bytes")
     chunks: list[bytes] = []
     size = 0
-    while True:
-        chunk = await request.content.read(_READ_CHUNK)
-        if not chunk:
-            return b"".join(chunks)
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"request body larger than {limit} bytes")
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(timeout_s):
+            while True:
+                chunk = await request.content.read(_READ_CHUNK)
+                if not chunk:
+                    return b"".join(chunks)
+                size += len(chunk)
+                if size > limit:
+                    raise PayloadTooLarge(f"request body larger than {limit} bytes")
+                chunks.append(chunk)
+    except TimeoutError as exc:
+        raise RequestTimeout(f"the request body did not arrive within {timeout_s:g} s") from exc

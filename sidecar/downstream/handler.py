@@ -152,7 +152,7 @@ class McpEndpoint:
             if refused is not None:
                 raise refused
             identity = self._identities.of(request.headers)  # once per request; a repeated identity header: 400
-            body = await read_body(request, self._config.listen.max_body_bytes)
+            body = await read_body(request, self._config.listen.max_body_bytes, self._config.listen.body_timeout_s)
             message: Message | None = None
             if HEADER_SESSION_ID not in request.headers:
                 message = parse_message(body)

@@ -14,6 +14,7 @@ import contextlib
 import logging
 import secrets
 import time
+from collections import Counter
 from typing import Any
 
 import orjson
@@ -30,6 +31,7 @@ from sidecar.protocol.errors import (
     InvalidRequest,
     Overloaded,
     RpcError,
+    TooManyRequests,
     UpstreamError,
     UpstreamHTTPError,
 )
@@ -64,6 +66,9 @@ class LegacySession:
         self.upstream_session = upstream_session
         self.identity = identity
         self.last_seen = time.monotonic()
+        self.opened_at = self.last_seen
+        self.used = False
+        """A request or a GET stream came after initialize (an unused session ends after session_unused_s)."""
         self.subscriptions: dict[str, Handle] = {}
         self.list_handles: list[Handle] = []
         self.lists_watched = False
@@ -120,6 +125,10 @@ class LegacySessions:
         self._config = config
         self._metrics = metrics
         self._sessions: dict[str, LegacySession] = {}
+        self._opening = 0
+        """Initializes in flight: each holds a slot under streams.max_sessions."""
+        self._per_context: Counter[str] = Counter()
+        """Sessions open or opening, by authorization context."""
         self._reaper: asyncio.Task[None] | None = None
 
     @property
@@ -147,21 +156,40 @@ class LegacySessions:
                 return await self._initialize(request, body, message, identity)
             raise InvalidRequest("Bad Request: Mcp-Session-Id header is required", http_status=400)
         session = self._session_of(request, identity)
+        if message is None or not message.is_notification:
+            session.used = True  # `notifications/initialized` alone does not keep a session
         if message is not None and message.method in _LOCAL_METHODS and not message.is_notification:
             return await self._serve_locally(session, message)
-        return await self._upstream.relay(body, request.headers, session_id=session.upstream_session)
+        return await self._upstream.relay(body, request.headers, identity, session_id=session.upstream_session)
 
     async def _initialize(
         self, request: web.Request, body: bytes, message: Message, identity: Identity
     ) -> web.StreamResponse:
-        if len(self._sessions) >= self._config.max_sessions:
+        context = identity.context
+        # Slots are taken before the first await: a thousand initializes at once cannot all pass the check.
+        if len(self._sessions) + self._opening >= self._config.max_sessions:
             self._metrics.limit_rejections.labels("max_sessions").inc()
             raise Overloaded(f"this sidecar already holds {self._config.max_sessions} sessions; retry later")
-        reply = await self._upstream.relay(body, request.headers, session_id=None)
-        answer = await _first_response(reply)
-        if answer is None or reply.status >= 300 or not isinstance(answer.get("result"), dict):
-            payload = answer or error_response(message.id, InvalidRequest("upstream refused initialize"))
-            return web.json_response(payload, status=reply.status if reply.status >= 400 else 502)
+        if self._per_context[context] >= self._config.max_sessions_per_context:
+            self._metrics.limit_rejections.labels("max_sessions_per_context").inc()
+            raise TooManyRequests(f"this client already holds {self._config.max_sessions_per_context} sessions")
+        self._opening += 1
+        self._per_context[context] += 1
+        opened = False
+        try:
+            reply = await self._upstream.relay(body, request.headers, identity, session_id=None)
+            answer = await _first_response(reply)
+            if answer is None or reply.status >= 300 or not isinstance(answer.get("result"), dict):
+                payload = answer or error_response(message.id, InvalidRequest("upstream refused initialize"))
+                return web.json_response(payload, status=reply.status if reply.status >= 400 else 502)
+            opened = True
+            return self._opened(answer, reply, identity)
+        finally:
+            self._opening -= 1
+            if not opened:
+                self._forget(context)
+
+    def _opened(self, answer: JsonObject, reply: Reply, identity: Identity) -> web.StreamResponse:
         result = answer["result"]
         capabilities = result.get("capabilities")
         if isinstance(capabilities, dict):
@@ -227,6 +255,7 @@ class LegacySessions:
 
     async def handle_get(self, request: web.Request, identity: Identity) -> web.StreamResponse:
         session = self._session_of(request, identity)
+        session.used = True
         if not session.lists_watched:
             session.lists_watched = True  # once per session, kept until it ends: reconnects add nothing
             try:
@@ -278,7 +307,7 @@ class LegacySessions:
         """Merge the upstream's own GET stream (logs, list changes it does send) into the client's."""
         with contextlib.suppress(Exception):  # boundary: the upstream may have no GET stream; ours goes on
             reply = await self._upstream.relay(
-                None, request.headers, session_id=session.upstream_session, http_method="GET"
+                None, request.headers, session.identity, session_id=session.upstream_session, http_method="GET"
             )
             if reply.stream is None:
                 return
@@ -289,7 +318,9 @@ class LegacySessions:
     async def handle_delete(self, request: web.Request, identity: Identity) -> web.StreamResponse:
         session = self._session_of(request, identity)
         with contextlib.suppress(Exception):  # boundary: ending our side must not depend on the upstream
-            await self._upstream.relay(None, request.headers, session_id=session.upstream_session, http_method="DELETE")
+            await self._upstream.relay(
+                None, request.headers, session.identity, session_id=session.upstream_session, http_method="DELETE"
+            )
         self._end(session.session_id)
         return web.Response(status=200)
 
@@ -335,16 +366,23 @@ class LegacySessions:
         session.subscriptions.clear()
         session.list_handles.clear()
         session.close("ended")
+        self._forget(session.identity.context)
         self._metrics.legacy_sessions.set(len(self._sessions))
         logger.info("legacy session ended")
 
+    def _forget(self, context: str) -> None:
+        self._per_context[context] -= 1
+        if self._per_context[context] <= 0:
+            del self._per_context[context]
+
     async def _reap(self) -> None:
-        idle_s = self._config.session_idle_s
+        idle_s, unused_s = self._config.session_idle_s, self._config.session_unused_s
         while True:
-            await asyncio.sleep(max(idle_s / 4, 0.05))
+            await asyncio.sleep(max(min(idle_s, unused_s) / 4, 0.05))
             now = time.monotonic()
             for session_id, session in list(self._sessions.items()):
-                if session.get_streams == 0 and now - session.last_seen > idle_s:
+                idle = session.get_streams == 0 and now - session.last_seen > idle_s
+                if idle or (not session.used and now - session.opened_at > unused_s):
                     self._end(session_id)
 
 

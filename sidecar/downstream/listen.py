@@ -23,7 +23,7 @@ from sidecar.config import StreamsConfig
 from sidecar.identity import Identity
 from sidecar.observability.metrics import Metrics
 from sidecar.protocol.envelope import Message, RequestId
-from sidecar.protocol.errors import InvalidParams, Overloaded, UpstreamError, UpstreamHTTPError
+from sidecar.protocol.errors import InvalidParams, Overloaded, RpcError, UpstreamError, UpstreamHTTPError
 from sidecar.protocol.frames import ack_notification, complete_result, notification
 from sidecar.upstream.client import UpstreamClient
 from sidecar.watch.keys import WatchKey, WatchKind
@@ -242,12 +242,12 @@ class StreamHub:
             if kind in wanted.lists and primitive in capabilities
         ]
 
-        failures: list[UpstreamError] = []
+        failures: list[UpstreamError | RpcError] = []
 
         async def join(kind: WatchKind, uri: str | None) -> bool:
             try:
                 handle = await self._registry.acquire(kind, uri, identity)
-            except UpstreamError as exc:
+            except (UpstreamError, RpcError) as exc:
                 failures.append(exc)  # left out of the ack; the listen fails with it if nothing else joins
                 return False
             except Exception:  # boundary: one URI's failure leaves it out of the ack, never the others' handles

@@ -34,7 +34,17 @@ _KNOWN_METHODS = frozenset(
 _WATCH_KINDS = ("resource", *LIST_CHANGED_METHODS)
 _NOTIFICATION_METHODS = (RESOURCE_UPDATED_METHOD, *LIST_CHANGED_METHODS.values())
 _POLL_OUTCOMES = ("ok", "error")
-_LIMITS = ("max_streams", "max_uris_per_stream", "max_sessions", "poll_concurrency", "native_streams")
+_LIMITS = (
+    "max_streams",
+    "max_uris_per_stream",
+    "max_sessions",
+    "max_sessions_per_context",
+    "poll_concurrency",
+    "native_streams",
+    "max_connections",
+    "requests_per_context",
+    "baseline_rate",
+)
 _END_REASONS = ("client", "shutdown", "auth")
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 

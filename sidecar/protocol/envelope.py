@@ -30,6 +30,7 @@ from sidecar.protocol.errors import (
 )
 
 __all__ = [
+    "MAX_DEPTH",
     "Era",
     "Message",
     "RequestId",
@@ -43,6 +44,9 @@ __all__ = [
 Era = Literal["modern", "legacy"]
 RequestId = str | int
 Headers = CIMultiDictProxy[str]
+
+MAX_DEPTH = 128
+"""Nesting a request may have: JSON encoders stop near 255 levels, and no MCP request needs more than a few."""
 
 _BASE64_PREFIX = "=?base64?"
 _BASE64_SUFFIX = "?="
@@ -90,7 +94,21 @@ def parse_message(body: bytes) -> Message:
     params = raw.get("params", {})
     if not isinstance(params, dict):
         raise _invalid("Invalid Request: params must be an object", echo_id)
+    # Counting brackets is cheap; only a body that could be that deep is walked.
+    if body.count(b"{") + body.count(b"[") > MAX_DEPTH and _depth(params) > MAX_DEPTH:
+        raise _invalid(f"Invalid Request: params nested deeper than {MAX_DEPTH} levels", echo_id)
     return Message(raw=raw, method=method, id=echo_id, params=params)
+
+
+def _depth(value: Any) -> int:
+    deepest = 0
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, depth)
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
 
 
 def _invalid(message: str, request_id: RequestId | None) -> InvalidRequest:

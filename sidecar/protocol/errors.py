@@ -4,12 +4,14 @@ SidecarError
 ├── RpcError                     an error answered to a client as a JSON-RPC error
 │   ├── ParseError               -32700, 400: the body is not JSON
 │   ├── InvalidRequest           -32600, 400: not a JSON-RPC request
-│   │   └── PayloadTooLarge      -32600, 413: the body is over listen.max_body_bytes
+│   │   ├── PayloadTooLarge      -32600, 413: the body is over listen.max_body_bytes
+│   │   └── RequestTimeout       -32600, 408: the body did not arrive within listen.body_timeout_s
 │   ├── MethodNotFound           -32601, 404
 │   ├── InvalidParams            -32602, 400
 │   ├── HeaderMismatch           -32020, 400: an MCP header is missing or disagrees with the body
 │   ├── UnsupportedVersion       -32022, 400
 │   ├── Overloaded               -32603, 503: a configured limit refuses new work
+│   │   └── TooManyRequests      -32603, 429: one client has its fill of requests in flight
 │   └── InternalError            -32603, 500
 └── UpstreamError                the upstream failed; `to_rpc()` says what the client sees
     ├── UpstreamUnavailable      connection refused or reset, DNS failure (502)
@@ -33,9 +35,11 @@ __all__ = [
     "Overloaded",
     "ParseError",
     "PayloadTooLarge",
+    "RequestTimeout",
     "RpcError",
     "ShuttingDown",
     "SidecarError",
+    "TooManyRequests",
     "UnsupportedVersion",
     "UpstreamBadResponse",
     "UpstreamError",
@@ -97,6 +101,12 @@ class PayloadTooLarge(InvalidRequest):
     http_status = 413
 
 
+class RequestTimeout(InvalidRequest):
+    """The body did not arrive within `listen.body_timeout_s`."""
+
+    http_status = 408
+
+
 class MethodNotFound(RpcError):
     """Unknown method, or a legacy method under a modern envelope."""
 
@@ -130,6 +140,12 @@ class Overloaded(RpcError):
 
     code = -32603
     http_status = 503
+
+
+class TooManyRequests(Overloaded):
+    """One client (authorization context) has as many requests in flight as it may; others are served."""
+
+    http_status = 429
 
 
 class InternalError(RpcError):

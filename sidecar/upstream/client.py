@@ -7,11 +7,12 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
+import aiohttp
 import orjson
 from multidict import CIMultiDictProxy
 
@@ -28,10 +29,12 @@ from sidecar.protocol.constants import (
 )
 from sidecar.protocol.envelope import Era, Message, RequestId, encode_header_value
 from sidecar.protocol.errors import (
+    TooManyRequests,
     UpstreamBadResponse,
     UpstreamError,
     UpstreamHTTPError,
     UpstreamRpcError,
+    UpstreamTimeout,
 )
 from sidecar.protocol.frames import modern_request_meta
 from sidecar.upstream.auth import metadata_paths, rewrite_challenge, rewrite_metadata
@@ -45,7 +48,7 @@ from sidecar.upstream.http import (
 from sidecar.upstream.legacy import LegacyBridge
 from sidecar.upstream.relay import leave_exchange, relay_answer, relay_events, request_id_of
 
-__all__ = ["Reply", "UpstreamClient", "UpstreamInfo"]
+__all__ = ["ByteStream", "Reply", "UpstreamClient", "UpstreamInfo"]
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +71,14 @@ class UpstreamInfo:
     instructions: str | None
 
 
+class ByteStream(Protocol):
+    """A live answer's bytes, as they arrive; `aclose` ends it (and is safe before the first read)."""
+
+    def __aiter__(self) -> AsyncIterator[bytes]: ...
+
+    async def aclose(self) -> None: ...
+
+
 @dataclass(slots=True)
 class Reply:
     """An upstream answer on its way to the client: a whole JSON message, raw bytes, or a live stream."""
@@ -76,7 +87,35 @@ class Reply:
     headers: dict[str, str] = field(default_factory=dict)
     message: JsonObject | None = None
     body: bytes | None = None
-    stream: AsyncGenerator[bytes, None] | None = None
+    stream: ByteStream | None = None
+
+
+class _Releasing:
+    """A live answer that gives back its client's in-flight slot when it ends, however it ends (also when it
+    is closed before its first read, which an async generator's `finally` would miss)."""
+
+    def __init__(self, stream: AsyncGenerator[bytes, None], release: Callable[[], None]) -> None:
+        self._stream = stream
+        self._release: Callable[[], None] | None = release
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self
+
+    async def __anext__(self) -> bytes:
+        try:
+            return await anext(self._stream)
+        except BaseException:
+            self._done()
+            raise
+
+    async def aclose(self) -> None:
+        self._done()
+        await self._stream.aclose()
+
+    def _done(self) -> None:
+        release, self._release = self._release, None
+        if release is not None:
+            release()
 
 
 class UpstreamClient:
@@ -98,6 +137,8 @@ class UpstreamClient:
         self._metrics = metrics or Metrics()
         self._series_cache: dict[tuple[str, str], tuple[Any, Any]] = {}
         self._probe_lock = asyncio.Lock()
+        self._in_flight: dict[str, int] = {}
+        """Client requests in flight upstream, by authorization context."""
         self._ids = itertools.count(1)
         self.up: bool | None = None
         """True once the upstream answered; False while it is unreachable; None before the first try."""
@@ -323,6 +364,9 @@ class UpstreamClient:
 
     async def forward(self, message: Message, client_headers: Headers, identity: Identity) -> Reply:
         """Send a client's request upstream and return the answer for the client, in the client's era."""
+        return await self._within_limit(identity, lambda: self._forward(message, client_headers, identity))
+
+    async def _forward(self, message: Message, client_headers: Headers, identity: Identity) -> Reply:
         headers = self._identities.forwarded(client_headers)
         info = await self.ensure_info(identity)
         with self._observe(message.method):
@@ -331,6 +375,34 @@ class UpstreamClient:
             answer = await self._legacy.request(identity.context, message.method, message.params, headers)
             answer = {"jsonrpc": "2.0", "id": message.id, **answer}
             return Reply(200, {"Content-Type": "application/json"}, message=answer)
+
+    async def _within_limit(self, identity: Identity, send: Callable[[], Awaitable[Reply]]) -> Reply:
+        """`send` while the client has fewer than `upstream.max_requests_per_context` requests in flight (a live
+        answer counts until it ends); TooManyRequests otherwise, so one client cannot take the whole pool."""
+        context = identity.context
+        in_flight = self._in_flight.get(context, 0)
+        if in_flight >= self._config.max_requests_per_context:
+            self._metrics.limit_rejections.labels("requests_per_context").inc()
+            raise TooManyRequests(f"this client already has {in_flight} requests in flight; retry when one ends")
+        self._in_flight[context] = in_flight + 1
+
+        def release() -> None:
+            left = self._in_flight.get(context, 1) - 1
+            if left > 0:
+                self._in_flight[context] = left
+            else:
+                self._in_flight.pop(context, None)
+
+        try:
+            reply = await send()
+        except BaseException:
+            release()
+            raise
+        if isinstance(reply.stream, AsyncGenerator):
+            reply.stream = _Releasing(reply.stream, release)
+        else:
+            release()
+        return reply
 
     async def _forward_modern(self, message: Message, client_headers: Headers, headers: dict[str, str]) -> Reply:
         for name, value in client_headers.items():
@@ -343,12 +415,23 @@ class UpstreamClient:
         self,
         body: bytes | None,
         client_headers: Headers,
+        identity: Identity,
         *,
         session_id: str | None = None,
         http_method: str = "POST",
     ) -> Reply:
         """Pass a legacy-era client's request through on the upstream session `session_id` (the upstream's
-        own id; the client's session header is replaced by it, or dropped when None)."""
+        own id; the client's session header is replaced by it, or dropped when None). A POST counts towards the
+        client's requests in flight; its session's GET stream does not (one per session, sessions are capped)."""
+        if http_method == "POST":
+            return await self._within_limit(
+                identity, lambda: self._relay_session(body, client_headers, session_id, http_method)
+            )
+        return await self._relay_session(body, client_headers, session_id, http_method)
+
+    async def _relay_session(
+        self, body: bytes | None, client_headers: Headers, session_id: str | None, http_method: str
+    ) -> Reply:
         headers = self._identities.forwarded(client_headers)
         for name, value in client_headers.items():
             if name.lower() == "mcp-protocol-version":
@@ -380,24 +463,25 @@ class UpstreamClient:
         headers["Accept"] = "application/json, text/event-stream" if http_method == "POST" else SSE_CONTENT_TYPE
         names = (*_PASSTHROUGH_RESPONSE_HEADERS, HEADER_SESSION_ID) if pass_session else _PASSTHROUGH_RESPONSE_HEADERS
         stack = contextlib.AsyncExitStack()
-        response = await stack.enter_async_context(self._http.send(http_method, body, headers, streaming=True))
         try:
-            passthrough = self.public_headers(
-                {name: response.headers[name] for name in names if name in response.headers}
-            )
-            if response.headers.get("Content-Type", "").startswith(SSE_CONTENT_TYPE) and response.status < 300:
-                # Relayed as it arrives (buffering would hold back progress); a stream that breaks off ends with
-                # a JSON-RPC error event for its request rather than as a cut stream (see upstream/relay.py).
-                limit = self._http.max_response_bytes
-                if request_id is None:
-                    stream = relay_events(response.content, stack, upstream=self.url, limit=limit)
-                else:
-                    stream = relay_answer(response.content, stack, request_id, upstream=self.url, limit=limit)
-                return Reply(response.status, passthrough, stream=stream)
-            body = await read_limited(response, self._http.max_response_bytes, self.url)
-        except BaseException as exc:
-            # Through the exchange, not around it: a timeout or the shutdown's abort becomes an UpstreamError.
-            await leave_exchange(stack, exc)
+            # The whole answer within timeout_s (a body dripping a byte at a time must not hold a client and a
+            # pooled connection for ever); an SSE answer, once it starts, is bounded by silence and max_stream_s.
+            async with asyncio.timeout(self._config.timeout_s) as whole:
+                response = await stack.enter_async_context(self._http.send(http_method, body, headers, streaming=True))
+                try:
+                    passthrough = self.public_headers(
+                        {name: response.headers[name] for name in names if name in response.headers}
+                    )
+                    if response.headers.get("Content-Type", "").startswith(SSE_CONTENT_TYPE) and response.status < 300:
+                        whole.reschedule(None)
+                        return Reply(response.status, passthrough, stream=self._relay(response, stack, request_id))
+                    body = await read_limited(response, self._http.max_response_bytes, self.url)
+                except BaseException as exc:
+                    # Through the exchange, not around it: a timeout or the shutdown's abort becomes an UpstreamError.
+                    await leave_exchange(stack, exc)
+        except TimeoutError as exc:
+            await stack.aclose()
+            raise UpstreamTimeout(self.url, f"no complete answer within {self._config.timeout_s:g} s") from exc
         await stack.aclose()
         decoded = _try_json(body)
         if http_method != "POST" and response.status < 500:
@@ -407,6 +491,17 @@ class UpstreamClient:
         if 200 <= response.status < 300:
             raise UpstreamBadResponse(self.url, "answer is not JSON")
         raise UpstreamHTTPError(self.url, response.status, response.reason or "")
+
+    def _relay(
+        self, response: aiohttp.ClientResponse, stack: contextlib.AsyncExitStack, request_id: RequestId | None
+    ) -> AsyncGenerator[bytes, None]:
+        # Relayed as it arrives (buffering would hold back progress); a stream that breaks off ends with a
+        # JSON-RPC error event for its request rather than as a cut stream (see upstream/relay.py).
+        limit = self._http.max_response_bytes
+        if request_id is None:
+            return relay_events(response.content, stack, upstream=self.url, limit=limit)
+        max_s = self._config.max_stream_s
+        return relay_answer(response.content, stack, request_id, upstream=self.url, limit=limit, max_s=max_s)
 
     # -- the sidecar's own calls ---------------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ and `retry:` fields of a resumption the sidecar does not offer never reach it ei
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncGenerator
@@ -19,7 +20,7 @@ from typing import Any, NoReturn
 import orjson
 
 from sidecar.protocol.envelope import RequestId
-from sidecar.protocol.errors import UpstreamBadResponse, UpstreamError
+from sidecar.protocol.errors import UpstreamBadResponse, UpstreamError, UpstreamTimeout
 from sidecar.protocol.frames import error_response
 from sidecar.upstream.sse import SSEDecoder, SSEEvent, SSETooLarge, frame
 
@@ -52,15 +53,26 @@ def request_id_of(body: bytes | None) -> RequestId | None:
 
 
 async def relay_answer(
-    content: Any, stack: contextlib.AsyncExitStack, request_id: RequestId, *, upstream: str, limit: int
+    content: Any,
+    stack: contextlib.AsyncExitStack,
+    request_id: RequestId,
+    *,
+    upstream: str,
+    limit: int,
+    max_s: float | None = None,
 ) -> AsyncGenerator[bytes, None]:
-    """The events of the upstream's answer to `request_id`, each whole; an error event if it never comes."""
+    """The events of the upstream's answer to `request_id`, each whole; an error event if it never comes, or if
+    it has not come `max_s` seconds after the stream began (silence alone is the read timeout's to end)."""
     decoder = SSEDecoder(limit)
     answered = False
     failure: UpstreamError
+    loop = asyncio.get_running_loop()
+    ends_at = None if max_s is None else loop.time() + max_s
     try:
         try:
             async for chunk in content.iter_any():
+                if ends_at is not None and loop.time() > ends_at and not answered:
+                    raise UpstreamTimeout(upstream, f"no answer within max_stream_s ({max_s:g} s)")
                 for event in _decode(decoder, chunk, upstream):
                     answered = answered or _answers(event, request_id)
                     yield frame(event)

@@ -26,8 +26,9 @@ from sidecar.config import PollingConfig
 from sidecar.identity import ANONYMOUS, PUBLIC, Identity
 from sidecar.observability.metrics import Metrics
 from sidecar.protocol.constants import READ_ONLY_METHODS
-from sidecar.protocol.errors import UpstreamHTTPError
+from sidecar.protocol.errors import TooManyRequests, UpstreamHTTPError
 from sidecar.upstream.client import UpstreamClient
+from sidecar.watch.admission import Admission
 from sidecar.watch.coordination import LocalCoordinator, PollCoordinator
 from sidecar.watch.fingerprint import ABSENT
 from sidecar.watch.keys import WatchKey, WatchKind
@@ -102,6 +103,9 @@ class WatchRegistry:
         self._revalidate_timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._auth_listeners: list[AuthFailureListener] = []
+        self._admission = Admission(
+            absent_ttl_s=config.default_interval_ms / 1000, rate_per_s=config.max_baselines_per_s
+        )
         self._native = NativeNotifications(
             upstream, config, metrics, on_hint=self._upstream_hint, on_coverage=self._coverage_changed
         )
@@ -127,13 +131,21 @@ class WatchRegistry:
         """Join or start the watch for this client; None when its own read finds nothing (not found).
 
         Raises UpstreamError when the upstream could not answer that read (down, a bad answer, a refusal), so
-        the caller can tell the client what happened rather than that the resource does not exist.
+        the caller can tell the client what happened rather than that the resource does not exist; and
+        TooManyRequests when the client starts more first reads a second than `polling.max_baselines_per_s`.
         """
         context = identity.context
         watch = self._joinable(kind, uri, context)
         if watch is None:
             flight = (kind, uri, context)
             task = self._baselines.get(flight)
+            if task is None and self._admission.known_absent(kind, uri, context):
+                return None  # found missing a moment ago: not read again so soon
+            if task is None and not self._admission.take(context):
+                self._metrics.limit_rejections.labels("baseline_rate").inc()
+                raise TooManyRequests(
+                    f"this client subscribes faster than {self._config.max_baselines_per_s:g} new reads a second"
+                )
             if task is None:
                 task = asyncio.get_running_loop().create_task(self._baseline(kind, uri, identity))
                 self._baselines[flight] = task
@@ -156,6 +168,7 @@ class WatchRegistry:
             ticket = self.ticket()
             observation = await observe(self._upstream, kind, uri, identity)
         if not observation.found:
+            self._admission.absent(kind, uri, context)
             return None
         key = WatchKey(kind, uri, PUBLIC if observation.public else context)
         watch = self._watches.get(key)
@@ -280,6 +293,7 @@ class WatchRegistry:
         uri = params["uri"]
         result = answer.get("result")
         if isinstance(result, dict):
+            self._admission.present(uri, identity.context)
             scope = PUBLIC if result.get("cacheScope") == "public" else identity.context
             watch = self._watches.get(WatchKey("resource", uri, scope))
             if watch is not None:  # fingerprint only what someone watches: this is the forwarding hot path
@@ -333,6 +347,8 @@ class WatchRegistry:
                 watch.hint()
 
     def _on_change(self, event: ChangeEvent) -> None:
+        if event.key.kind == "resources_list":
+            self._admission.present()  # what was missing may exist now
         # Changes seen by other replicas keep this replica's copy current, for when it takes the lease.
         watch = self._watches.get(event.key)
         if watch is not None:

@@ -189,7 +189,7 @@ class _Cli:
 @contextlib.asynccontextmanager
 async def _cli(*args: str) -> AsyncIterator[_Cli]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "sidecar.cli", *args, cwd=REPO_ROOT, env=_env(),
+        sys.executable, "-m", "sidecar.cli", *args, cwd=REPO_ROOT, env=_env(MCP_SIDECAR__ADMIN__PORT="0"),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     cli = _Cli(proc)
@@ -225,6 +225,11 @@ async def test_demo_serves_a_changing_catalog_and_stops_on_ctrl_c(host: str, htt
         status, read = await rpc(http, url, "resources/read", {"uri": "catalog://plans/basic"})
         assert status == 200, demo.output()
         assert re.fullmatch(r"price=\d+", read["result"]["contents"][0]["text"])
+        # The re-read line the demo prints works as printed (the README shows the same).
+        reread = (await demo.wait_for_line("stdout", r"^curl -s .*resources/read.*$")).group(0)
+        shell = await asyncio.create_subprocess_shell(reread, stdout=asyncio.subprocess.PIPE)
+        out, _ = await asyncio.wait_for(shell.communicate(), START_TIMEOUT_S)
+        assert re.fullmatch(r"price=\d+", json.loads(out)["result"]["contents"][0]["text"]), out
         assert await demo.stop(signal.SIGINT) == 0, demo.output()
     assert "Traceback" not in demo.output()
 

@@ -71,7 +71,7 @@ async def test_promtool_accepts_a_scrape_of_a_running_sidecar(
         stream = ListenStream(http, sidecar.url, 1, [PRICE])
         try:
             await stream.open()
-            async with http.get(f"{sidecar.base_url}/metrics") as resp:
+            async with http.get(f"{sidecar.admin_url}/metrics") as resp:
                 body = await resp.read()
         finally:
             await stream.close()
@@ -129,7 +129,7 @@ def _config(tmp_path: Path, sidecar: Sidecar) -> Path:
     """config/prometheus/scrape.yml with its job pointed at `sidecar`, scraping every second."""
     example = yaml.safe_load((PROMETHEUS_CONFIG / "scrape.yml").read_text(encoding="utf-8"))
     (job,) = [job for job in example["scrape_configs"] if job["job_name"] == "mcp-sidecar"]
-    target = sidecar.base_url.removeprefix("http://")
+    target = sidecar.admin_url.removeprefix("http://")
     job.update(scrape_interval="1s", scrape_timeout="1s", static_configs=[{"targets": [target]}])
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
@@ -186,10 +186,10 @@ async def test_prometheus_scrapes_the_open_stream_count_and_runs_the_rules(
         try:
             for stream in streams:
                 await stream.open()
-            assert (await scrape(http, sidecar.base_url)).value("mcp_sidecar_listen_streams") == STREAMS
+            assert (await scrape(http, sidecar.admin_url)).value("mcp_sidecar_listen_streams") == STREAMS
             async with _prometheus(tmp_path, _config(tmp_path, sidecar), http) as prometheus:
                 (result,) = await prometheus.wait_for(http, "mcp_sidecar_listen_streams", str(STREAMS))
-                target = sidecar.base_url.removeprefix("http://")
+                target = sidecar.admin_url.removeprefix("http://")
                 assert result["metric"] == {
                     "__name__": "mcp_sidecar_listen_streams",
                     "job": "mcp-sidecar",

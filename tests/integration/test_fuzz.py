@@ -72,6 +72,7 @@ class Process:
     proc: subprocess.Popen[bytes]
     port: int
     log: Path
+    admin_port: int
     baseline_rss: int = 0
     """Resident memory after start-up and a warm-up of ordinary requests."""
 
@@ -95,7 +96,7 @@ class Process:
         return entries
 
     def metric(self, name: str) -> float:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as resp:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.admin_port}/metrics", timeout=5) as resp:
             for line in resp.read().decode().splitlines():
                 if line.startswith(name + " "):
                     return float(line.split()[1])
@@ -123,13 +124,14 @@ def _spawn(argv: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
 @pytest.fixture(scope="module")
 def sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
     workdir = tmp_path_factory.mktemp("fuzz")
-    upstream_port, port = _free_port(), _free_port()
+    upstream_port, port, admin_port = _free_port(), _free_port(), _free_port()
     shop = [sys.executable, "-m", "tests.peers.shop_server", "--port", str(upstream_port), "--era", "modern"]
     with _spawn(shop, workdir / "shop.log") as shop_proc:
         _wait_http(f"http://127.0.0.1:{upstream_port}/admin/health", shop_proc, workdir / "shop.log")
         config = {
             "upstream": {"url": f"http://127.0.0.1:{upstream_port}/mcp", "timeout_s": 5},
             "listen": {"port": port, "max_body_bytes": BODY_LIMIT, "shutdown_grace_s": 2},
+            "admin": {"port": admin_port},
             "streams": {"max_uri_length": MAX_URI_LENGTH, "max_uris_per_stream": MAX_URIS, "max_streams": 100},
             "polling": {"min_interval_ms": 100, "default_interval_ms": 300, "linger_ms": 100},
             "logging": {"format": "json", "level": "info"},
@@ -139,7 +141,7 @@ def sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
         log = workdir / "sidecar.log"
         with _spawn([sys.executable, "-m", "sidecar.cli", "run", "--config", str(path)], log) as proc:
             _wait_http(f"http://127.0.0.1:{port}/readyz", proc, log)
-            process = Process(proc, port, log)
+            process = Process(proc, port, log, admin_port)
             _warm_up(process)
             process.baseline_rss = process.rss()
             yield process

@@ -88,7 +88,7 @@ async def _run_cli(config: Path) -> AsyncIterator[_Process]:
     env = {key: value for key, value in os.environ.items() if not key.startswith("MCP_SIDECAR__")}
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "sidecar.cli", "run", "--config", str(config),
-        cwd=REPO_ROOT, env={**env, "PYTHONUNBUFFERED": "1"},
+        cwd=REPO_ROOT, env={**env, "PYTHONUNBUFFERED": "1", "MCP_SIDECAR__ADMIN__PORT": "0"},
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     process = _Process(proc)

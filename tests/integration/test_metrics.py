@@ -29,7 +29,7 @@ async def fast_upstream() -> AsyncIterator[Upstream]:
 
 async def _gauge_becomes(http: aiohttp.ClientSession, sidecar: Sidecar, name: str, value: float) -> None:
     async def check() -> bool:
-        return (await scrape(http, sidecar.base_url)).value(name) == value
+        return (await scrape(http, sidecar.admin_url)).value(name) == value
 
     await eventually(check, within_s=WAIT_S)
 
@@ -59,7 +59,7 @@ async def test_a_scripted_session_shows_in_every_family(fast_upstream: Upstream,
             for stream in (first, second):
                 ack = await stream.open()
                 assert ack["params"]["notifications"]["resourceSubscriptions"] == [PRICE]
-            during = await scrape(http, sidecar.base_url)
+            during = await scrape(http, sidecar.admin_url)
             assert during.value("mcp_sidecar_listen_streams") == 2
             assert during.value("mcp_sidecar_subscriptions") == 2
             assert during.value("mcp_sidecar_watches", kind="resource") == 1  # two streams, one watch
@@ -85,7 +85,7 @@ async def test_a_scripted_session_shows_in_every_family(fast_upstream: Upstream,
             lambda: _watches_gone(sidecar),
             within_s=WAIT_S,
         )
-        final = await scrape(http, sidecar.base_url)
+        final = await scrape(http, sidecar.admin_url)
 
     _assert_every_family_is_exposed(final)
     _assert_no_label_value_names_a_uri_or_credential(final)
@@ -190,7 +190,7 @@ def _assert_no_label_value_names_a_uri_or_credential(final: Scrape) -> None:
 async def test_the_stream_limit_gauge_shows_streams_max_streams(http: aiohttp.ClientSession) -> None:
     # /metrics never contacts the upstream: none needs to run.
     async with serve_sidecar("http://127.0.0.1:9/mcp", streams={"max_streams": 7}) as sidecar:
-        assert (await scrape(http, sidecar.base_url)).value("mcp_sidecar_stream_limit") == 7
+        assert (await scrape(http, sidecar.admin_url)).value("mcp_sidecar_stream_limit") == 7
 
 
 async def test_a_listen_stream_the_client_closes_is_counted_as_a_request(
@@ -203,7 +203,7 @@ async def test_a_listen_stream_the_client_closes_is_counted_as_a_request(
         finally:
             await stream.close()
         await _gauge_becomes(http, sidecar, "mcp_sidecar_listen_streams", 0)
-        final = await scrape(http, sidecar.base_url)
+        final = await scrape(http, sidecar.admin_url)
     assert final.value("mcp_sidecar_streams_ended_total", reason="client") == 1
     counted = final.labelled("mcp_sidecar_requests_total")
     assert sum(value for labels, value in counted.items() if ("method", "subscriptions/listen") in labels) == 1

@@ -40,7 +40,7 @@ async def test_an_out_of_band_change_the_upstream_announces_reaches_the_client_a
         try:
             metrics = sidecar.app[METRICS]
             await eventually(lambda: metrics.native_watches._value.get() >= 2)  # the price and the tool list
-            async with http.get(f"{sidecar.base_url}/status") as resp:
+            async with http.get(f"{sidecar.admin_url}/status") as resp:
                 modes = {watch["kind"]: watch["mode"] for watch in (await resp.json())["watches"]}
             assert modes == {"resource": "native", "tools_list": "native"}
 

@@ -36,7 +36,7 @@ async def test_an_upstream_answering_garbage_to_the_probe_is_not_ready_and_says_
         assert status == 503, body
         assert "unusable" in str(body["reason"]) and "not JSON" in str(body["reason"])
         assert any(record.getMessage() == "upstream unusable" for record in caplog.records)
-        async with http.get(f"{sidecar.base_url}/status") as resp:
+        async with http.get(f"{sidecar.admin_url}/status") as resp:
             upstream = (await resp.json())["upstream"]
         assert upstream["era"] is None and upstream["usable"] is False and upstream["up"] is True
         assert "unusable" in upstream["not_ready_reason"]

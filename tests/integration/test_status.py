@@ -66,7 +66,7 @@ class _Tables(HTMLParser):
 
 
 async def _status_json(http: aiohttp.ClientSession, sidecar: Sidecar) -> tuple[str, dict[str, object]]:
-    async with http.get(f"{sidecar.base_url}/status") as resp:
+    async with http.get(f"{sidecar.admin_url}/status") as resp:
         assert resp.status == 200
         assert resp.headers["Content-Type"].startswith("application/json")
         text = await resp.text()
@@ -74,7 +74,7 @@ async def _status_json(http: aiohttp.ClientSession, sidecar: Sidecar) -> tuple[s
 
 
 async def _status_html(http: aiohttp.ClientSession, sidecar: Sidecar) -> str:
-    async with http.get(f"{sidecar.base_url}/status", headers={"Accept": "text/html,*/*;q=0.8"}) as resp:
+    async with http.get(f"{sidecar.admin_url}/status", headers={"Accept": "text/html,*/*;q=0.8"}) as resp:
         assert resp.status == 200
         assert resp.headers["Content-Type"].startswith("text/html")
         return await resp.text()

@@ -1,0 +1,133 @@
+"""Serving the sidecar's HTTP listeners against hostile clients: connection caps, timeouts, quiet error logs.
+
+- A client has `listen.header_timeout_s` to send a complete request on a new or idle connection
+  (aiohttp's keep-alive timer, armed when a connection opens, closes a connection waiting for a request);
+  the body then has `listen.body_timeout_s` (see `downstream/guards.read_body`).
+- At most `listen.max_connections` connections at once: one more is closed as it is accepted, counted
+  in `mcp_sidecar_limit_rejections_total{limit="max_connections"}`; established streams go on, and the
+  admin listener (health, metrics) has its own.
+- The soft limit on open files is raised to the hard limit at start, so the cap, not the kernel, decides.
+- asyncio's "accept() out of resources" and aiohttp's tracebacks for malformed HTTP are logged once per
+  cause per interval at WARNING, not once per connection at ERROR.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+import time
+from typing import Any
+
+from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+
+from sidecar.config import ListenConfig
+from sidecar.observability.metrics import Metrics
+
+__all__ = ["GuardedRunner", "QuietErrors", "install_quiet_errors", "raise_open_files_limit"]
+
+logger = logging.getLogger(__name__)
+
+_LOG_INTERVAL_S = 10.0
+
+
+class GuardedRunner(web.AppRunner):
+    """An AppRunner whose server closes connections past `listen.max_connections` as they are accepted and
+    gives each new or idle connection `listen.header_timeout_s` to send a complete request."""
+
+    def __init__(self, app: web.Application, config: ListenConfig, metrics: Metrics, **kwargs: Any) -> None:
+        kwargs.setdefault("keepalive_timeout", config.header_timeout_s)
+        super().__init__(app, **kwargs)
+        self._max_connections = config.max_connections
+        self._metrics = metrics
+
+    async def _make_server(self) -> web.Server:
+        server = await super()._make_server()
+        accept = server.connection_made
+        cap = self._max_connections
+        rejected = self._metrics.limit_rejections.labels("max_connections")
+
+        def connection_made(handler: RequestHandler, transport: asyncio.Transport) -> None:
+            accept(handler, transport)
+            if len(server.connections) > cap:
+                rejected.inc()
+                transport.abort()  # before a byte is read: a flood costs an accept and a close, nothing more
+
+        # aiohttp's Server has no hook for this; its protocol calls `connection_made` on the instance.
+        server.connection_made = connection_made  # type: ignore[method-assign]
+        return server
+
+
+class QuietErrors(logging.Filter):
+    """Lets one record per cause through per interval, at WARNING, without its traceback."""
+
+    def __init__(self, interval_s: float = _LOG_INTERVAL_S) -> None:
+        super().__init__()
+        self._interval_s = interval_s
+        self._last: dict[str, float] = {}
+        self._suppressed: dict[str, int] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR:
+            return True
+        exc = record.exc_info[1] if record.exc_info else None
+        cause = type(exc).__name__ if exc is not None else record.getMessage()[:80]
+        now = time.monotonic()
+        if now - self._last.get(cause, -self._interval_s) < self._interval_s:
+            self._suppressed[cause] = self._suppressed.get(cause, 0) + 1
+            return False
+        self._last[cause] = now
+        suppressed = self._suppressed.pop(cause, 0)
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+        record.msg = f"{record.getMessage()}: {exc}" if exc is not None else record.getMessage()
+        record.args = None
+        record.exc_info = record.exc_text = None
+        if suppressed:
+            record.msg += f" ({suppressed} more like it in the last {self._interval_s:.0f} s)"
+        if len(self._last) > 1000:  # causes are a small set; keep the memo bounded anyway
+            self._last.clear()
+        return True
+
+
+def install_quiet_errors(loop: asyncio.AbstractEventLoop) -> None:
+    """Malformed HTTP (aiohttp) and failed accepts (asyncio) are logged at most once per cause per interval."""
+    server_logger = logging.getLogger("aiohttp.server")
+    if not any(isinstance(f, QuietErrors) for f in server_logger.filters):
+        server_logger.addFilter(QuietErrors())
+    quiet = QuietErrors()
+    default = loop.get_exception_handler()
+
+    def handle(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        if "accept" not in str(context.get("message", "")):
+            if default is not None:
+                default(loop, context)
+            else:
+                loop.default_exception_handler(context)
+            return
+        exc = context.get("exception")
+        record = logger.makeRecord(logger.name, logging.ERROR, __file__, 0, "%s", (context.get("message"),), None)
+        if exc is not None:
+            record.exc_info = (type(exc), exc, exc.__traceback__)
+        if quiet.filter(record):
+            logger.handle(record)
+
+    loop.set_exception_handler(handle)
+
+
+def raise_open_files_limit(wanted: int) -> int:
+    """Raise the soft open-files limit towards the hard one (at least `wanted` if allowed); the limit now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, wanted)
+    if target > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError) as exc:
+            logger.warning("cannot raise the open-files limit", extra={"soft": soft, "hard": hard, "reason": str(exc)})
+    if soft < wanted:
+        logger.warning(
+            "the open-files limit is below listen.max_connections; the kernel will refuse connections first",
+            extra={"limit": soft, "max_connections": wanted},
+        )
+    return soft
