@@ -173,13 +173,13 @@ class Mcp1Client:
                 f"{[s['step'] for s in self.steps]}\n{self.process.log_tail()}"
             ) from None
 
-    async def finish(self, within_s: float = STEP_TIMEOUT_S) -> list[dict[str, Any]]:
-        """Every remaining step, once the client has exited 0."""
+    async def finish(self, within_s: float = STEP_TIMEOUT_S) -> dict[str, dict[str, Any]]:
+        """Every step by name, once the client has exited 0; an `error` step fails with its message."""
         async with asyncio.timeout(within_s):
-            while True:
-                try:
-                    await self._next_line()
-                except AssertionError:
-                    break
-        assert self.process.returncode == 0, f"the 1.x client exited {self.process.returncode}: {self.steps}"
-        return self.steps
+            while not self.steps or self.steps[-1]["step"] not in ("done", "error"):
+                await self._next_line()
+        last = self.steps[-1]
+        if last["step"] == "error":
+            raise AssertionError(f"the 1.x client failed at {last.get('at')}: {last.get('error')}")
+        assert await self.process.wait(STOP_TIMEOUT_S) == 0, self.process.log_tail()
+        return {step["step"]: step for step in self.steps}
