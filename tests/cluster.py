@@ -17,7 +17,6 @@ import contextlib
 import grp
 import os
 import pwd
-import shutil
 import signal
 import socket
 import sys
@@ -27,11 +26,11 @@ from typing import Any
 
 import aiohttp
 import orjson
-import pytest
 import redis.asyncio as aioredis
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests import prereqs
 from tests.helpers import headers, request
 
 __all__ = [
@@ -81,11 +80,8 @@ def free_port() -> int:
 
 
 def require_binary(name: str) -> str:
-    """The path of `name` on PATH (or in the sbin directories a non-root PATH may lack); skips the test if absent."""
-    found = shutil.which(name) or shutil.which(name, path="/usr/local/sbin:/usr/sbin:/sbin")
-    if found is None:
-        pytest.skip(f"{name} is not installed (Debian package `{name}`); the scale-out tests need a real one")
-    return found
+    """The path of `name` (PATH or sbin); skips the test when absent (a failure under CI: `tests.prereqs`)."""
+    return prereqs.require_binary(name, needed_by="the scale-out tests")
 
 
 def _env(**overrides: str) -> dict[str, str]:

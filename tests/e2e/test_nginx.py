@@ -1,7 +1,8 @@
 """config/nginx/mcp-sidecar.conf in a real nginx in front of a sidecar: requests and listen streams pass through,
 events arrive as they happen and uncompressed, and the operator endpoints stay private.
 
-Skips where nginx is not on PATH. nginx runs as a child of the test (one process, no daemon) on 127.0.0.1.
+Skips where nginx is not installed (a failure under CI). nginx runs as a child of the test (one process, no
+daemon) on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-import shutil
 import socket
 import subprocess
 from collections.abc import AsyncIterator
@@ -21,6 +21,7 @@ import pytest
 from tests.helpers import Sidecar, rpc, serve_sidecar, serving_process
 from tests.observing import UPDATED, ListenStream
 from tests.peers import Upstream, start_upstream
+from tests.prereqs import require_binary
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SITE = REPO_ROOT / "config" / "nginx" / "mcp-sidecar.conf"
@@ -48,9 +49,7 @@ def _site(sidecar: Sidecar, port: int) -> str:
 
 @contextlib.asynccontextmanager
 async def _nginx(tmp_path: Path, sidecar: Sidecar, http: aiohttp.ClientSession) -> AsyncIterator[str]:
-    binary = shutil.which("nginx")
-    if binary is None:
-        pytest.skip("nginx is not on PATH")
+    binary = require_binary("nginx", needed_by="the nginx example test")
     port = _free_port()
     (tmp_path / "site.conf").write_text(_site(sidecar, port), encoding="utf-8")
     temp = {name: tmp_path / name for name in ("body", "proxy", "fastcgi", "uwsgi", "scgi")}

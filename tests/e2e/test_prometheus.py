@@ -3,7 +3,8 @@ server scraping it with config/prometheus/scrape.yml reports the open listen str
 and every dashboard query.
 
 Needs `prometheus` and `promtool` on PATH (Debian package `prometheus`, listed in .ci/apt-packages); the tests
-skip, saying so, where they are missing. The server runs as a child process of the test, on 127.0.0.1.
+skip, saying so, where they are missing (a failure under CI). The server runs as a child process of the test,
+on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import shutil
 import socket
 import subprocess
 from collections.abc import AsyncIterator
@@ -25,6 +25,7 @@ import yaml
 from tests.helpers import Sidecar, rpc, serve_sidecar, serving_process
 from tests.observing import ListenStream, scrape
 from tests.peers import Upstream
+from tests.prereqs import require_binary
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS_CONFIG = REPO_ROOT / "config" / "prometheus"
@@ -38,10 +39,7 @@ STREAMS = 3
 
 
 def _tool(name: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        pytest.skip(f"{name} is not on PATH (Debian package `prometheus`; CI installs it from .ci/apt-packages)")
-    return path
+    return require_binary(name, package="prometheus", needed_by="the Prometheus tests (CI: .ci/apt-packages)")
 
 
 def _free_port() -> int:
