@@ -405,3 +405,28 @@ def test_a_subscribed_uri_longer_than_the_limit_is_invalid_params(sidecar: Proce
     message = json.loads(raw)
     assert message["id"] == "long" and message["error"]["code"] == -32602
     assert str(MAX_URI_LENGTH) in message["error"]["message"]
+
+
+# -- the regression corpus: every input that ever broke the sidecar, replayed on every run -------------------
+
+REGRESSIONS = [
+    # A Host the URL parser cannot split (an unclosed IPv6 bracket) got a 500 and a logged traceback.
+    pytest.param({"Host": "["}, id="host-unclosed-bracket"),
+    # The same for an Origin: the DNS-rebinding guard parsed it and raised.
+    pytest.param({"Origin": "http://["}, id="origin-unclosed-bracket"),
+]
+
+
+@pytest.mark.parametrize("bad_headers", REGRESSIONS)
+def test_an_input_that_once_broke_the_sidecar_gets_a_400_json_rpc_error(
+    bad_headers: dict[str, str], sidecar: Process
+) -> None:
+    body = json.dumps({"jsonrpc": "2.0", "id": 7, "method": "tools/list", "params": {"_meta": META}}).encode()
+    hdrs = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream",
+            "MCP-Protocol-Version": PV, "Mcp-Method": "tools/list", **bad_headers}  # fmt: skip
+    status, _, raw = _post(sidecar.port, body, hdrs)
+    assert b"Traceback" not in raw
+    assert status == 400, raw
+    message = json.loads(raw)
+    assert message.get("jsonrpc") == "2.0" and isinstance(message.get("error", {}).get("code"), int), raw
+    assert sidecar.alive
