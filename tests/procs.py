@@ -3,10 +3,12 @@
 The one place that spawns a server (redis-server, nginx, Prometheus, sidecar replicas, the SDK peers, the
 third-party peers, the bench's upstreams and load generator) and stops it again: SIGTERM, then SIGKILL after a
 bound. Each server runs in the foreground of its own child process, its output appended to a log file that
-failures quote. Readiness is a probe the caller gives (an HTTP route that answers, a PING), polled until it
-passes, the process exits, or the bound runs out.
+failures quote (with the tails of any other logs it writes, such as nginx's error.log). Readiness is a probe the
+caller gives (an HTTP route that answers, a PING), polled until it passes, the process exits, or the bound
+runs out. The command lines of the foreign servers that both tests and bench run (redis-server, nginx) are
+here too, so each is written once.
 
-    server = ServerProcess("nginx", argv, workdir / "nginx.out")
+    server = ServerProcess("nginx", nginx_argv(binary, home, conf), home / "nginx.out")
     async with server.serving(http_answers(f"{base}/healthz"), within_s=15.0):
         ...  # ready here; stopped when the block is left, however it is left
 
@@ -17,7 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import grp
 import os
+import pwd
 import shutil
 import signal
 import socket
@@ -36,7 +40,10 @@ __all__ = [
     "find_binary",
     "free_port",
     "http_answers",
+    "nginx_argv",
+    "nginx_preamble",
     "redis_answers",
+    "redis_argv",
 ]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -112,10 +119,35 @@ def redis_answers(port: int, *, timeout_s: float = 1.0) -> Probe:
     return probe
 
 
+def redis_argv(binary: str, port: int, workdir: Path) -> list[str]:
+    """redis-server in the foreground on 127.0.0.1:`port`, without persistence (nothing outlives the test)."""
+    return [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+            "--dir", str(workdir)]  # fmt: skip
+
+
+def nginx_argv(binary: str, home: Path, conf: Path) -> list[str]:
+    """nginx in the foreground with `conf`, its prefix and early error log in `home` (never the system's)."""
+    return [binary, "-p", str(home), "-c", str(conf), "-e", str(home / "error.log"), "-g", "daemon off;"]
+
+
+def nginx_preamble(home: Path) -> tuple[str, str]:
+    """(main-context lines, http-context lines) every nginx config here needs: as root, a `user` line naming
+    root (its workers would otherwise switch to a user who cannot write `home`), and temp paths in `home`."""
+    user = f"user {pwd.getpwuid(0).pw_name} {grp.getgrgid(0).gr_name};\n" if os.geteuid() == 0 else ""
+    temp = "".join(
+        f"    {kind}_temp_path {home}/{folder};\n"
+        for kind, folder in (("client_body", "client_body"), ("proxy", "proxy"), ("fastcgi", "fastcgi"),
+                             ("uwsgi", "uwsgi"), ("scgi", "scgi"))
+    )  # fmt: skip
+    return user, temp
+
+
 class ServerProcess:
     """One foreground child process; stderr (and stdout, unless piped) is appended to `log_path`.
 
-    `env` entries are added to `child_env()`. `stop` is idempotent, and a no-op for one never started.
+    `env` entries are added to `child_env()`. `other_logs` are files the server writes itself (nginx's
+    error.log): their tails join the log tail a failure shows. `stop` is idempotent, and a no-op for one never
+    started.
     """
 
     def __init__(
@@ -126,12 +158,14 @@ class ServerProcess:
         *,
         env: Mapping[str, str] | None = None,
         cwd: Path = REPO_ROOT,
+        other_logs: Sequence[Path] = (),
     ) -> None:
         self.name = name
         self.argv = list(argv)
         self.log_path = log_path
         self.env = child_env(env)
         self.cwd = cwd
+        self.other_logs = list(other_logs)
         self.proc: asyncio.subprocess.Process | None = None
 
     async def spawn(self, *, pipes: bool = False, limit: int = 2**16) -> None:
@@ -162,7 +196,11 @@ class ServerProcess:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def log_tail(self, lines: int = 60) -> str:
-        return f"-- {self.name} ({self.log_path}) --\n" + "\n".join(self.log_text().splitlines()[-lines:])
+        tail = f"-- {self.name} ({self.log_path}) --\n" + "\n".join(self.log_text().splitlines()[-lines:])
+        for path in self.other_logs:
+            text = path.read_text(errors="replace") if path.exists() else "(not written)"
+            tail += f"\n-- {path.name} --\n" + "\n".join(text.splitlines()[-lines:])
+        return tail
 
     async def wait_ready(self, probe: Probe, within_s: float = START_TIMEOUT_S) -> None:
         """Until `probe()` is true. RuntimeError at once if the process exits; TimeoutError after `within_s`."""
@@ -187,13 +225,15 @@ class ServerProcess:
             raise
 
     @contextlib.asynccontextmanager
-    async def serving(self, probe: Probe, within_s: float = START_TIMEOUT_S) -> AsyncIterator[ServerProcess]:
-        """Started and ready inside the block, stopped when it is left."""
+    async def serving(
+        self, probe: Probe, within_s: float = START_TIMEOUT_S, *, stop_within_s: float = STOP_TIMEOUT_S
+    ) -> AsyncIterator[ServerProcess]:
+        """Started and ready inside the block, stopped (SIGKILL after `stop_within_s`) when it is left."""
         try:
             await self.start(probe, within_s)
             yield self
         finally:
-            await self.stop()
+            await self.stop(stop_within_s)
 
     async def wait(self, within_s: float = STOP_TIMEOUT_S) -> int:
         """The exit code, waited for (bounded)."""
