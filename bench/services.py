@@ -21,6 +21,7 @@ import yaml
 
 from bench.common import python_argv
 from tests.procs import (
+    OnLoopback,
     ServerProcess,
     find_binary,
     free_port,
@@ -63,18 +64,10 @@ def kill_leftovers() -> None:
 
 
 @dataclass
-class Service:
+class Service(OnLoopback):
     name: str
     port: int
     proc: ServerProcess
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def url(self) -> str:
-        return f"{self.base_url}/mcp"
 
 
 @dataclass

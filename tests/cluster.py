@@ -30,6 +30,7 @@ from tests import prereqs
 from tests.helpers import headers, request
 from tests.procs import (
     START_TIMEOUT_S,
+    OnLoopback,
     ServerProcess,
     free_port,
     http_answers,
@@ -182,7 +183,7 @@ class MetricsSnapshot:
         )
 
 
-class Replica:
+class Replica(OnLoopback):
     """One `python -m sidecar.cli run --config FILE` process on a fixed port (or a `--workers N` process tree)."""
 
     def __init__(self, name: str, workdir: Path, config: dict[str, Any], extra_args: Sequence[str] = ()) -> None:
@@ -192,14 +193,6 @@ class Replica:
         self.config_path = write_config(workdir / "sidecar.yaml", config)
         argv = [sys.executable, "-m", "sidecar.cli", "run", "--config", str(self.config_path), *extra_args]
         self.service = ServerProcess(name, argv, workdir / "sidecar.log")
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def url(self) -> str:
-        return f"{self.base_url}/mcp"
 
     async def _get(self, path: str) -> tuple[int, str]:
         # A fresh connection each time: with --workers the kernel picks a worker per connection.
@@ -290,7 +283,7 @@ http {{
 """
 
 
-class Nginx:
+class Nginx(OnLoopback):
     """nginx in the foreground with a config of its own in `workdir`: round-robin over `backends`."""
 
     def __init__(self, workdir: Path, backends: Sequence[int], read_timeout_s: int = 5) -> None:
@@ -310,14 +303,6 @@ class Nginx:
         )  # fmt: skip
         argv = nginx_argv(self.binary, workdir, self.conf)
         self.service = ServerProcess("nginx", argv, workdir / "nginx.out", other_logs=[workdir / "error.log"])
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def url(self) -> str:
-        return f"{self.base_url}/mcp"
 
     async def start(self) -> None:
         # Ready when a sidecar behind it answers /healthz through it; a failure shows nginx's error.log too.

@@ -34,6 +34,7 @@ __all__ = [
     "REPO_ROOT",
     "START_TIMEOUT_S",
     "STOP_TIMEOUT_S",
+    "OnLoopback",
     "Probe",
     "ServerProcess",
     "child_env",
@@ -57,6 +58,21 @@ _SBIN = "/usr/local/sbin:/usr/sbin:/sbin"
 
 Probe = Callable[[], Awaitable[bool]]
 """True once the server answers; must not raise for "not yet"."""
+
+
+class OnLoopback:
+    """Mixin for a server on 127.0.0.1:`port` (set by the subclass) whose MCP endpoint is `/mcp`."""
+
+    port: int
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def url(self) -> str:
+        """The MCP endpoint, `http://127.0.0.1:<port>/mcp`."""
+        return f"{self.base_url}/mcp"
 
 
 def free_port() -> int:

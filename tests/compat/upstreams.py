@@ -27,8 +27,14 @@ from tests.prereqs import skip_missing
 __all__ = [
     "IGNORED_FIELDS",
     "LATENCIES",
+    "OUT_OF_BAND_POLLING",
+    "OUT_OF_BAND_WITHIN_S",
+    "POLL_INTERVAL_MS",
+    "SLOW_POLLING",
+    "SLOW_POLL_MS",
     "THIRD_PARTY",
     "TOOL_CHANGEABLE",
+    "TOOL_CHANGE_WITHIN_S",
     "UPSTREAMS",
     "CompatUpstream",
     "comparable",
@@ -43,6 +49,17 @@ makes it announce updates of content that stays the same, so there is nothing fo
 THIRD_PARTY = {"server-everything", "fastmcp1", "fastmcp1-eventstore"}
 IGNORED_FIELDS = frozenset({"_meta", "ttlMs", "cacheScope", "resultType"})
 """What the sidecar adds or the 2026 era carries; content equal to direct means equal without these."""
+
+POLL_INTERVAL_MS = 1000
+"""The poll interval of the out-of-band tests (the SDK 2.3 servers say the same with their ttlMs)."""
+OUT_OF_BAND_POLLING = {"default_interval_ms": POLL_INTERVAL_MS, "min_interval_ms": 250}
+OUT_OF_BAND_WITHIN_S = 10.0
+"""Generous: one poll interval (1 s) plus jitter, a busy machine, and the client's own round trips."""
+SLOW_POLL_MS = 5000
+SLOW_POLLING = {"default_interval_ms": SLOW_POLL_MS}
+"""For the tool-change tests: a poll comes only every 5 s, so a notification within 1 s is revalidate-on-write."""
+TOOL_CHANGE_WITHIN_S = 1.0
+"""What the tool-change tests allow: a change made through the sidecar is heard within 1 s."""
 
 LATENCIES: list[tuple[str, float]] = []
 """(what was measured, seconds) for every notification the suite waited for, in the order measured."""

@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 import aiohttp
 
-from tests.procs import ServerProcess, free_port, http_answers
+from tests.procs import OnLoopback, ServerProcess, free_port, http_answers
 
 __all__ = [
     "BARE_SERVER",
@@ -52,7 +52,7 @@ BARE_SERVER = "tests.peers.bare_server"
 CONFORMANCE_SERVER = "tests.peers.conformance_server"
 
 
-class Upstream:
+class Upstream(OnLoopback):
     """One peer-server subprocess (``module``, the shop server by default) on 127.0.0.1; admin calls go
     over HTTP to the same port."""
 
@@ -76,15 +76,6 @@ class Upstream:
         os.close(fd)
         self.log_path = Path(path)
         self._process: ServerProcess | None = None
-
-    @property
-    def url(self) -> str:
-        """The MCP endpoint, ``http://127.0.0.1:<port>/mcp``."""
-        return f"http://127.0.0.1:{self.port}/mcp"
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
     @property
     def running(self) -> bool:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.procs import REPO_ROOT, ServerProcess, free_port, http_answers
+from tests.procs import REPO_ROOT, OnLoopback, ServerProcess, free_port, http_answers
 
 __all__ = [
     "EVERYTHING_JS",
@@ -72,20 +72,12 @@ def missing() -> str | None:
 
 
 @dataclass
-class ThirdPartyServer:
+class ThirdPartyServer(OnLoopback):
     """A started third-party server: its MCP endpoint and its process."""
 
     name: str
     port: int
     process: ServerProcess
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def url(self) -> str:
-        return f"{self.base_url}/mcp"
 
 
 @contextlib.asynccontextmanager
