@@ -65,7 +65,11 @@ STEP_TIMEOUT_S = 30.0
 
 def missing() -> str | None:
     """What of `.tools/` is absent (a sentence naming the install command), or None when all is there."""
-    absent = [str(path.relative_to(REPO_ROOT)) for path in (NODE, EVERYTHING_JS, VENV1_PYTHON) if not path.exists()]
+    absent = [
+        str(path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path)
+        for path in (NODE, EVERYTHING_JS, VENV1_PYTHON)
+        if not path.exists()
+    ]
     if not absent:
         return None
     return f"third-party peers not installed ({', '.join(absent)} missing); run: {INSTALL_HINT}"
