@@ -1,16 +1,15 @@
-"""Shared pieces of the bench: processes on 127.0.0.1, /proc readings, /metrics parsing, statistics, MCP framing."""
+"""Shared pieces of the bench: /proc readings, /metrics parsing, statistics, MCP framing.
+
+Starting and stopping the processes it measures is `tests.procs`, shared with the tests.
+"""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import math
 import os
 import resource
-import signal
-import socket
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +19,10 @@ from prometheus_client.parser import text_string_to_metric_families
 __all__ = [
     "MODERN",
     "REPO_ROOT",
-    "Proc",
     "Samples",
     "children",
     "cpu_seconds",
-    "free_port",
     "histogram_quantile",
-    "http_ok",
     "mcp_body",
     "mcp_headers",
     "percentile",
@@ -45,16 +41,6 @@ META: dict[str, Any] = {
 }
 _NAMED = {"resources/read": "uri", "tools/call": "name", "prompts/get": "name"}
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
-START_TIMEOUT_S = 30.0
-STOP_TIMEOUT_S = 10.0
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def raise_fd_limit() -> int:
@@ -85,81 +71,6 @@ def mcp_body(method: str, params: dict[str, Any] | None = None, request_id: int 
 
 
 # -- processes --------------------------------------------------------------------------------------------
-
-
-class Proc:
-    """One foreground child process on 127.0.0.1; output goes to a log file; `stop` is SIGTERM then SIGKILL."""
-
-    def __init__(self, name: str, argv: Sequence[str], log_path: Path, env: dict[str, str] | None = None) -> None:
-        self.name = name
-        self.argv = list(argv)
-        self.log_path = log_path
-        base = {k: v for k, v in os.environ.items() if not k.startswith("MCP_SIDECAR__")}
-        self.env = {**base, "PYTHONUNBUFFERED": "1", **(env or {})}
-        self.proc: asyncio.subprocess.Process | None = None
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None, f"{self.name} was never started"
-        return self.proc.pid
-
-    @property
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.returncode is None
-
-    async def spawn(self, *, pipes: bool = False, limit: int = 2**16) -> None:
-        with self.log_path.open("ab") as out:
-            self.proc = await asyncio.create_subprocess_exec(
-                *self.argv,
-                cwd=REPO_ROOT,
-                env=self.env,
-                stdin=asyncio.subprocess.PIPE if pipes else asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE if pipes else out,
-                stderr=out,
-                limit=limit,
-            )
-
-    def log_tail(self, lines: int = 30) -> str:
-        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-        return f"-- {self.name} ({self.log_path}) --\n" + "\n".join(text.splitlines()[-lines:])
-
-    async def wait_ready(self, probe: Callable[[], Awaitable[bool]], within_s: float = START_TIMEOUT_S) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + within_s
-        while True:
-            if not self.running:
-                code = self.proc.returncode if self.proc is not None else None
-                raise RuntimeError(f"{self.name} exited with {code} before it was ready\n{self.log_tail()}")
-            if await probe():
-                return
-            if loop.time() > deadline:
-                raise TimeoutError(f"{self.name} not ready after {within_s} s\n{self.log_tail()}")
-            await asyncio.sleep(0.05)  # polling another process until it listens, bounded
-
-    async def stop(self, within_s: float = STOP_TIMEOUT_S) -> None:
-        proc = self.proc
-        if proc is None or proc.returncode is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(proc.wait(), within_s)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            await proc.wait()
-
-
-async def http_ok(url: str, timeout_s: float = 2.0) -> bool:
-    """True when GET `url` answers 200 (a fresh connection each time)."""
-    timeout = aiohttp.ClientTimeout(total=timeout_s)
-    with contextlib.suppress(aiohttp.ClientError, TimeoutError, OSError):
-        async with (
-            aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(force_close=True)) as http,
-            http.get(url) as resp,
-        ):
-            return resp.status == 200
-    return False
 
 
 def python_argv(module: str, *args: str) -> list[str]:

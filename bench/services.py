@@ -1,29 +1,36 @@
 """Everything the bench starts, each a child process on 127.0.0.1 on a free port, stopped when its stack unwinds.
 
 Every `start_*` registers the stop on the caller's AsyncExitStack, so a scenario that fails or is cancelled
-(Ctrl-C) still stops what it started; `ALL` lets the bench kill leftovers as a last resort.
+(Ctrl-C) still stops what it started; `ALL` lets the bench kill leftovers as a last resort. Each process is a
+`tests.procs.ServerProcess`, as in the tests.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import grp
 import importlib.util
 import os
-import pwd
-import shutil
 import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import orjson
 import yaml
 
-from bench.common import Proc, free_port, http_ok, python_argv
+from bench.common import python_argv
+from tests.procs import (
+    OnLoopback,
+    ServerProcess,
+    find_binary,
+    free_port,
+    http_answers,
+    nginx_argv,
+    nginx_preamble,
+    redis_answers,
+    redis_argv,
+)
 
 __all__ = [
     "ALL",
@@ -43,7 +50,7 @@ __all__ = [
     "start_sidecar",
 ]
 
-ALL: list[Proc] = []
+ALL: list[ServerProcess] = []
 """Every process the bench started, for a last-resort SIGKILL."""
 CONFIGS: dict[str, dict[str, Any]] = {}
 """Every sidecar's config, by process name (for RESULTS.md)."""
@@ -57,18 +64,10 @@ def kill_leftovers() -> None:
 
 
 @dataclass
-class Service:
+class Service(OnLoopback):
     name: str
     port: int
-    proc: Proc
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def url(self) -> str:
-        return f"{self.base_url}/mcp"
+    proc: ServerProcess
 
 
 @dataclass
@@ -85,22 +84,24 @@ class Sidecar(Service):
         return f"http://127.0.0.1:{self.config['admin']['port']}"
 
 
+START_TIMEOUT_S = 30.0
+"""The bench starts servers while others are loaded: a generous bound."""
+
+
 async def _start(
-    stack: contextlib.AsyncExitStack, proc: Proc, probe_url: str, within_s: float = 30.0, *, pipes: bool = False
+    stack: contextlib.AsyncExitStack, proc: ServerProcess, probe_url: str, within_s: float = START_TIMEOUT_S
 ) -> None:
     ALL.append(proc)
     stack.push_async_callback(proc.stop)
-    await proc.spawn(pipes=pipes)
-
-    async def probe() -> bool:
-        return await http_ok(probe_url)
-
-    await proc.wait_ready(probe, within_s)
+    await proc.spawn()
+    await proc.wait_ready(http_answers(probe_url), within_s)
 
 
 async def start_fast_upstream(stack: contextlib.AsyncExitStack, workdir: Path) -> Service:
     port = free_port()
-    proc = Proc("fast-upstream", python_argv("bench.fast_upstream", "--port", str(port)), workdir / "fast-upstream.log")
+    proc = ServerProcess(
+        "fast-upstream", python_argv("bench.fast_upstream", "--port", str(port)), workdir / "fast-upstream.log"
+    )
     service = Service("fast-upstream", port, proc)
     await _start(stack, proc, f"{service.base_url}/admin/health")
     return service
@@ -109,7 +110,7 @@ async def start_fast_upstream(stack: contextlib.AsyncExitStack, workdir: Path) -
 async def start_sdk_upstream(stack: contextlib.AsyncExitStack, workdir: Path, read_ttl_ms: int) -> Service:
     port = free_port()
     argv = python_argv("bench.sdk_upstream", "--port", str(port), "--read-ttl-ms", str(read_ttl_ms))
-    proc = Proc("sdk-upstream", argv, workdir / f"sdk-upstream-{port}.log")
+    proc = ServerProcess("sdk-upstream", argv, workdir / f"sdk-upstream-{port}.log")
     service = Service("sdk-upstream", port, proc)
     await _start(stack, proc, f"{service.base_url}/admin/health")
     return service
@@ -143,15 +144,11 @@ async def start_sidecar(
     argv = python_argv("sidecar.cli", "run", "--config", str(path))
     if workers > 1:
         argv += ["--workers", str(workers)]
-    proc = Proc(name, argv, workdir / f"{name}.log")
+    proc = ServerProcess(name, argv, workdir / f"{name}.log")
     sidecar = Sidecar(name, port, proc, config)
     CONFIGS[name] = config
     await _start(stack, proc, f"{sidecar.base_url}/readyz")
     return sidecar
-
-
-def _nginx_binary() -> str | None:
-    return shutil.which("nginx") or shutil.which("nginx", path="/usr/local/sbin:/usr/sbin:/sbin")
 
 
 _NGINX_CONF = """\
@@ -161,12 +158,7 @@ error_log {dir}/error.log warn;
 events {{ worker_connections 4096; }}
 http {{
     access_log off;
-    client_body_temp_path {dir}/client_body;
-    proxy_temp_path {dir}/proxy;
-    fastcgi_temp_path {dir}/fastcgi;
-    uwsgi_temp_path {dir}/uwsgi;
-    scgi_temp_path {dir}/scgi;
-    upstream backend {{
+{temp_paths}    upstream backend {{
         server 127.0.0.1:{backend};
         keepalive 64;
     }}
@@ -183,21 +175,23 @@ http {{
 
 
 def nginx_missing() -> str | None:
-    return None if _nginx_binary() else "nginx is not installed (Debian package `nginx`)"
+    return None if find_binary("nginx") else "nginx is not installed (Debian package `nginx`)"
 
 
 async def start_nginx(stack: contextlib.AsyncExitStack, workdir: Path, backend_port: int) -> Service:
     """nginx as a plain reverse proxy (one worker, keep-alive to the backend) with a temp config."""
-    binary = _nginx_binary()
+    binary = find_binary("nginx")
     assert binary is not None
     home = workdir / "nginx"
     home.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    user = f"user {pwd.getpwuid(0).pw_name} {grp.getgrgid(0).gr_name};\n" if os.geteuid() == 0 else ""
+    user, temp_paths = nginx_preamble(home)
     conf = home / "nginx.conf"
-    conf.write_text(_NGINX_CONF.format(user=user, dir=home, backend=backend_port, port=port), encoding="utf-8")
-    argv = [binary, "-p", str(home), "-c", str(conf), "-e", str(home / "error.log"), "-g", "daemon off;"]
-    proc = Proc("nginx", argv, home / "nginx.out")
+    conf.write_text(
+        _NGINX_CONF.format(user=user, temp_paths=temp_paths, dir=home, backend=backend_port, port=port),
+        encoding="utf-8",
+    )
+    proc = ServerProcess("nginx", nginx_argv(binary, home, conf), home / "nginx.out", other_logs=[home / "error.log"])
     service = Service("nginx", port, proc)
     # nginx proxies /admin/health to the backend: ready means both listen.
     await _start(stack, proc, f"{service.base_url}/admin/health")
@@ -205,7 +199,7 @@ async def start_nginx(stack: contextlib.AsyncExitStack, workdir: Path, backend_p
 
 
 def redis_missing() -> str | None:
-    if not (shutil.which("redis-server") or shutil.which("redis-server", path="/usr/local/sbin:/usr/sbin:/sbin")):
+    if not find_binary("redis-server"):
         return "redis-server is not installed (Debian package `redis-server`)"
     if importlib.util.find_spec("redis") is None:
         return "the `redis` Python package is missing (pip install -e '.[redis]')"
@@ -214,35 +208,16 @@ def redis_missing() -> str | None:
 
 async def start_redis(stack: contextlib.AsyncExitStack, workdir: Path) -> str:
     """redis-server in the foreground without persistence; returns its URL."""
-    binary = shutil.which("redis-server") or shutil.which("redis-server", path="/usr/local/sbin:/usr/sbin:/sbin")
+    binary = find_binary("redis-server")
     assert binary is not None
     home = workdir / "redis"
     home.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-            "--dir", str(home)]  # fmt: skip
-    proc = Proc("redis-server", argv, home / "redis.log")
+    proc = ServerProcess("redis-server", redis_argv(binary, port, home), home / "redis.log")
     ALL.append(proc)
     stack.push_async_callback(proc.stop)
     await proc.spawn()
-
-    async def ping() -> bool:
-        try:
-            reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 1.0)
-        except (OSError, TimeoutError):
-            return False
-        try:
-            writer.write(b"PING\r\n")
-            await writer.drain()
-            return await asyncio.wait_for(reader.readline(), 1.0) == b"+PONG\r\n"
-        except (OSError, TimeoutError):
-            return False
-        finally:
-            writer.close()
-            with contextlib.suppress(OSError):
-                await writer.wait_closed()
-
-    await proc.wait_ready(ping)
+    await proc.wait_ready(redis_answers(port), START_TIMEOUT_S)
     return f"redis://127.0.0.1:{port}/0"
 
 
@@ -260,30 +235,21 @@ async def start_peer_proxy(
     name = "peer-proxy-shared" if reuse_session else "peer-proxy"
     if reuse_session:
         argv.append("--reuse-session")
-    proc = Proc(name, argv, workdir / f"{name}.log", env={"FASTMCP_LOG_LEVEL": "WARNING"})
+    proc = ServerProcess(name, argv, workdir / f"{name}.log", env={"FASTMCP_LOG_LEVEL": "WARNING"})
     service = Service(name, port, proc)
-
-    async def answers() -> bool:
-        # FastMCP has no health route; any HTTP answer on /mcp means it listens.
-        with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
-            async with (
-                aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as http,
-                http.get(service.url) as resp,
-            ):
-                return resp.status < 500
-        return False
 
     ALL.append(proc)
     stack.push_async_callback(proc.stop)
     await proc.spawn()
-    await proc.wait_ready(answers, 60.0)
+    # FastMCP has no health route; any HTTP answer on /mcp means it listens.
+    await proc.wait_ready(http_answers(service.url, accept=lambda status: status < 500), 60.0)
     return service
 
 
 class LoadClient:
     """The load generator process and its command channel (JSON lines on its stdin and stdout)."""
 
-    def __init__(self, proc: Proc) -> None:
+    def __init__(self, proc: ServerProcess) -> None:
         self.proc = proc
 
     async def call(self, cmd: str, **fields: Any) -> dict[str, Any]:
@@ -310,7 +276,7 @@ class LoadClient:
 
 
 async def start_loadgen(stack: contextlib.AsyncExitStack, workdir: Path, name: str = "loadgen") -> LoadClient:
-    proc = Proc(name, [sys.executable, "-m", "bench.loadgen"], workdir / f"{name}.log")
+    proc = ServerProcess(name, [sys.executable, "-m", "bench.loadgen"], workdir / f"{name}.log")
     ALL.append(proc)
     client = LoadClient(proc)
     stack.push_async_callback(client.quit)

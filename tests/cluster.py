@@ -1,7 +1,8 @@
 """Real services for the scale-out tests: redis-server, nginx and sidecar replicas, each a process on 127.0.0.1.
 
-Every service runs in the foreground of its own subprocess, in a temp dir of the test, with its output in a log
-file there (shown when it fails to start), and is stopped when its block is left: SIGTERM, SIGKILL after a bound.
+Every service is a `tests.procs.ServerProcess`: in the foreground of its own subprocess, in a temp dir of the
+test, with its output in a log file there (shown when it fails to start), and stopped when its block is left:
+SIGTERM, SIGKILL after a bound.
 
     async with redis_server(tmp_path) as redis, sidecar_replicas(tmp_path, up.url, redis.url, 3) as replicas,
                nginx_proxy(tmp_path, [r.port for r in replicas]) as lb:
@@ -14,12 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import grp
-import os
-import pwd
-import shutil
-import signal
-import socket
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
@@ -27,12 +22,23 @@ from typing import Any
 
 import aiohttp
 import orjson
-import pytest
 import redis.asyncio as aioredis
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests import prereqs
 from tests.helpers import headers, request
+from tests.procs import (
+    START_TIMEOUT_S,
+    OnLoopback,
+    ServerProcess,
+    free_port,
+    http_answers,
+    nginx_argv,
+    nginx_preamble,
+    redis_answers,
+    redis_argv,
+)
 
 __all__ = [
     "FAST_POLLING",
@@ -42,7 +48,6 @@ __all__ = [
     "Nginx",
     "RedisServer",
     "Replica",
-    "Service",
     "free_port",
     "nginx_proxy",
     "redis_server",
@@ -53,10 +58,6 @@ __all__ = [
     "write_config",
 ]
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-START_TIMEOUT_S = 20.0
-STOP_TIMEOUT_S = 10.0
-_PROBE_INTERVAL_S = 0.05
 _PROBE_TIMEOUT = aiohttp.ClientTimeout(total=2.0)
 _STREAM_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=None)
 
@@ -72,26 +73,9 @@ UPDATED = "notifications/resources/updated"
 ACKNOWLEDGED = "notifications/subscriptions/acknowledged"
 
 
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now (a service binds it a moment later)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def require_binary(name: str) -> str:
-    """The path of `name` on PATH (or in the sbin directories a non-root PATH may lack); skips the test if absent."""
-    found = shutil.which(name) or shutil.which(name, path="/usr/local/sbin:/usr/sbin:/sbin")
-    if found is None:
-        pytest.skip(f"{name} is not installed (Debian package `{name}`); the scale-out tests need a real one")
-    return found
-
-
-def _env(**overrides: str) -> dict[str, str]:
-    """This environment without the developer's MCP_SIDECAR__ variables, plus `overrides`."""
-    env = {key: value for key, value in os.environ.items() if not key.startswith("MCP_SIDECAR__")}
-    return {**env, "PYTHONUNBUFFERED": "1", **overrides}
+    """The path of `name` (PATH or sbin); skips the test when absent (a failure under CI: `tests.prereqs`)."""
+    return prereqs.require_binary(name, needed_by="the scale-out tests")
 
 
 async def wait_until(
@@ -108,88 +92,6 @@ async def wait_until(
         raise AssertionError(f"not within {within_s} s: {what}") from None
 
 
-class Service:
-    """One foreground child process; stdout and stderr go to `log_path`."""
-
-    def __init__(self, name: str, argv: Sequence[str], log_path: Path, env: dict[str, str] | None = None) -> None:
-        self.name = name
-        self.argv = list(argv)
-        self.log_path = log_path
-        self.env = env if env is not None else _env()
-        self.proc: asyncio.subprocess.Process | None = None
-
-    async def spawn(self) -> None:
-        with self.log_path.open("ab") as out:
-            self.proc = await asyncio.create_subprocess_exec(
-                *self.argv, cwd=REPO_ROOT, env=self.env, stdin=asyncio.subprocess.DEVNULL, stdout=out,
-                stderr=asyncio.subprocess.STDOUT,
-            )  # fmt: skip
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None, f"{self.name} was never started"
-        return self.proc.pid
-
-    @property
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.returncode is None
-
-    @property
-    def returncode(self) -> int | None:
-        return None if self.proc is None else self.proc.returncode
-
-    def log_text(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-    def log_tail(self, lines: int = 60) -> str:
-        return f"-- {self.name} ({self.log_path}) --\n" + "\n".join(self.log_text().splitlines()[-lines:])
-
-    async def wait_ready(self, probe: Callable[[], Awaitable[bool]], within_s: float = START_TIMEOUT_S) -> None:
-        """Until `probe()` is true; fails at once if the process exits, or after `within_s`."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + within_s
-        while True:
-            if not self.running:
-                raise RuntimeError(f"{self.name} exited with {self.returncode} before it was ready\n{self.log_tail()}")
-            if await probe():
-                return
-            if loop.time() > deadline:
-                raise TimeoutError(f"{self.name} not ready after {within_s} s\n{self.log_tail()}")
-            await asyncio.sleep(_PROBE_INTERVAL_S)
-
-    async def wait(self, within_s: float = STOP_TIMEOUT_S) -> int:
-        """The exit code, waited for (bounded)."""
-        assert self.proc is not None
-        async with asyncio.timeout(within_s):
-            return await self.proc.wait()
-
-    async def signal(self, signum: int) -> None:
-        if self.running:
-            assert self.proc is not None
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.send_signal(signum)
-
-    async def kill(self) -> None:
-        """SIGKILL (kill -9) and reap; a no-op when it is not running."""
-        if self.running:
-            assert self.proc is not None
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.kill()
-            await self.proc.wait()
-
-    async def stop(self, within_s: float = STOP_TIMEOUT_S) -> int | None:
-        """SIGTERM, then SIGKILL after `within_s`; returns the exit code (None if never started)."""
-        if self.proc is None:
-            return None
-        if self.running:
-            await self.signal(signal.SIGTERM)
-            try:
-                await self.wait(within_s)
-            except TimeoutError:
-                await self.kill()
-        return self.proc.returncode
-
-
 # -- redis-server ---------------------------------------------------------------------------------------------------
 
 
@@ -201,7 +103,7 @@ class RedisServer:
         self.port = port or free_port()
         self.workdir = workdir
         workdir.mkdir(parents=True, exist_ok=True)
-        self.service: Service | None = None
+        self.service: ServerProcess | None = None
         self._starts = 0
 
     @property
@@ -209,20 +111,7 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     async def ping(self) -> bool:
-        try:
-            reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", self.port), 1.0)
-        except (OSError, TimeoutError):
-            return False
-        try:
-            writer.write(b"PING\r\n")
-            await writer.drain()
-            return await asyncio.wait_for(reader.readline(), 1.0) == b"+PONG\r\n"
-        except (OSError, TimeoutError):
-            return False
-        finally:
-            writer.close()
-            with contextlib.suppress(OSError):
-                await writer.wait_closed()
+        return await redis_answers(self.port)()
 
     async def subscribers(self, channel: str) -> int:
         """How many clients are subscribed to `channel` (PUBSUB NUMSUB)."""
@@ -232,13 +121,9 @@ class RedisServer:
 
     async def start(self) -> None:
         self._starts += 1
-        argv = [
-            self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-            "--dir", str(self.workdir),
-        ]  # fmt: skip
-        self.service = Service(f"redis-server:{self.port}", argv, self.workdir / f"redis-{self._starts}.log")
-        await self.service.spawn()
-        await self.service.wait_ready(self.ping)
+        argv = redis_argv(self.binary, self.port, self.workdir)
+        self.service = ServerProcess(f"redis-server:{self.port}", argv, self.workdir / f"redis-{self._starts}.log")
+        await self.service.start(redis_answers(self.port), START_TIMEOUT_S)
 
     async def stop(self) -> None:
         if self.service is not None:
@@ -298,7 +183,7 @@ class MetricsSnapshot:
         )
 
 
-class Replica:
+class Replica(OnLoopback):
     """One `python -m sidecar.cli run --config FILE` process on a fixed port (or a `--workers N` process tree)."""
 
     def __init__(self, name: str, workdir: Path, config: dict[str, Any], extra_args: Sequence[str] = ()) -> None:
@@ -309,15 +194,7 @@ class Replica:
         self.admin_port: int = config["admin"]["port"]
         self.config_path = write_config(workdir / "sidecar.yaml", config)
         argv = [sys.executable, "-m", "sidecar.cli", "run", "--config", str(self.config_path), *extra_args]
-        self.service = Service(name, argv, workdir / "sidecar.log")
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def url(self) -> str:
-        return f"{self.base_url}/mcp"
+        self.service = ServerProcess(name, argv, workdir / "sidecar.log")
 
     async def _get(self, path: str, *, admin: bool = False) -> tuple[int, str]:
         # A fresh connection each time: with --workers the kernel picks a worker per connection.
@@ -350,8 +227,7 @@ class Replica:
         return False
 
     async def start(self) -> None:
-        await self.service.spawn()
-        await self.service.wait_ready(self.is_ready)
+        await self.service.start(self.is_ready, START_TIMEOUT_S)
 
     def log_lines(self) -> list[dict[str, Any]]:
         """The JSON log lines written so far (other lines, e.g. a traceback, are skipped)."""
@@ -391,12 +267,7 @@ error_log {dir}/error.log info;
 events {{ worker_connections 1024; }}
 http {{
     access_log {dir}/access.log;
-    client_body_temp_path {dir}/client_body;
-    proxy_temp_path {dir}/proxy;
-    fastcgi_temp_path {dir}/fastcgi;
-    uwsgi_temp_path {dir}/uwsgi;
-    scgi_temp_path {dir}/scgi;
-    upstream sidecars {{
+{temp_paths}    upstream sidecars {{
 {servers}
     }}
     server {{
@@ -415,7 +286,7 @@ http {{
 """
 
 
-class Nginx:
+class Nginx(OnLoopback):
     """nginx in the foreground with a config of its own in `workdir`: round-robin over `backends`."""
 
     def __init__(self, workdir: Path, backends: Sequence[int], read_timeout_s: int = 5) -> None:
@@ -423,45 +294,22 @@ class Nginx:
         workdir.mkdir(parents=True, exist_ok=True)
         self.workdir = workdir
         self.port = free_port()
-        # As root, nginx's workers would switch to an unprivileged user that cannot write the temp dirs here.
-        user = ""
-        if os.geteuid() == 0:
-            user = f"user {pwd.getpwuid(0).pw_name} {grp.getgrgid(0).gr_name};\n"
+        user, temp_paths = nginx_preamble(workdir)
         servers = "\n".join(f"        server 127.0.0.1:{port};" for port in backends)
         self.conf = workdir / "nginx.conf"
         self.conf.write_text(
-            _NGINX_CONF.format(user=user, dir=workdir, servers=servers, port=self.port, read_timeout_s=read_timeout_s),
+            _NGINX_CONF.format(
+                user=user, temp_paths=temp_paths, dir=workdir, servers=servers, port=self.port,
+                read_timeout_s=read_timeout_s,
+            ),
             encoding="utf-8",
-        )
-        argv = [self.binary, "-p", str(workdir), "-c", str(self.conf), "-e", str(workdir / "error.log"),
-                "-g", "daemon off;"]  # fmt: skip
-        self.service = Service("nginx", argv, workdir / "nginx.out")
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def url(self) -> str:
-        return f"{self.base_url}/mcp"
-
-    async def _answers(self) -> bool:
-        with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-            async with (
-                aiohttp.ClientSession(timeout=_PROBE_TIMEOUT) as http,
-                http.get(self.base_url + "/healthz") as resp,
-            ):
-                return resp.status == 200
-        return False
+        )  # fmt: skip
+        argv = nginx_argv(self.binary, workdir, self.conf)
+        self.service = ServerProcess("nginx", argv, workdir / "nginx.out", other_logs=[workdir / "error.log"])
 
     async def start(self) -> None:
-        await self.service.spawn()
-        try:
-            await self.service.wait_ready(self._answers)
-        except (RuntimeError, TimeoutError) as exc:
-            error_log = self.workdir / "error.log"
-            tail = error_log.read_text(errors="replace")[-4000:] if error_log.exists() else ""
-            raise RuntimeError(f"{exc}\n-- error.log --\n{tail}") from None
+        # Ready when a sidecar behind it answers /healthz through it; a failure shows nginx's error.log too.
+        await self.service.start(http_answers(self.base_url + "/healthz"), START_TIMEOUT_S)
 
 
 @contextlib.asynccontextmanager

@@ -1,13 +1,40 @@
-"""Fixtures: real SDK upstreams (subprocesses) and the sidecar in front of them."""
+"""Fixtures: real SDK upstreams (subprocesses) and the sidecar in front of them.
+
+Also the run's policy, chosen by the `CI` environment variable (`tests.prereqs.in_ci`):
+- a test skipped because a real peer is missing (its reason starts with `tests.prereqs.MISSING_PEER`) fails
+  under CI, so a broken install step cannot pass green; locally it stays a skip (`pytest -rs` lists them);
+- hypothesis runs derandomized under CI (the same examples every run, so a red run is reproducible) and
+  randomly elsewhere (`HYPOTHESIS_PROFILE=ci` or `=dev` picks one explicitly).
+"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import os
+from collections.abc import AsyncIterator, Generator
 
 import aiohttp
 import pytest
+from hypothesis import settings
 
 from tests.peers import Upstream, start_upstream
+from tests.prereqs import MISSING_PEER, in_ci
+
+settings.register_profile("ci", derandomize=True, print_blob=True)
+settings.register_profile("dev")
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if in_ci() else "dev"))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, object, object]:
+    """Under CI, a skip for a missing real peer is a failure (see the module docstring)."""
+    report = yield
+    if in_ci() and isinstance(report, pytest.TestReport) and report.skipped:
+        longrepr = report.longrepr
+        reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+        if MISSING_PEER in reason:
+            report.outcome = "failed"
+            report.longrepr = f"{reason}\n(CI=true: a real peer that is missing fails the run instead of skipping)"
+    return report
 
 
 @pytest.fixture

@@ -131,35 +131,3 @@ async def eventually(check: Callable[[], bool | Awaitable[bool]], within_s: floa
             if outcome:
                 return
             await asyncio.sleep(step)  # polling an outside observable, bounded
-
-
-@contextlib.asynccontextmanager
-async def serving_process(
-    proc: asyncio.subprocess.Process,
-    ready_url: str,
-    http: aiohttp.ClientSession,
-    describe_failure: Callable[[], str],
-    *,
-    start_within_s: float,
-    stop_within_s: float = 10.0,
-) -> AsyncIterator[None]:
-    """Hold a started server process until its `ready_url` answers 200; stop it (TERM, then KILL) after."""
-    try:
-        async with asyncio.timeout(start_within_s):
-            while True:
-                if proc.returncode is not None:
-                    raise AssertionError(f"process exited with {proc.returncode}: {describe_failure()}")
-                with contextlib.suppress(aiohttp.ClientError):
-                    async with http.get(ready_url) as resp:
-                        if resp.status == 200:
-                            break
-                await asyncio.sleep(0.05)  # polling an outside process until it listens, bounded
-        yield
-    finally:
-        if proc.returncode is None:
-            proc.terminate()
-            try:
-                await asyncio.wait_for(proc.wait(), stop_within_s)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()

@@ -10,7 +10,8 @@ The upstream is `tests/peers/conformance_server.py`: an SDK 2.3 `MCPServer(subsc
 fixture names the scenarios call. Failures the fixture causes may be listed, with their reasons, in
 `conformance-baseline.yml`; the suite then treats a WARNING in a scored scenario as a failure too.
 
-Needs Node >= 22 and the suite under `.tools/` (`bash .ci/install-conformance`); skipped without them.
+Needs Node >= 22 and the suite under `.tools/` (`bash .ci/install-conformance`); skipped without them (a
+failure under CI).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import yaml
 
 from tests.helpers import serve_sidecar
 from tests.peers import Upstream, start_conformance_upstream
+from tests.prereqs import needs
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TOOLS = REPO_ROOT / ".tools"
@@ -48,9 +50,10 @@ LIST_TTL_MS = 60_000
 delivers list_changed in time: only revalidate-on-write after the trigger's `tools/call` can."""
 
 pytestmark = [
-    pytest.mark.skipif(
-        not (NODE.exists() and SUITE.exists()),
-        reason="conformance suite not installed under .tools/ (run: bash .ci/install-conformance)",
+    needs(
+        None
+        if NODE.exists() and SUITE.exists()
+        else "conformance suite not installed under .tools/ (run: bash .ci/install-conformance)"
     ),
     pytest.mark.timeout(RUN_TIMEOUT_S + 60),
 ]

@@ -1,7 +1,8 @@
 """config/nginx/mcp-sidecar.conf in a real nginx in front of a sidecar: requests and listen streams pass through,
 events arrive as they happen and uncompressed, and the operator endpoints stay private.
 
-Skips where nginx is not on PATH. nginx runs as a child of the test (one process, no daemon) on 127.0.0.1.
+Skips where nginx is not installed (a failure under CI). nginx runs as a child of the test (one process, no
+daemon) on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -9,8 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-import shutil
-import socket
 import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,22 +17,17 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.helpers import Sidecar, rpc, serve_sidecar, serving_process
+from tests.helpers import Sidecar, rpc, serve_sidecar
 from tests.observing import UPDATED, ListenStream
 from tests.peers import Upstream, start_upstream
+from tests.prereqs import require_binary
+from tests.procs import ServerProcess, free_port, http_answers
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SITE = REPO_ROOT / "config" / "nginx" / "mcp-sidecar.conf"
 START_TIMEOUT_S = 15.0
 STOP_TIMEOUT_S = 10.0
 PRICE = "catalog://price"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _site(sidecar: Sidecar, port: int) -> str:
@@ -47,11 +41,9 @@ def _site(sidecar: Sidecar, port: int) -> str:
 
 
 @contextlib.asynccontextmanager
-async def _nginx(tmp_path: Path, sidecar: Sidecar, http: aiohttp.ClientSession) -> AsyncIterator[str]:
-    binary = shutil.which("nginx")
-    if binary is None:
-        pytest.skip("nginx is not on PATH")
-    port = _free_port()
+async def _nginx(tmp_path: Path, sidecar: Sidecar) -> AsyncIterator[str]:
+    binary = require_binary("nginx", needed_by="the nginx example test")
+    port = free_port()
     (tmp_path / "site.conf").write_text(_site(sidecar, port), encoding="utf-8")
     temp = {name: tmp_path / name for name in ("body", "proxy", "fastcgi", "uwsgi", "scgi")}
     main = "\n".join(
@@ -80,20 +72,11 @@ async def _nginx(tmp_path: Path, sidecar: Sidecar, http: aiohttp.ClientSession) 
     )  # fmt: skip
     output, _ = await asyncio.wait_for(check.communicate(), START_TIMEOUT_S)
     assert check.returncode == 0, output.decode()
-    proc = await asyncio.create_subprocess_exec(
-        binary, "-p", str(tmp_path), "-c", str(config),
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    # Its own main config says `daemon off` and names the error log, so the command line adds nothing.
+    argv = [binary, "-p", str(tmp_path), "-c", str(config)]
+    nginx = ServerProcess("nginx", argv, tmp_path / "nginx.out", other_logs=[tmp_path / "error.log"])
     base = f"http://127.0.0.1:{port}"
-    error_log = tmp_path / "error.log"
-    async with serving_process(
-        proc,
-        f"{base}/healthz",
-        http,
-        lambda: error_log.read_text() if error_log.exists() else "",
-        start_within_s=START_TIMEOUT_S,
-        stop_within_s=STOP_TIMEOUT_S,
-    ):
+    async with nginx.serving(http_answers(f"{base}/healthz"), START_TIMEOUT_S, stop_within_s=STOP_TIMEOUT_S):
         yield base
 
 
@@ -108,7 +91,7 @@ async def test_listen_streams_pass_through_nginx_unbuffered_and_uncompressed(
 ) -> None:
     polling = {"min_interval_ms": 100, "default_interval_ms": 300}
     # The sidecar on loopback, as behind a local nginx: its Host guard sees what nginx sends.
-    async with serve_sidecar(fast_upstream.url, polling=polling) as sidecar, _nginx(tmp_path, sidecar, http) as base:
+    async with serve_sidecar(fast_upstream.url, polling=polling) as sidecar, _nginx(tmp_path, sidecar) as base:
         status, reply = await rpc(http, f"{base}/mcp", "resources/read", {"uri": PRICE})
         assert status == 200, reply
         assert reply["result"]["contents"][0]["text"] == "price=100"

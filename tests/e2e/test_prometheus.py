@@ -3,7 +3,8 @@ server scraping it with config/prometheus/scrape.yml reports the open listen str
 and every dashboard query.
 
 Needs `prometheus` and `promtool` on PATH (Debian package `prometheus`, listed in .ci/apt-packages); the tests
-skip, saying so, where they are missing. The server runs as a child process of the test, on 127.0.0.1.
+skip, saying so, where they are missing (a failure under CI). The server runs as a child process of the test,
+on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -11,8 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import shutil
-import socket
 import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -22,9 +21,11 @@ import aiohttp
 import pytest
 import yaml
 
-from tests.helpers import Sidecar, rpc, serve_sidecar, serving_process
+from tests.helpers import Sidecar, rpc, serve_sidecar
 from tests.observing import ListenStream, scrape
 from tests.peers import Upstream
+from tests.prereqs import require_binary
+from tests.procs import ServerProcess, free_port, http_answers
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS_CONFIG = REPO_ROOT / "config" / "prometheus"
@@ -38,17 +39,7 @@ STREAMS = 3
 
 
 def _tool(name: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        pytest.skip(f"{name} is not on PATH (Debian package `prometheus`; CI installs it from .ci/apt-packages)")
-    return path
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    return require_binary(name, package="prometheus", needed_by="the Prometheus tests (CI: .ci/apt-packages)")
 
 
 def _promtool(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
@@ -97,13 +88,12 @@ def test_promtool_accepts_the_example_scrape_config() -> None:
 
 
 class _Prometheus:
-    def __init__(self, url: str, proc: asyncio.subprocess.Process, log: Path) -> None:
+    def __init__(self, url: str, process: ServerProcess) -> None:
         self.url = url
-        self.proc = proc
-        self.log = log
+        self.process = process
 
     def output(self) -> str:
-        return self.log.read_text(errors="replace")[-4000:]
+        return self.process.log_tail()
 
     async def api(self, http: aiohttp.ClientSession, path: str, **params: str) -> Any:
         async with http.get(f"{self.url}/api/v1/{path}", params=params) as resp:
@@ -142,24 +132,14 @@ def _config(tmp_path: Path, sidecar: Sidecar) -> Path:
 
 
 @contextlib.asynccontextmanager
-async def _prometheus(tmp_path: Path, config: Path, http: aiohttp.ClientSession) -> AsyncIterator[_Prometheus]:
+async def _prometheus(tmp_path: Path, config: Path) -> AsyncIterator[_Prometheus]:
     binary = _tool("prometheus")
-    port = _free_port()
-    log = tmp_path / "prometheus.log"
-    with log.open("wb") as out:
-        proc = await asyncio.create_subprocess_exec(
-            binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn",
-            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
-    server = _Prometheus(f"http://127.0.0.1:{port}", proc, log)
-    async with serving_process(
-        proc,
-        f"{server.url}/-/ready",
-        http,
-        server.output,
-        start_within_s=START_TIMEOUT_S,
-        stop_within_s=STOP_TIMEOUT_S,
+    port = free_port()
+    argv = [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"]  # fmt: skip
+    server = _Prometheus(f"http://127.0.0.1:{port}", ServerProcess("prometheus", argv, tmp_path / "prometheus.log"))
+    async with server.process.serving(
+        http_answers(f"{server.url}/-/ready"), START_TIMEOUT_S, stop_within_s=STOP_TIMEOUT_S
     ):
         yield server
 
@@ -187,7 +167,7 @@ async def test_prometheus_scrapes_the_open_stream_count_and_runs_the_rules(
             for stream in streams:
                 await stream.open()
             assert (await scrape(http, sidecar.admin_url)).value("mcp_sidecar_listen_streams") == STREAMS
-            async with _prometheus(tmp_path, _config(tmp_path, sidecar), http) as prometheus:
+            async with _prometheus(tmp_path, _config(tmp_path, sidecar)) as prometheus:
                 (result,) = await prometheus.wait_for(http, "mcp_sidecar_listen_streams", str(STREAMS))
                 target = sidecar.admin_url.removeprefix("http://")
                 assert result["metric"] == {

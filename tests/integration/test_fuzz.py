@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
-import os
 import socket
 import string
 import subprocess
@@ -34,6 +33,7 @@ from hypothesis import strategies as st
 from sidecar.protocol.constants import NAMED_METHODS
 from sidecar.protocol.envelope import encode_header_value
 from tests.helpers import META, PV
+from tests.procs import child_env, free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 20.0
@@ -44,13 +44,6 @@ RSS_GROWTH_LIMIT = 48 * 1024 * 1024
 """What 200 requests may add to the process's resident memory (it is about 60 MiB to start with)."""
 ACK = "notifications/subscriptions/acknowledged"
 SHOP_URIS = ("catalog://price", "catalog://items/a1", "catalog://profile", "catalog://forbidden", "catalog://nope")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _wait_http(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
@@ -105,11 +98,9 @@ class Process:
 
 @contextlib.contextmanager
 def _spawn(argv: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MCP_SIDECAR__")}
+    # Synchronous, unlike tests.procs: hypothesis drives this module's property test from a plain function.
     with log.open("ab") as out:
-        proc = subprocess.Popen(
-            argv, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT, env={**env, "PYTHONUNBUFFERED": "1"}
-        )
+        proc = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT, env=child_env())
     try:
         yield proc
     finally:
@@ -124,7 +115,7 @@ def _spawn(argv: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
 @pytest.fixture(scope="module")
 def sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
     workdir = tmp_path_factory.mktemp("fuzz")
-    upstream_port, port, admin_port = _free_port(), _free_port(), _free_port()
+    upstream_port, port, admin_port = free_port(), free_port(), free_port()
     shop = [sys.executable, "-m", "tests.peers.shop_server", "--port", str(upstream_port), "--era", "modern"]
     with _spawn(shop, workdir / "shop.log") as shop_proc:
         _wait_http(f"http://127.0.0.1:{upstream_port}/admin/health", shop_proc, workdir / "shop.log")
@@ -407,3 +398,28 @@ def test_a_subscribed_uri_longer_than_the_limit_is_invalid_params(sidecar: Proce
     message = json.loads(raw)
     assert message["id"] == "long" and message["error"]["code"] == -32602
     assert str(MAX_URI_LENGTH) in message["error"]["message"]
+
+
+# -- the regression corpus: every input that ever broke the sidecar, replayed on every run -------------------
+
+REGRESSIONS = [
+    # A Host the URL parser cannot split (an unclosed IPv6 bracket) got a 500 and a logged traceback.
+    pytest.param({"Host": "["}, id="host-unclosed-bracket"),
+    # The same for an Origin: the DNS-rebinding guard parsed it and raised.
+    pytest.param({"Origin": "http://["}, id="origin-unclosed-bracket"),
+]
+
+
+@pytest.mark.parametrize("bad_headers", REGRESSIONS)
+def test_an_input_that_once_broke_the_sidecar_gets_a_400_json_rpc_error(
+    bad_headers: dict[str, str], sidecar: Process
+) -> None:
+    body = json.dumps({"jsonrpc": "2.0", "id": 7, "method": "tools/list", "params": {"_meta": META}}).encode()
+    hdrs = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream",
+            "MCP-Protocol-Version": PV, "Mcp-Method": "tools/list", **bad_headers}  # fmt: skip
+    status, _, raw = _post(sidecar.port, body, hdrs)
+    assert b"Traceback" not in raw
+    assert status == 400, raw
+    message = json.loads(raw)
+    assert message.get("jsonrpc") == "2.0" and isinstance(message.get("error", {}).get("code"), int), raw
+    assert sidecar.alive

@@ -166,15 +166,15 @@ class Listen:
 async def test_a_thousand_concurrent_reads_of_a_public_resource_reach_the_upstream_as_one_read(
     wide_http: aiohttp.ClientSession,
 ) -> None:
-    async with await start_upstream("modern", read_ttl_ms=5000) as up, serve_sidecar(up.url) as sidecar:
+    # A minute of freshness: however long the burst takes on a busy machine, the first answer is still fresh for
+    # the last reader, so one upstream read is what single flight and the cache together must give.
+    async with await start_upstream("modern", read_ttl_ms=60_000) as up, serve_sidecar(up.url) as sidecar:
         await _open_connections(wide_http, sidecar, 1000)  # the sidecar's probe happens here too
         await up.reset_log()
         started = time.monotonic()
         async with asyncio.timeout(BURST_S):
             answers = await asyncio.gather(*(_read(wide_http, sidecar, PRICE, f"burst-{i}") for i in range(1000)))
-        elapsed = time.monotonic() - started
-        print(f"\n1000 concurrent reads in {elapsed:.2f} s")
-        assert elapsed < 5.0, f"the burst took {elapsed:.1f} s, longer than the 5 s ttlMs it relies on"
+        print(f"\n1000 concurrent reads in {time.monotonic() - started:.2f} s")
         assert [answer["id"] for answer in answers] == [f"burst-{i}" for i in range(1000)]
         assert {_text(answer) for answer in answers} == {"price=100"}
         assert await up.count(READ, PRICE) == 1

@@ -20,11 +20,7 @@ official conformance suite's server scenarios call (dual era; only the log and h
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import os
-import signal
-import socket
 import sys
 import tempfile
 from pathlib import Path
@@ -32,6 +28,8 @@ from types import TracebackType
 from typing import Any, Literal
 
 import aiohttp
+
+from tests.procs import OnLoopback, ServerProcess, free_port, http_answers
 
 __all__ = [
     "BARE_SERVER",
@@ -43,10 +41,8 @@ __all__ = [
     "start_upstream",
 ]
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 15.0
 STOP_GRACE_S = 5.0
-_POLL_INTERVAL_S = 0.05
 
 Era = Literal["modern", "legacy"]
 Kind = Literal["tool", "prompt", "resource", "template"]
@@ -56,14 +52,7 @@ BARE_SERVER = "tests.peers.bare_server"
 CONFORMANCE_SERVER = "tests.peers.conformance_server"
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-class Upstream:
+class Upstream(OnLoopback):
     """One peer-server subprocess (``module``, the shop server by default) on 127.0.0.1; admin calls go
     over HTTP to the same port."""
 
@@ -90,20 +79,11 @@ class Upstream:
         fd, path = tempfile.mkstemp(prefix=f"shop-{era}-{port}-", suffix=".log")
         os.close(fd)
         self.log_path = Path(path)
-        self._proc: asyncio.subprocess.Process | None = None
-
-    @property
-    def url(self) -> str:
-        """The MCP endpoint, ``http://127.0.0.1:<port>/mcp``."""
-        return f"http://127.0.0.1:{self.port}/mcp"
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        self._process: ServerProcess | None = None
 
     @property
     def running(self) -> bool:
-        return self._proc is not None and self._proc.returncode is None
+        return self._process is not None and self._process.running
 
     async def start(self) -> None:
         """Spawn the server (appending to ``log_path``) and wait until /admin/health answers."""
@@ -116,35 +96,8 @@ class Upstream:
             *(["--native"] if self.native else []),
             *(["--session-auth"] if self.session_auth else []),
         ]  # fmt: skip
-        with self.log_path.open("ab") as out:
-            self._proc = await asyncio.create_subprocess_exec(
-                *args, cwd=REPO_ROOT, stdout=out, stderr=asyncio.subprocess.STDOUT,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            )  # fmt: skip
-        try:
-            await self._wait_ready()
-        except BaseException:
-            await self.kill()
-            raise
-
-    async def _wait_ready(self) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + READY_TIMEOUT_S
-        timeout = aiohttp.ClientTimeout(total=1.0)
-        async with aiohttp.ClientSession(timeout=timeout) as session:
-            while True:
-                assert self._proc is not None
-                if self._proc.returncode is not None:
-                    raise RuntimeError(f"{self.module} exited with {self._proc.returncode}:\n{self.log_tail()}")
-                with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-                    async with session.get(f"{self.base_url}/admin/health") as resp:
-                        if resp.status == 200:
-                            return
-                if loop.time() > deadline:
-                    raise TimeoutError(
-                        f"{self.module} on port {self.port} not ready after {READY_TIMEOUT_S} s:\n{self.log_tail()}"
-                    )
-                await asyncio.sleep(_POLL_INTERVAL_S)
+        self._process = ServerProcess(f"{self.module}:{self.port}", args, self.log_path)
+        await self._process.start(http_answers(f"{self.base_url}/admin/health", timeout_s=1.0), READY_TIMEOUT_S)
 
     def log_tail(self, lines: int = 40) -> str:
         """The last lines of the server's stdout/stderr."""
@@ -153,24 +106,13 @@ class Upstream:
 
     async def kill(self) -> None:
         """SIGKILL the server and reap it; a no-op when it is not running."""
-        proc = self._proc
-        if proc is None or proc.returncode is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        await proc.wait()
+        if self._process is not None:
+            await self._process.kill()
 
     async def stop(self) -> None:
         """SIGTERM, then SIGKILL after ``STOP_GRACE_S``; a no-op when it is not running."""
-        proc = self._proc
-        if proc is None or proc.returncode is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(proc.wait(), STOP_GRACE_S)
-        except TimeoutError:
-            await self.kill()
+        if self._process is not None:
+            await self._process.stop(STOP_GRACE_S)
 
     async def restart(self) -> None:
         """Stop if running, then start again on the same port (fresh state, empty log)."""
@@ -255,7 +197,7 @@ async def start_upstream(
     token that opened it (see ``shop_server``)."""
     upstream = Upstream(
         era,
-        port or _free_port(),
+        port or free_port(),
         read_ttl_ms=read_ttl_ms,
         list_ttl_ms=list_ttl_ms,
         auth=auth,
@@ -270,7 +212,7 @@ async def start_bare_upstream(
     era: Era = "modern", *, port: int | None = None, read_ttl_ms: int = 1000, list_ttl_ms: int = 1000
 ) -> Upstream:
     """Start a bare server (resources and tools, no prompts) of ``era`` and wait until it is ready."""
-    upstream = Upstream(era, port or _free_port(), read_ttl_ms=read_ttl_ms, list_ttl_ms=list_ttl_ms, module=BARE_SERVER)
+    upstream = Upstream(era, port or free_port(), read_ttl_ms=read_ttl_ms, list_ttl_ms=list_ttl_ms, module=BARE_SERVER)
     await upstream.start()
     return upstream
 
@@ -280,7 +222,7 @@ async def start_conformance_upstream(
 ) -> Upstream:
     """Start the conformance fixture (dual era) and wait until it is ready."""
     upstream = Upstream(
-        "modern", port or _free_port(), read_ttl_ms=read_ttl_ms, list_ttl_ms=list_ttl_ms, module=CONFORMANCE_SERVER
+        "modern", port or free_port(), read_ttl_ms=read_ttl_ms, list_ttl_ms=list_ttl_ms, module=CONFORMANCE_SERVER
     )
     await upstream.start()
     return upstream
