@@ -40,7 +40,8 @@ def status_snapshot(upstream: UpstreamClient, registry: WatchRegistry, hub: Stre
         shown.append(
             {
                 "kind": key.kind,
-                "uri": key.uri,
+                # A private URI can name a person ("user://alice/diagnosis.pdf"): only the watch's keyed hash shows.
+                "uri": key.uri if key.partition == PUBLIC else f"private:{key.short_hash}",
                 "partition": PUBLIC if key.partition == PUBLIC else key.short_hash[:8],
                 "mode": "native" if watch.native else "polling",
                 "interval_ms": int(watch.interval_s * 1000),

@@ -64,6 +64,8 @@ class Fault(enum.Enum):
     """200 with a well-formed JSON-RPC answer of ``oversize_bytes``, chunked (no Content-Length to refuse early)."""
     OVERSIZED_SSE = "oversized-sse"
     """The same answer as one SSE event."""
+    DRIP = "drip"
+    """200 with a whole, valid answer's Content-Length, its body sent one byte every 0.1 s (a slow-loris upstream)."""
     SESSION_404 = "session-404"
     """Legacy era: every request on a session is answered 404, as if the upstream forgot the session at once."""
 
@@ -398,6 +400,14 @@ class FaultyUpstream:
             return
         if fault is Fault.SESSION_404:
             await _write(writer, 404, {"Content-Type": "application/json"}, b'{"error": "session not found"}')
+            return
+        if fault is Fault.DRIP:
+            body = json.dumps(_result(request_id, {"contents": [{"uri": "drip://", "text": "slow"}]})).encode()
+            writer.write(_head(200, {"Content-Type": "application/json", "Content-Length": str(len(body))}))
+            for byte in body:
+                writer.write(bytes([byte]))
+                await writer.drain()
+                await self._pause(0.1)
             return
         raise AssertionError(f"unhandled fault {fault}")
 

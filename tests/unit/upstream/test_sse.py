@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from sidecar.upstream.sse import SSEDecoder, SSEEvent, SSETooLarge, frame
@@ -76,3 +79,24 @@ def test_frame_writes_type_and_data_only() -> None:
     event = SSEEvent("line one\nline two", "message", "id-9", 1000)
     assert frame(event) == b"event: message\r\ndata: line one\r\ndata: line two\r\n\r\n"
     assert decode_all(frame(event)) == [SSEEvent("line one\nline two")]
+
+
+FIXTURES = sorted((Path(__file__).parent / "sse_fixtures").glob("*.sse"))
+
+
+@pytest.mark.parametrize("fixture", FIXTURES, ids=[path.stem for path in FIXTURES])
+@pytest.mark.parametrize("chunk_size", [None, 1, 5], ids=["whole", "byte", "fives"])
+def test_bytes_real_resumable_servers_sent_decode_to_json_rpc_messages_only(
+    fixture: Path, chunk_size: int | None
+) -> None:
+    # Captured from the npm reference server and FastMCP 1.x (see sse_fixtures/README.md): priming events,
+    # ids, retry, keep-alive comments, LF and CRLF. Every event left must be one JSON-RPC message.
+    raw = fixture.read_bytes()
+    events = decode_all(raw, chunk_size=chunk_size)
+    assert events, f"{fixture.name} holds no message"
+    for event in events:
+        message = json.loads(event.data)
+        assert message["jsonrpc"] == "2.0" and ("method" in message or "id" in message)
+    priming = raw.count(b"data: \n\n") + raw.count(b"data: \r\n\r\n") + raw.count(b"data: \r\nretry")
+    data_lines = raw.count(b"\ndata: ") + raw.startswith(b"data: ")
+    assert len(events) == data_lines - priming

@@ -1,0 +1,303 @@
+"""Hostile clients and slow peers: no lock-out, no starvation, no amplification, nothing private on show.
+
+Clients here are raw sockets where the point is bytes a real client would not send (half a request
+head, a body that never comes); everything else is real: the SDK shop server upstream, the sidecar
+served as in production (`GuardedRunner`, an admin listener), and the socket-level faulty upstream for
+an upstream that drips its answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+
+from sidecar.app import METRICS
+from tests.helpers import eventually, headers, request, rpc, serve_sidecar
+from tests.observing import ListenStream
+from tests.peers import Upstream, start_upstream
+from tests.peers.faulty import Fault, FaultyUpstream
+
+PRICE = "catalog://price"
+PROFILE = "catalog://profile"
+LEGACY_INIT = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}},
+}
+LEGACY_HEADERS = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+
+
+@pytest.fixture
+async def shop() -> AsyncIterator[Upstream]:
+    async with await start_upstream("modern", read_ttl_ms=60_000) as up:
+        yield up
+
+
+def _limit(sidecar: Any, name: str) -> float:
+    value: float = sidecar.app[METRICS].limit_rejections.labels(name)._value.get()
+    return value
+
+
+async def _get(http: aiohttp.ClientSession, url: str) -> int:
+    async with http.get(url) as resp:
+        return resp.status
+
+
+# -- the admin listener ------------------------------------------------------------------------------------
+
+
+async def test_metrics_and_status_are_served_on_the_admin_listener_only_and_hide_private_uris(
+    shop: Upstream, http: aiohttp.ClientSession
+) -> None:
+    async with serve_sidecar(shop.url) as sidecar:
+        stream = ListenStream(http, sidecar.url, "l", [PROFILE, PRICE], authorization="Bearer alice")
+        await stream.open()
+        try:
+            for path in ("/metrics", "/status"):
+                assert await _get(http, f"{sidecar.base_url}{path}") == 404, path
+                assert await _get(http, f"{sidecar.admin_url}{path}") == 200, path
+            for path in ("/healthz", "/readyz"):
+                assert await _get(http, f"{sidecar.base_url}{path}") == 200, path
+                assert await _get(http, f"{sidecar.admin_url}{path}") == 200, path
+            for accept in ("application/json", "text/html"):
+                async with http.get(f"{sidecar.admin_url}/status", headers={"Accept": accept}) as resp:
+                    text = await resp.text()
+                assert PROFILE not in text, "a private URI shown unhashed"
+                assert PRICE in text  # a public one names no one
+        finally:
+            await stream.close()
+
+
+# -- slow and numerous connections ---------------------------------------------------------------------------
+
+
+async def _half_request(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: appl")  # and never the rest
+    await writer.drain()
+    return reader, writer
+
+
+async def test_connections_that_never_finish_their_request_head_are_closed(
+    shop: Upstream, http: aiohttp.ClientSession
+) -> None:
+    async with serve_sidecar(shop.url, listen={"header_timeout_s": 0.5}) as sidecar:
+        port = int(sidecar.base_url.rsplit(":", 1)[1])
+        loris = [await _half_request(port) for _ in range(50)]
+        try:
+            for reader, _ in loris:
+                async with asyncio.timeout(15):
+                    assert await reader.read() == b""  # closed by the sidecar, not answered
+            status, _ = await rpc(http, sidecar.url, "resources/read", {"uri": PRICE})
+            assert status == 200
+        finally:
+            for _, writer in loris:
+                writer.close()
+
+
+async def test_past_the_connection_cap_new_connections_are_closed_while_streams_and_health_go_on(
+    http: aiohttp.ClientSession,
+) -> None:
+    async with (
+        await start_upstream("modern", read_ttl_ms=200) as shop,
+        serve_sidecar(shop.url, listen={"max_connections": 5}, polling={"min_interval_ms": 50}) as sidecar,
+    ):
+        stream = ListenStream(http, sidecar.url, "l", [PRICE])
+        await stream.open()
+        port = int(sidecar.base_url.rsplit(":", 1)[1])
+        flood: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+        try:
+            for _ in range(20):
+                flood.append(await _half_request(port))
+            await eventually(lambda: _limit(sidecar, "max_connections") >= 15)
+            assert await _get(http, f"{sidecar.admin_url}/healthz") == 200
+            await shop.set_price(170)
+            update = await stream.next()  # the stream opened before the flood is still served
+            assert update["params"]["uri"] == PRICE
+        finally:
+            for _, writer in flood:
+                writer.close()
+            await stream.close()
+
+
+async def test_a_body_that_never_arrives_gets_408(shop: Upstream) -> None:
+    async with serve_sidecar(shop.url, listen={"body_timeout_s": 0.5}) as sidecar:
+        port = int(sidecar.base_url.rsplit(":", 1)[1])
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            writer.write(
+                b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 200\r\n\r\n" + b'{"jsonrpc": "2.0", '
+            )
+            await writer.drain()
+            async with asyncio.timeout(15):
+                head = await reader.readuntil(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 408"), head
+        finally:
+            writer.close()
+
+
+# -- a slow upstream, a greedy client ------------------------------------------------------------------------
+
+
+async def test_an_upstream_dripping_its_answer_is_cut_at_the_whole_request_timeout(http: aiohttp.ClientSession) -> None:
+    async with FaultyUpstream() as up, serve_sidecar(up.url, upstream={"timeout_s": 0.5}) as sidecar:
+        up.fail(Fault.DRIP, uri="drip://x")
+        status, message = await rpc(http, sidecar.url, "resources/read", {"uri": "drip://x"})
+        assert status == 504, message
+        assert "no complete answer within 0.5 s" in message["error"]["message"]
+
+
+async def test_one_client_cannot_take_every_upstream_connection(http: aiohttp.ClientSession) -> None:
+    upstream = {"timeout_s": 30, "max_requests_per_context": 3}
+    async with FaultyUpstream() as up, serve_sidecar(up.url, upstream=upstream) as sidecar:
+        up.fail(Fault.HANG, token="alice")
+        alice = {"Authorization": "Bearer alice"}
+        hung = [  # three different reads: identical ones would share one upstream request
+            asyncio.ensure_future(rpc(http, sidecar.url, "resources/read", {"uri": f"hang://{n}"}, extra_headers=alice))
+            for n in range(3)
+        ]
+        try:
+            await eventually(lambda: len(up.reads()) == 3)
+            status, message = await rpc(http, sidecar.url, "resources/read", {"uri": "ok://y"}, extra_headers=alice)
+            assert status == 429 and "in flight" in message["error"]["message"]
+            bob = {"Authorization": "Bearer bob"}
+            status, message = await rpc(http, sidecar.url, "resources/read", {"uri": "ok://y"}, extra_headers=bob)
+            assert status == 200, message
+            assert _limit(sidecar, "requests_per_context") == 1
+        finally:
+            await up.stop()  # ends the hung reads
+            await asyncio.gather(*hung, return_exceptions=True)
+
+
+# -- 2025-11-25 sessions -------------------------------------------------------------------------------------
+
+
+async def _initialize(http: aiohttp.ClientSession, url: str, extra: dict[str, str] | None = None) -> tuple[int, str]:
+    async with http.post(url, json=LEGACY_INIT, headers={**LEGACY_HEADERS, **(extra or {})}) as resp:
+        await resp.read()
+        return resp.status, resp.headers.get("Mcp-Session-Id", "")
+
+
+async def test_concurrent_initializes_never_exceed_the_session_cap(shop: Upstream, http: aiohttp.ClientSession) -> None:
+    async with serve_sidecar(shop.url, streams={"max_sessions": 10}) as sidecar:
+        users = [{"Authorization": f"Bearer u{n}"} for n in range(60)]
+        answers = await asyncio.gather(*(_initialize(http, sidecar.url, user) for user in users))
+        statuses = [status for status, _ in answers]
+        assert statuses.count(200) == 10 and statuses.count(503) == 50, statuses
+
+
+async def test_one_client_cannot_hold_every_session(shop: Upstream, http: aiohttp.ClientSession) -> None:
+    async with serve_sidecar(shop.url, streams={"max_sessions_per_context": 3}) as sidecar:
+        statuses = [(await _initialize(http, sidecar.url))[0] for _ in range(5)]
+        assert statuses == [200, 200, 200, 429, 429]
+        assert (await _initialize(http, sidecar.url, {"Authorization": "Bearer alice"}))[0] == 200
+
+
+async def test_a_session_never_used_after_initialize_ends_and_a_used_one_stays(
+    shop: Upstream, http: aiohttp.ClientSession
+) -> None:
+    async with serve_sidecar(shop.url, streams={"session_unused_s": 0.3}) as sidecar:
+        _, unused = await _initialize(http, sidecar.url)
+        _, used = await _initialize(http, sidecar.url)
+        ping = {"jsonrpc": "2.0", "id": 2, "method": "ping"}
+        session_headers = {**LEGACY_HEADERS, "MCP-Protocol-Version": "2025-11-25"}
+
+        async def ping_status(session: str) -> int:
+            async with http.post(sidecar.url, json=ping, headers={**session_headers, "Mcp-Session-Id": session}) as r:
+                return r.status
+
+        assert await ping_status(used) == 200
+        # Watched from the metric: a request to the unused session would use it.
+        await eventually(lambda: sidecar.app[METRICS].legacy_sessions._value.get() == 1)
+        assert await ping_status(unused) == 404
+        assert await ping_status(used) == 200
+
+
+# -- amplification -------------------------------------------------------------------------------------------
+
+
+async def test_a_listen_naming_missing_resources_twice_costs_one_read_each(
+    shop: Upstream, http: aiohttp.ClientSession
+) -> None:
+    missing = [f"catalog://missing/{n}" for n in range(100)]
+    async with serve_sidecar(shop.url) as sidecar:
+        for request_id in ("first", "second"):
+            stream = ListenStream(http, sidecar.url, request_id, missing)
+            ack = await stream.open()
+            await stream.close()
+            assert "resourceSubscriptions" not in ack["params"]["notifications"]
+        assert await shop.count("resources/read") == 100
+
+
+async def test_a_client_starting_reads_faster_than_its_rate_gets_the_rest_left_out(
+    shop: Upstream, http: aiohttp.ClientSession
+) -> None:
+    items = [f"catalog://items/sku{n}" for n in range(200)]
+    async with serve_sidecar(shop.url, polling={"max_baselines_per_s": 50}) as sidecar:
+        stream = ListenStream(http, sidecar.url, "many", items)
+        ack = await stream.open()
+        await stream.close()
+        honoured = ack["params"]["notifications"].get("resourceSubscriptions", [])
+        assert 50 <= len(honoured) < 200
+        assert _limit(sidecar, "baseline_rate") == 200 - len(honoured)
+        assert await shop.count("resources/read") == len(honoured)
+
+
+# -- bad input that used to be a 500 -------------------------------------------------------------------------
+
+
+def _nested(depth: int) -> Any:
+    value: Any = "x"
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
+@pytest.mark.parametrize(("method", "params"), [("tools/call", "name"), ("resources/read", "uri")])
+async def test_params_nested_deeper_than_json_encoders_go_get_400(
+    method: str, params: str, shop: Upstream, http: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture
+) -> None:
+    deep = {params: "echo" if params == "name" else PRICE, "arguments": _nested(300)}
+    async with serve_sidecar(shop.url) as sidecar:
+        with caplog.at_level(logging.WARNING):
+            status, message = await rpc(http, sidecar.url, method, deep)
+        assert status == 400 and message["error"]["code"] == -32600, message
+        assert not [record for record in caplog.records if record.levelno >= logging.ERROR]
+
+
+@pytest.mark.parametrize(("name", "value"), [("Host", "["), ("Origin", "http://[")])
+async def test_malformed_host_and_origin_headers_get_400(
+    name: str, value: str, shop: Upstream, http: aiohttp.ClientSession
+) -> None:
+    async with serve_sidecar(shop.url) as sidecar:
+        body = request("tools/list")
+        async with http.post(sidecar.url, json=body, headers={**headers("tools/list"), name: value}) as resp:
+            assert resp.status == 400
+            assert (await resp.json(content_type=None))["error"]["code"] == -32600
+
+
+async def test_malformed_http_is_logged_once_per_cause_at_warning(
+    shop: Upstream, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with serve_sidecar(shop.url) as sidecar:
+        port = int(sidecar.base_url.rsplit(":", 1)[1])
+        with caplog.at_level(logging.DEBUG, logger="aiohttp.server"):
+            for _ in range(20):
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.write(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: nope\r\n\r\n")
+                await writer.drain()
+                with contextlib.suppress(ConnectionError):
+                    async with asyncio.timeout(15):
+                        assert b" 400 " in await reader.readuntil(b"\r\n")
+                writer.close()
+        records = [record for record in caplog.records if record.name == "aiohttp.server"]
+        assert not [record for record in records if record.levelno >= logging.ERROR]
+        assert len([record for record in records if record.levelno == logging.WARNING]) <= 1
