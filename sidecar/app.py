@@ -20,6 +20,7 @@ from sidecar.observability.logs import INSTANCE_ID
 from sidecar.observability.metrics import CONTENT_TYPE_LATEST, Metrics
 from sidecar.observability.status import make_status
 from sidecar.partition import set_partition_key
+from sidecar.upstream.base import Upstream
 from sidecar.upstream.client import UpstreamClient
 from sidecar.watch.registry import WatchRegistry
 
@@ -29,7 +30,7 @@ logger = logging.getLogger(__name__)
 
 CONFIG = web.AppKey("config", SidecarConfig)
 METRICS = web.AppKey("metrics", Metrics)
-UPSTREAM = web.AppKey("upstream", UpstreamClient)
+UPSTREAM: web.AppKey[Upstream] = web.AppKey("upstream")
 REGISTRY = web.AppKey("registry", WatchRegistry)
 HUB = web.AppKey("hub", StreamHub)
 CLUSTER = web.AppKey("cluster", RedisCluster)
@@ -41,7 +42,7 @@ def build_app(config: SidecarConfig) -> web.Application:
     app = web.Application(middlewares=[no_tracebacks], handler_args={"max_field_size": 16384})
     metrics = Metrics()
     metrics.stream_limit.set(config.streams.max_streams)
-    upstream = UpstreamClient(config.upstream, config.cache, metrics)
+    upstream: Upstream = UpstreamClient(config.upstream, config.cache, metrics)
     app[CONFIG] = config
     app[METRICS] = metrics
     app[UPSTREAM] = upstream

@@ -26,7 +26,8 @@ from sidecar.protocol.constants import HEADER_AUTHORIZATION, HEADER_SESSION_ID
 from sidecar.protocol.envelope import Message, parse_message
 from sidecar.protocol.errors import InvalidParams, InvalidRequest, Overloaded, RpcError
 from sidecar.protocol.frames import error_response, result_response
-from sidecar.upstream.client import Reply, UpstreamClient
+from sidecar.upstream.base import Upstream
+from sidecar.upstream.client import Reply
 from sidecar.watch.keys import WatchKind
 from sidecar.watch.registry import Handle, WatchRegistry
 
@@ -91,7 +92,7 @@ class LegacySessions:
 
     def __init__(
         self,
-        upstream: UpstreamClient,
+        upstream: Upstream,
         registry: WatchRegistry,
         hub: StreamHub,
         config: StreamsConfig,

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sidecar.protocol.errors import UpstreamBadResponse, UpstreamRpcError
-from sidecar.upstream.client import UpstreamClient
+from sidecar.upstream.base import Upstream
 from sidecar.watch.fingerprint import ABSENT, fingerprint_contents, fingerprint_items
 from sidecar.watch.keys import WatchKind
 
@@ -51,7 +51,7 @@ def observation_from_read(result: dict[str, Any]) -> Observation:
     return Observation(fingerprint_contents(result.get("contents")), _ttl(result), result.get("cacheScope") == "public")
 
 
-async def observe(upstream: UpstreamClient, kind: WatchKind, uri: str | None, credential: str | None) -> Observation:
+async def observe(upstream: Upstream, kind: WatchKind, uri: str | None, credential: str | None) -> Observation:
     """Look once; raises UpstreamError when the upstream cannot answer (a not-found resource is an answer)."""
     try:
         return await _observe(upstream, kind, uri, credential)
@@ -59,7 +59,7 @@ async def observe(upstream: UpstreamClient, kind: WatchKind, uri: str | None, cr
         raise UpstreamBadResponse(upstream.url, str(exc)) from exc
 
 
-async def _observe(upstream: UpstreamClient, kind: WatchKind, uri: str | None, credential: str | None) -> Observation:
+async def _observe(upstream: Upstream, kind: WatchKind, uri: str | None, credential: str | None) -> Observation:
     """Look once; raises UpstreamError when the upstream cannot answer (a not-found resource is an answer)."""
     if kind == "resource":
         try:

@@ -25,7 +25,7 @@ from sidecar.config import PollingConfig
 from sidecar.observability.metrics import Metrics
 from sidecar.partition import ANONYMOUS, PUBLIC, context_id
 from sidecar.protocol.errors import UpstreamError, UpstreamHTTPError
-from sidecar.upstream.client import UpstreamClient
+from sidecar.upstream.base import Upstream
 from sidecar.watch.coordination import LocalCoordinator, PollCoordinator
 from sidecar.watch.fingerprint import ABSENT
 from sidecar.watch.keys import WatchKey, WatchKind
@@ -65,7 +65,7 @@ class WatchRegistry:
 
     def __init__(
         self,
-        upstream: UpstreamClient,
+        upstream: Upstream,
         config: PollingConfig,
         bus: Bus,
         metrics: Metrics,
