@@ -6,6 +6,7 @@ import logging
 from collections.abc import AsyncIterator
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from sidecar.bus.base import Bus
 from sidecar.bus.memory import MemoryBus
@@ -15,6 +16,7 @@ from sidecar.downstream.handler import McpEndpoint, no_tracebacks
 from sidecar.downstream.legacy import LegacySessions
 from sidecar.downstream.listen import StreamHub
 from sidecar.downstream.readthrough import ReadThrough
+from sidecar.downstream.shared_context import ignore_authorization
 from sidecar.observability.health import healthz, make_readyz
 from sidecar.observability.logs import INSTANCE_ID
 from sidecar.observability.metrics import CONTENT_TYPE_LATEST, Metrics
@@ -22,6 +24,7 @@ from sidecar.observability.status import make_status
 from sidecar.partition import set_partition_key
 from sidecar.upstream.base import Upstream
 from sidecar.upstream.client import UpstreamClient
+from sidecar.upstream.stdio_client import StdioUpstream
 from sidecar.watch.registry import WatchRegistry
 
 __all__ = ["CLUSTER", "CONFIG", "HUB", "LEGACY", "METRICS", "REGISTRY", "UPSTREAM", "build_app"]
@@ -39,10 +42,18 @@ LEGACY = web.AppKey("legacy", LegacySessions)
 
 def build_app(config: SidecarConfig) -> web.Application:
     """The whole sidecar as one aiohttp application (the CLI runs it; tests serve it on a free port)."""
-    app = web.Application(middlewares=[no_tracebacks], handler_args={"max_field_size": 16384})
+    middlewares: list[Middleware] = [no_tracebacks]
+    upstream: Upstream
+    if config.upstream.is_stdio:
+        # A stdio server has one authorization context for everyone: clients' Authorization is dropped first.
+        middlewares.append(ignore_authorization(config.upstream.display_url))
+    app = web.Application(middlewares=middlewares, handler_args={"max_field_size": 16384})
     metrics = Metrics()
     metrics.stream_limit.set(config.streams.max_streams)
-    upstream: Upstream = UpstreamClient(config.upstream, config.cache, metrics)
+    if config.upstream.is_stdio:
+        upstream = StdioUpstream(config.upstream, config.cache, metrics)
+    else:
+        upstream = UpstreamClient(config.upstream, config.cache, metrics)
     app[CONFIG] = config
     app[METRICS] = metrics
     app[UPSTREAM] = upstream

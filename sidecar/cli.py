@@ -20,6 +20,7 @@ from sidecar.app import build_app
 from sidecar.bus.redis import RedisUnavailable
 from sidecar.config import ConfigError, SidecarConfig, load_config
 from sidecar.observability.logs import configure_logging
+from sidecar.upstream.stdio_process import StdioStartError
 
 __all__ = ["main", "run_workers", "serve"]
 
@@ -138,6 +139,10 @@ async def serve(config: SidecarConfig, ready: asyncio.Event | None = None, *, re
         await runner.setup()
     except RedisUnavailable as exc:
         print(f"mcp-sidecar: {exc} (set bus.fallback: local to start without it)", file=sys.stderr)
+        await runner.cleanup()
+        return 1
+    except StdioStartError as exc:
+        print(f"mcp-sidecar: upstream.command: {exc}", file=sys.stderr)
         await runner.cleanup()
         return 1
     try:
