@@ -51,6 +51,7 @@ _STDERR_LINE_BYTES = 8_192
 _EXIT_AFTER_EOF_S = 2.0
 """A child that closed its stdout has this long to exit on its own before its group is ended."""
 _REFUSED = {"code": -32601, "message": "not available through mcp-sidecar"}
+_CANCELLED_CODE = -32603  # nobody reads it: the client that cancelled expects no answer
 
 
 @dataclass(eq=False, slots=True)
@@ -181,10 +182,14 @@ class StdioChild:
             self._drop(call)
 
     def forget(self, call: InFlight, reason: str) -> None:
-        """Stop waiting for `call` and ask the child to cancel it (`notifications/cancelled`)."""
+        """Stop waiting for `call` and ask the child to cancel it (`notifications/cancelled`). A caller still
+        waiting gets an error answer now: the child should not answer a cancelled request at all."""
         if self._pending.get(call.id) is call:
             self._drop(call)
             self.notify("notifications/cancelled", {"requestId": call.id, "reason": reason})
+            if not call.answer.done():
+                error = {"code": _CANCELLED_CODE, "message": f"request cancelled: {reason}"}
+                call.answer.set_result({"jsonrpc": "2.0", "id": call.id, "error": error})
 
     def notify(self, method: str, params: JsonObject | None = None) -> None:
         """Write a notification without waiting for the pipe (it is small; a full pipe holds it in memory)."""

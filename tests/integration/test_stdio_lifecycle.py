@@ -61,6 +61,7 @@ async def _readyz(http: aiohttp.ClientSession, base_url: str) -> tuple[int, dict
         return resp.status, await resp.json()
 
 
+@pytest.mark.invariant(14)
 async def test_kill_9_mid_listen_restarts_the_child_and_the_change_made_while_down_is_told(
     tmp_path: Path, http: aiohttp.ClientSession
 ) -> None:
@@ -107,7 +108,7 @@ async def test_garbage_on_stdout_is_skipped_and_counted(
         assert (metrics.value("mcp_sidecar_upstream_bad_lines_total") or 0) >= 4  # the banner and one per answer
         assert metrics.value("mcp_sidecar_upstream_restarts_total", reason="exited") == 0
     warnings = [record for record in caplog.records if "not JSON-RPC" in record.getMessage()]
-    assert len(warnings) == 1  # rate-limited: one warning, the rest counted
+    assert 1 <= len(warnings) <= 2  # rate-limited to one per 10 s: the rest are counted
     assert warnings[0].__dict__["sample"].startswith("toy server starting")
 
 
@@ -170,7 +171,8 @@ async def test_stopping_the_sidecar_leaves_no_process_of_the_child_behind(
 
 
 async def test_a_hung_child_is_ended_and_started_again(http: aiohttp.ClientSession) -> None:
-    sections = {"upstream": {"timeout_s": 0.5, "connect_timeout_s": 0.5, "restart_backoff_initial_ms": 50}}
+    # Two seconds to answer a ping even on a loaded machine; half a second for the tools that never answer.
+    sections = {"upstream": {"timeout_s": 0.5, "connect_timeout_s": 2.0, "restart_backoff_initial_ms": 50}}
     async with serve_stdio_sidecar(toy_command(), **sections) as sidecar:
         first = await _tool_text(http, sidecar.url, "pid")
         # A tool that never answers is slow, not dead: the child still answers the liveness probe.
@@ -288,6 +290,10 @@ async def test_a_legacy_clients_cancel_names_the_childs_id_for_its_request(
                 return [json.loads(line) for line in received.read_text().splitlines()]
 
             await eventually(lambda: any(m.get("method") == "notifications/cancelled" for m in seen()))
+            async with asyncio.timeout(WAIT_S):  # the cancelled request does not wait out upstream.timeout_s
+                answered = await waiting
+                assert answered.status == 200 and "cancelled" in (await answered.json())["error"]["message"]
+                answered.release()
         finally:
             waiting.cancel()
             with contextlib.suppress(asyncio.CancelledError):
