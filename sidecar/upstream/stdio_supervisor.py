@@ -76,6 +76,7 @@ class StdioSupervisor:
         self._runner: asyncio.Task[None] | None = None
         self._listeners: dict[object, NotificationListener] = {}
         self._aborted = False
+        self._terminations: set[asyncio.Task[None]] = set()
 
     # -- lifecycle -----------------------------------------------------------------------------------------
 
@@ -168,7 +169,9 @@ class StdioSupervisor:
             return
         logger.warning("ending the stdio server: %s", reason, extra={"upstream": self.label, "pid": child.pid})
         self._ending[child] = (reason, kind)
-        asyncio.get_running_loop().create_task(child.terminate(self._config.stop_grace_s))
+        task = asyncio.get_running_loop().create_task(child.terminate(self._config.stop_grace_s))
+        self._terminations.add(task)  # held: the loop keeps only a weak reference to a task
+        task.add_done_callback(self._terminations.discard)
 
     # -- one life after another ------------------------------------------------------------------------------
 
