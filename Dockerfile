@@ -1,4 +1,14 @@
 # mcp-sidecar: a reverse proxy that gives MCP resource subscriptions to servers that lack them.
+#
+# An HTTP upstream:   docker run -p 8080:8080 -e MCP_SIDECAR__UPSTREAM__URL=http://legacy:9000/mcp mcp-sidecar
+# A stdio upstream runs in this container, so build on this image with the server installed and name its command:
+#   FROM mcp-sidecar
+#   USER root
+#   RUN pip install --no-cache-dir mcp-server-time==2026.10.19
+#   USER 10001
+#   ENV MCP_SIDECAR__UPSTREAM__COMMAND="python -m mcp_server_time"
+# (or `... run --config /etc/mcp-sidecar/sidecar.yaml --upstream "python -m mcp_server_time"`), and run it with
+# `docker run --init`: the sidecar ends its child's whole process group, but as PID 1 it reaps no orphan.
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \

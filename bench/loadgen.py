@@ -6,6 +6,8 @@ Commands (`cmd` field):
 - `forward {url, concurrency, duration_s, warmup_s, uri_prefix, uri_count}`: `resources/read` as fast as
   `concurrency` keep-alive connections allow, each request a different URI (so no two identical requests
   are in flight: the sidecar's single-flight cannot merge them); throughput and latency percentiles.
+- `forward_stdio {argv, cwd, concurrency, duration_s, warmup_s}`: the same load written straight to the stdin
+  of a stdio server it starts (`argv`), answers matched by id: the floor of the stdio scenario.
 - `open {group, url, uris, count, concurrency, reread_url?}`: open `count` listen streams on `uris`, each
   waited for until its ack; with `reread_url`, a pool of keep-alive connections for re-reads is warmed up.
 - `change {group, trigger, timeout_s, reread}`: time 0 is just before the trigger (an HTTP POST: an
@@ -173,22 +175,69 @@ class Loadgen:
                             errors += 1
 
             await asyncio.gather(*(worker() for _ in range(concurrency)))
-        in_window = [latency for end, latency in done if end <= deadline]
-        window_end = deadline
-        if len(in_window) < min_requests and done:
-            in_window = [latency for _, latency in done]
-            window_end = max(deadline, max(end for end, _ in done))
-        seconds = window_end - measure_from
-        return {
-            "requests": len(in_window),
-            "errors": errors,
-            "seconds": seconds,
-            "rps": len(in_window) / seconds,
-            "p50_ms": percentile(in_window, 0.50) * 1000,
-            "p90_ms": percentile(in_window, 0.90) * 1000,
-            "p99_ms": percentile(in_window, 0.99) * 1000,
-            "mean_ms": (sum(in_window) / len(in_window) * 1000) if in_window else float("nan"),
-        }
+        return _summary(done, errors, measure_from, deadline, min_requests)
+
+    async def forward_stdio(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        """`forward`'s floor for a stdio server: `resources/read` written straight to its stdin, no proxy."""
+        concurrency = int(cmd["concurrency"])
+        warmup_s = float(cmd.get("warmup_s", 0.5))
+        duration_s = float(cmd["duration_s"])
+        proc = await asyncio.create_subprocess_exec(
+            *cmd["argv"], cwd=cmd.get("cwd"), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL, limit=2**24,
+        )  # fmt: skip
+        assert proc.stdin is not None and proc.stdout is not None
+        stdin, stdout = proc.stdin, proc.stdout
+        waiting: dict[int, asyncio.Future[bytes]] = {}
+
+        async def read_answers() -> None:
+            while line := await stdout.readline():
+                answer = waiting.pop(orjson.loads(line).get("id"), None)
+                if answer is not None and not answer.done():
+                    answer.set_result(line)
+
+        async def call(request_id: int, method: str, params: dict[str, Any]) -> bool:
+            answer = asyncio.get_running_loop().create_future()
+            waiting[request_id] = answer
+            stdin.write(orjson.dumps(mcp_body(method, params, request_id)) + b"\n")
+            await stdin.drain()
+            return b'"result"' in await asyncio.wait_for(answer, 30)
+
+        reader = asyncio.get_running_loop().create_task(read_answers())
+        counter = itertools.count(1)
+        done: list[tuple[float, float]] = []
+        errors = 0
+        try:
+            await call(0, "server/discover", {})
+            start = time.perf_counter()
+            measure_from = start + warmup_s
+            deadline = measure_from + duration_s
+
+            async def worker() -> None:
+                nonlocal errors
+                while (began := time.perf_counter()) < deadline:
+                    i = next(counter)
+                    try:
+                        ok = await call(i, "resources/read", {"uri": f"bench://items/{i}"})
+                    except TimeoutError:
+                        ok = False
+                    ended = time.perf_counter()
+                    if ended >= measure_from:
+                        if ok:
+                            done.append((ended, ended - began))
+                        else:
+                            errors += 1
+
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
+        finally:
+            stdin.close()
+            reader.cancel()
+            try:
+                await asyncio.wait_for(proc.wait(), 5)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+        return _summary(done, errors, measure_from, deadline, 2 * concurrency)
 
     # -- listen streams ---------------------------------------------------------------------------------
 
@@ -334,6 +383,28 @@ class Loadgen:
         return {"closed": len(group.streams)}
 
 
+def _summary(
+    done: list[tuple[float, float]], errors: int, measure_from: float, deadline: float, min_requests: int
+) -> dict[str, Any]:
+    """Throughput and latency percentiles of the answers (end, latency) that ended inside the window."""
+    in_window = [latency for end, latency in done if end <= deadline]
+    window_end = deadline
+    if len(in_window) < min_requests and done:
+        in_window = [latency for _, latency in done]
+        window_end = max(deadline, max(end for end, _ in done))
+    seconds = window_end - measure_from
+    return {
+        "requests": len(in_window),
+        "errors": errors,
+        "seconds": seconds,
+        "rps": len(in_window) / seconds,
+        "p50_ms": percentile(in_window, 0.50) * 1000,
+        "p90_ms": percentile(in_window, 0.90) * 1000,
+        "p99_ms": percentile(in_window, 0.99) * 1000,
+        "mean_ms": (sum(in_window) / len(in_window) * 1000) if in_window else float("nan"),
+    }
+
+
 def _ack_uris(buffer: bytes) -> list[str] | None:
     """The URIs the ack (the first SSE event) honours; None when the first event is not an ack."""
     event = buffer.replace(b"\r\n", b"\n").split(b"\n\n", 1)[0]
@@ -355,6 +426,7 @@ async def _serve() -> None:
     loadgen = Loadgen()
     handlers = {
         "forward": loadgen.forward,
+        "forward_stdio": loadgen.forward_stdio,
         "open": loadgen.open,
         "change": loadgen.change,
         "close": loadgen.close,

@@ -7,6 +7,7 @@ import contextlib
 import functools
 import importlib.metadata
 import itertools
+import json
 import os
 import random
 import statistics
@@ -17,7 +18,17 @@ from typing import Any
 
 import aiohttp
 
-from bench.common import children, cpu_seconds, histogram_quantile, mcp_body, mcp_headers, percentile, rss_bytes, scrape
+from bench.common import (
+    REPO_ROOT,
+    children,
+    cpu_seconds,
+    histogram_quantile,
+    mcp_body,
+    mcp_headers,
+    percentile,
+    rss_bytes,
+    scrape,
+)
 from bench.report import Results, fmt
 from bench.services import (
     LoadClient,
@@ -33,6 +44,9 @@ from bench.services import (
     start_redis,
     start_sdk_upstream,
     start_sidecar,
+    start_supergateway,
+    stdio_upstream_argv,
+    supergateway_missing,
 )
 
 __all__ = ["SCENARIOS", "Context", "Profile"]
@@ -651,9 +665,95 @@ async def watches(ctx: Context) -> None:
     )
 
 
+STDIO_DIRECT = "direct (stdio, no proxy)"
+STDIO_SIDECAR = "mcp-sidecar (stdio upstream)"
+STDIO_BRIDGED = "mcp-sidecar -> supergateway"
+
+
+async def stdio(ctx: Context) -> None:
+    """resources/read of a stdio server through mcp-sidecar's own stdio upstream, and through mcp-sidecar in front
+    of supergateway (the stdio-to-HTTP bridge people run today), beside the server driven straight on its stdin."""
+    p, r = ctx.profile, ctx.results
+    scenario = f"stdio c={CONCURRENCY}"
+    server = stdio_upstream_argv()
+    async with contextlib.AsyncExitStack() as stack:
+        starts: dict[str, Awaitable[Service]] = {
+            STDIO_SIDECAR: start_sidecar(stack, ctx.workdir, "sidecar-stdio", "", {"upstream": {"command": server}}),
+        }
+        if (missing := supergateway_missing()) is None:
+            gateway = await start_supergateway(stack, ctx.workdir, server)
+            starts[STDIO_BRIDGED] = start_sidecar(stack, ctx.workdir, "sidecar-supergateway", gateway.url)
+        else:
+            r.note(f"supergateway baseline left out: {missing}")
+        started = await _gather_started(starts, r)
+        if STDIO_SIDECAR not in started:
+            raise RuntimeError("the sidecar with a stdio upstream did not start; see the note")
+        load = await start_loadgen(stack, ctx.workdir, "loadgen-stdio")
+        many: dict[str, dict[str, Any]] = {}
+        one: dict[str, dict[str, Any]] = {}
+        for concurrency, into, seconds in ((CONCURRENCY, many, p.forward_s), (1, one, p.single_s)):
+            into[STDIO_DIRECT] = await load.call(
+                "forward_stdio", argv=server, cwd=str(REPO_ROOT), concurrency=concurrency, duration_s=seconds,
+                warmup_s=p.warmup_s,
+            )  # fmt: skip
+            for name, service in started.items():
+                into[name] = await load.call(
+                    "forward", url=service.url, concurrency=concurrency, duration_s=seconds, warmup_s=p.warmup_s
+                )
+        for stats_by_name, label in ((many, f"c={CONCURRENCY}"), (one, "c=1")):
+            for name, stats in stats_by_name.items():
+                if stats["errors"]:
+                    r.note(f"stdio via {name} ({label}): {stats['errors']} failed requests (not in the latencies)")
+
+    direct, direct_one = many[STDIO_DIRECT], one[STDIO_DIRECT]
+    names = [STDIO_DIRECT, *(name for name in (STDIO_SIDECAR, STDIO_BRIDGED) if name in many)]
+    for name in names:
+        value = fmt(many[name]["rps"], "req/s", 0)
+        if name != STDIO_DIRECT and direct["rps"]:
+            value += f" ({many[name]['rps'] / direct['rps']:.2f}x direct)"
+        r.add(scenario, f"{name}: throughput", value)
+    for name in names:
+        stats, single = many[name], one[name]
+        latency = f"p50 {_ms(_sec(stats, 'p50_ms'))}, p99 {_ms(_sec(stats, 'p99_ms'))}"
+        r.add(scenario, f"{name}: latency c={CONCURRENCY}", latency)
+        latency = f"p50 {_ms(_sec(single, 'p50_ms'))}, p99 {_ms(_sec(single, 'p99_ms'))}"
+        if name != STDIO_DIRECT:
+            latency += f" (added p50 {_ms(_diff(_sec(single, 'p50_ms'), _sec(direct_one, 'p50_ms')))})"
+        r.add("stdio c=1", f"{name}: latency", latency)
+    if STDIO_BRIDGED in many and many[STDIO_BRIDGED]["rps"]:
+        ratio = many[STDIO_SIDECAR]["rps"] / many[STDIO_BRIDGED]["rps"]
+        r.add(scenario, "stdio upstream / via supergateway throughput", f"{ratio:.1f}x", ">= 1x", ratio >= 1)
+        added = {
+            name: _diff(_sec(one[name], "p50_ms"), _sec(direct_one, "p50_ms"))
+            for name in (STDIO_SIDECAR, STDIO_BRIDGED)
+        }
+        r.add(
+            "stdio c=1",
+            "added p50: stdio upstream vs via supergateway",
+            f"{_ms(added[STDIO_SIDECAR])} vs {_ms(added[STDIO_BRIDGED])}",
+        )
+    r.note(
+        "stdio: the server is bench/fast_stdio_upstream.py (one line in, one line out, ttlMs 0), the same command for "
+        "every target. `direct` writes requests straight to its stdin from the load generator (no HTTP, no proxy): "
+        "the floor. `mcp-sidecar (stdio upstream)` starts it as upstream.command; `mcp-sidecar -> supergateway` is "
+        f"what a user without stdio support would run: supergateway {_supergateway_version()} (npm, --stateful "
+        "Streamable HTTP; its stateless mode starts a child per request) in front of the server, the sidecar in "
+        "front of it. Each request reads a different URI, as in the forwarding scenario."
+    )
+
+
+def _supergateway_version() -> str:
+    package = REPO_ROOT / ".tools" / "supergateway" / "node_modules" / "supergateway" / "package.json"
+    try:
+        return str(json.loads(package.read_text(encoding="utf-8"))["version"])
+    except (OSError, ValueError, KeyError):
+        return "(not installed)"
+
+
 SCENARIOS: dict[str, Callable[[Context], Awaitable[None]]] = {
     "forward": forward,
     "workers": workers,
     "subscriptions": subscriptions,
     "watches": watches,
+    "stdio": stdio,
 }

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import shlex
 import signal
 import sys
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from typing import Any
 import orjson
 import yaml
 
-from bench.common import python_argv
+from bench.common import REPO_ROOT, python_argv
 from tests.procs import (
     OnLoopback,
     ServerProcess,
@@ -48,6 +49,9 @@ __all__ = [
     "start_redis",
     "start_sdk_upstream",
     "start_sidecar",
+    "start_supergateway",
+    "stdio_upstream_argv",
+    "supergateway_missing",
 ]
 
 ALL: list[ServerProcess] = []
@@ -219,6 +223,37 @@ async def start_redis(stack: contextlib.AsyncExitStack, workdir: Path) -> str:
     await proc.spawn()
     await proc.wait_ready(redis_answers(port), START_TIMEOUT_S)
     return f"redis://127.0.0.1:{port}/0"
+
+
+def stdio_upstream_argv() -> list[str]:
+    """The fast stdio server (bench/fast_stdio_upstream.py), as a command run from the repository root."""
+    return python_argv("bench.fast_stdio_upstream")
+
+
+_TOOLS = REPO_ROOT / ".tools"
+_NODE = _TOOLS / "node22" / "node_modules" / ".bin" / "node"
+_SUPERGATEWAY = _TOOLS / "supergateway" / "node_modules" / "supergateway" / "dist" / "index.js"
+
+
+def supergateway_missing() -> str | None:
+    for path in (_NODE, _SUPERGATEWAY):
+        if not path.exists():
+            return f"{path.relative_to(REPO_ROOT)} is missing (bash .ci/install-peers installs it)"
+    return None
+
+
+async def start_supergateway(stack: contextlib.AsyncExitStack, workdir: Path, stdio_argv: list[str]) -> Service:
+    """supergateway (npm), the stdio-to-HTTP bridge people use today: `stdio_argv` served as Streamable HTTP,
+    stateful (one child per session; its stateless mode starts a child per request)."""
+    port = free_port()
+    argv = [
+        str(_NODE), str(_SUPERGATEWAY), "--stdio", shlex.join(stdio_argv), "--outputTransport", "streamableHttp",
+        "--stateful", "--port", str(port), "--healthEndpoint", "/admin/health", "--logLevel", "none",
+    ]  # fmt: skip
+    proc = ServerProcess("supergateway", argv, workdir / "supergateway.log")
+    service = Service("supergateway", port, proc)
+    await _start(stack, proc, f"{service.base_url}/admin/health")
+    return service
 
 
 def peer_proxy_missing() -> str | None:

@@ -6,6 +6,7 @@ import logging
 from collections.abc import AsyncIterator
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from sidecar.bus.base import Bus
 from sidecar.bus.memory import MemoryBus
@@ -15,12 +16,15 @@ from sidecar.downstream.handler import McpEndpoint, no_tracebacks
 from sidecar.downstream.legacy import LegacySessions
 from sidecar.downstream.listen import StreamHub
 from sidecar.downstream.readthrough import ReadThrough
+from sidecar.downstream.shared_context import ignore_authorization
 from sidecar.identity import IdentityRule
 from sidecar.observability.health import healthz, make_readyz
 from sidecar.observability.logs import INSTANCE_ID
 from sidecar.observability.metrics import CONTENT_TYPE_LATEST, Metrics
 from sidecar.observability.status import make_status
+from sidecar.upstream.base import Upstream
 from sidecar.upstream.client import UpstreamClient
+from sidecar.upstream.stdio_client import StdioUpstream
 from sidecar.watch.registry import WatchRegistry
 
 __all__ = [
@@ -40,7 +44,7 @@ logger = logging.getLogger(__name__)
 
 CONFIG = web.AppKey("config", SidecarConfig)
 METRICS = web.AppKey("metrics", Metrics)
-UPSTREAM = web.AppKey("upstream", UpstreamClient)
+UPSTREAM: web.AppKey[Upstream] = web.AppKey("upstream")
 REGISTRY = web.AppKey("registry", WatchRegistry)
 HUB = web.AppKey("hub", StreamHub)
 IDENTITIES = web.AppKey("identities", IdentityRule)
@@ -53,11 +57,22 @@ ADMIN = web.AppKey("admin", web.Application)
 def build_app(config: SidecarConfig) -> web.Application:
     """The whole sidecar as one aiohttp application (the CLI runs it; tests serve it on a free port), with its
     admin application under `ADMIN`, to be served on `config.admin`."""
-    app = web.Application(middlewares=[no_tracebacks], handler_args={"max_field_size": 16384})
+    middlewares: list[Middleware] = [no_tracebacks]
+    upstream: Upstream
+    if config.upstream.is_stdio:
+        # A stdio server has one authorization context for everyone: nothing is forwarded, Authorization is
+        # dropped (and the first one logged).
+        middlewares.append(ignore_authorization(config.upstream.display_url))
+        identities = IdentityRule((), ())
+    else:
+        identities = IdentityRule(config.upstream.forward_headers, config.upstream.non_identity_headers)
+    app = web.Application(middlewares=middlewares, handler_args={"max_field_size": 16384})
     metrics = Metrics()
     metrics.stream_limit.set(config.streams.max_streams)
-    identities = IdentityRule(config.upstream.forward_headers, config.upstream.non_identity_headers)
-    upstream = UpstreamClient(config.upstream, config.cache, metrics, identities)
+    if config.upstream.is_stdio:
+        upstream = StdioUpstream(config.upstream, config.cache, metrics)
+    else:
+        upstream = UpstreamClient(config.upstream, config.cache, metrics, identities)
     app[IDENTITIES] = identities
     app[CONFIG] = config
     app[METRICS] = metrics

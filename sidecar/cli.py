@@ -21,6 +21,7 @@ from sidecar.bus.redis import RedisUnavailable
 from sidecar.config import ConfigError, SidecarConfig, load_config
 from sidecar.observability.logs import configure_logging
 from sidecar.serving import GuardedRunner, install_quiet_errors, raise_open_files_limit
+from sidecar.upstream.stdio_process import StdioStartError
 
 __all__ = ["main", "run_workers", "serve"]
 
@@ -31,6 +32,13 @@ _FILES_BESIDES_CLIENTS = 1024
 """Open files the sidecar needs besides client connections: upstream pool, Redis, logs, the admin listener."""
 _ADMIN_CONNECTIONS = 64
 """Scrapers and probes: a handful of connections; more is a client that should not be there."""
+_DEMO_PLACEHOLDER_URL = "http://127.0.0.1:9/mcp"
+"""The demo starts its own upstream and points the sidecar at it (run_demo); until then, this stands in."""
+_UPSTREAM_HELP = (
+    "the upstream: a value starting with http:// or https:// is its MCP URL (upstream.url); anything else is a "
+    "stdio MCP server to start, split into program and arguments as a shell would, without running a shell "
+    "(upstream.command), e.g. --upstream 'uvx mcp-server-time'"
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -49,7 +57,7 @@ def _parser() -> argparse.ArgumentParser:
     for command in (parser, run, sub.choices["demo"]):
         # A subcommand's own default would overwrite the same flag given before it (`--port 9 run`).
         default = None if command is parser else argparse.SUPPRESS
-        command.add_argument("--upstream", default=default, help="upstream MCP URL (upstream.url)")
+        command.add_argument("--upstream", default=default, metavar="URL|COMMAND", help=_UPSTREAM_HELP)
         command.add_argument("--host", default=default, help="address to bind (listen.host)")
         command.add_argument("--port", default=default, type=int, help="port to bind (listen.port)")
         command.add_argument("--log-level", default=default, choices=["debug", "info", "warning", "error"])
@@ -59,7 +67,8 @@ def _parser() -> argparse.ArgumentParser:
 def _flag_overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     overrides: dict[str, dict[str, Any]] = {}
     if getattr(args, "upstream", None):
-        overrides.setdefault("upstream", {})["url"] = args.upstream
+        target = "url" if args.upstream.startswith(("http://", "https://")) else "command"
+        overrides.setdefault("upstream", {})[target] = args.upstream
     if getattr(args, "host", None):
         overrides.setdefault("listen", {})["host"] = args.host
     if getattr(args, "port", None) is not None:
@@ -80,11 +89,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "demo":
             from sidecar.demo.run import run_demo
 
-            config = load_config(None).with_overrides(_flag_overrides(args))
+            overrides = {**_flag_overrides(args), "upstream": {"url": _DEMO_PLACEHOLDER_URL}}
+            config = load_config(None, overrides=overrides)
             configure_logging(config.logging.level, "text")
             return asyncio.run(run_demo(config))
         path = getattr(args, "run_config", None) or args.config
-        config = load_config(path).with_overrides(_flag_overrides(args))
+        config = load_config(path, overrides=_flag_overrides(args))
         workers = getattr(args, "workers", 1)
         _check_workers(config, workers)
     except ConfigError as exc:
@@ -159,6 +169,10 @@ async def serve(config: SidecarConfig, ready: asyncio.Event | None = None, *, re
         print(f"mcp-sidecar: {exc} (set bus.fallback: local to start without it)", file=sys.stderr)
         await runner.cleanup()
         return 1
+    except StdioStartError as exc:
+        print(f"mcp-sidecar: upstream.command: {exc}", file=sys.stderr)
+        await runner.cleanup()
+        return 1
     await admin_runner.setup()
     for name, site_runner, host, port in (
         ("listen", runner, config.listen.host, config.listen.port),
@@ -173,7 +187,8 @@ async def serve(config: SidecarConfig, ready: asyncio.Event | None = None, *, re
             return 1
     # SecretStr fields dump as asterisks: the summary never carries a token or a password.
     summary = config.model_dump(mode="json")
-    summary["upstream"]["url"] = config.upstream.display_url
+    if config.upstream.url:
+        summary["upstream"]["url"] = config.upstream.display_url
     logger.info("configuration", extra={"config": summary})
     for warning in config.upstream.identity_warnings():
         logger.warning(warning)

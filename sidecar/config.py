@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import shlex
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
@@ -44,6 +45,11 @@ DEFAULT_MAX_CONNECTIONS = 100
 DEFAULT_MAX_STREAM_S = 900.0
 DEFAULT_MAX_REQUESTS_PER_CONTEXT = 32  # a third of the pool: two busy clients still leave room for a third
 DEFAULT_MAX_RESPONSE_BYTES = 16 * 1_048_576
+DEFAULT_MAX_IN_FLIGHT = 256
+DEFAULT_STOP_GRACE_S = 5.0
+DEFAULT_RESTART_BACKOFF_INITIAL_MS = 500
+DEFAULT_RESTART_BACKOFF_MAX_MS = 30_000
+DEFAULT_STDERR_LINES_PER_S = 20.0
 DEFAULT_INTERVAL_MS = 5_000
 DEFAULT_MIN_INTERVAL_MS = 250
 DEFAULT_MAX_INTERVAL_MS = 300_000
@@ -108,7 +114,17 @@ class ListenConfig(_Section):
 
 
 class UpstreamConfig(_Section):
-    url: str = Field("http://127.0.0.1:9000/mcp", description="The upstream MCP endpoint.")
+    url: str = Field("", description="The upstream MCP endpoint (HTTP); set this or `command`. Empty: not set.")
+    command: list[str] | None = Field(
+        None,
+        description="A stdio MCP server to start instead of `url`: program and arguments (a string is split as a "
+        "shell would, without running a shell).",
+    )
+    env: dict[str, SecretStr] = Field(
+        default_factory=dict,
+        description="Environment variables for `command`, added to a minimal inherited one (PATH, HOME, LANG, ...).",
+    )
+    cwd: str | None = Field(None, description="Working directory of `command`; absent: the sidecar's own.")
     protocol: Literal["auto", "2026-07-28", "2025-11-25"] = Field(
         "auto", description="auto probes server/discover once, falling back to initialize."
     )
@@ -127,9 +143,26 @@ class UpstreamConfig(_Section):
         description="Requests one client (authorization context) may have in flight upstream; more get 429, so "
         "one client cannot take the whole connection pool.",
     )
-    connect_timeout_s: float = Field(DEFAULT_CONNECT_TIMEOUT_S, gt=0)
+    connect_timeout_s: float = Field(
+        DEFAULT_CONNECT_TIMEOUT_S, gt=0, description="TCP connect timeout; for `command`, the liveness probe's."
+    )
     max_connections: int = Field(DEFAULT_MAX_CONNECTIONS, ge=1, description="Connection pool size.")
-    max_response_bytes: int = Field(DEFAULT_MAX_RESPONSE_BYTES, ge=1024, description="Larger answers fail.")
+    max_response_bytes: int = Field(
+        DEFAULT_MAX_RESPONSE_BYTES, ge=1024, description="Larger answers fail (for `command`: longer lines)."
+    )
+    max_in_flight: int = Field(
+        DEFAULT_MAX_IN_FLIGHT, ge=1, description="Requests in flight to a `command` server at once; more get 503."
+    )
+    stop_grace_s: float = Field(
+        DEFAULT_STOP_GRACE_S, gt=0, description="A `command` server's process group gets SIGKILL this long after TERM."
+    )
+    restart_backoff_initial_ms: int = Field(
+        DEFAULT_RESTART_BACKOFF_INITIAL_MS, ge=1, description="First restart delay of a `command` server, doubling."
+    )
+    restart_backoff_max_ms: int = Field(DEFAULT_RESTART_BACKOFF_MAX_MS, ge=1, description="Cap on the restart delay.")
+    stderr_lines_per_s: float = Field(
+        DEFAULT_STDERR_LINES_PER_S, ge=0, description="stderr lines of a `command` server logged per second; 0: none."
+    )
     headers: dict[str, SecretStr] = Field(default_factory=dict, description="Extra headers sent upstream.")
     forward_headers: list[str] = Field(
         default_factory=lambda: list(_FORWARD_HEADERS), description="Client headers forwarded upstream."
@@ -158,16 +191,72 @@ class UpstreamConfig(_Section):
             raise ValueError("must be an http:// or https:// URL")
         return value
 
+    @field_validator("url", mode="before")
+    @classmethod
+    def _url_null_is_unset(cls, value: Any) -> Any:
+        return "" if value is None else value
+
     @field_validator("url")
     @classmethod
     def _url_is_http(cls, value: str) -> str:
-        if not value.startswith(("http://", "https://")):
-            raise ValueError("must be an http:// or https:// URL")
+        if value and not value.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL (a stdio server goes in upstream.command)")
         return value
+
+    @field_validator("command", mode="before")
+    @classmethod
+    def _split_command(cls, value: Any) -> Any:
+        # From the environment or a flag the command is one string: split it as a shell would, run no shell.
+        if isinstance(value, str):
+            try:
+                return shlex.split(value)
+            except ValueError as exc:
+                raise ValueError(f"cannot split into program and arguments: {exc}") from exc
+        return value
+
+    @field_validator("command")
+    @classmethod
+    def _command_names_a_program(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and (not value or not value[0]):
+            raise ValueError("must name a program, then its arguments")
+        return value
+
+    @model_validator(mode="after")
+    def _one_upstream(self) -> UpstreamConfig:
+        if not self.url and self.command is None:
+            raise ValueError(
+                "neither url nor command is set: set upstream.url (an HTTP MCP endpoint) or upstream.command "
+                "(a stdio MCP server to start)"
+            )
+        if self.url and self.command is not None:
+            raise ValueError("url and command are both set; keep one of them")
+        if self.command is not None:
+            if self.headers or self.public_url is not None:
+                name = "headers" if self.headers else "public_url"
+                raise ValueError(
+                    f"upstream.{name} is for an HTTP upstream; a stdio server (upstream.command) has no HTTP "
+                    "(pass what it needs in upstream.env)"
+                )
+        elif self.env or self.cwd is not None:
+            raise ValueError("upstream.env and upstream.cwd are for upstream.command; an HTTP upstream has neither")
+        if self.restart_backoff_initial_ms > self.restart_backoff_max_ms:
+            raise ValueError(
+                f"restart_backoff_initial_ms ({self.restart_backoff_initial_ms}) must not exceed "
+                f"restart_backoff_max_ms ({self.restart_backoff_max_ms})"
+            )
+        return self
+
+    @property
+    def is_stdio(self) -> bool:
+        """True when the upstream is a child process spoken to on its stdin and stdout."""
+        return self.command is not None
 
     @property
     def display_url(self) -> str:
-        """The URL for logs, errors and the status page: any user:password in it is masked."""
+        """The upstream for logs, errors and the status page: the URL with any user:password masked, or
+        `stdio: <command>` (environment values, the secrets of a stdio server, are never part of it)."""
+        if not self.url:
+            return "stdio: " + shlex.join(self.command or [])
         parts = urlsplit(self.url)
         if parts.username is None and parts.password is None:
             return self.url
@@ -299,7 +388,7 @@ class SidecarConfig(_Section):
     """The whole configuration; each component receives its own section."""
 
     listen: ListenConfig = Field(default_factory=ListenConfig)
-    upstream: UpstreamConfig = Field(default_factory=UpstreamConfig)
+    upstream: UpstreamConfig
     polling: PollingConfig = Field(default_factory=PollingConfig)
     cache: CacheConfig = Field(default_factory=CacheConfig)
     streams: StreamsConfig = Field(default_factory=StreamsConfig)
@@ -308,12 +397,43 @@ class SidecarConfig(_Section):
     admin: AdminConfig = Field(default_factory=AdminConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _upstream_section_checked(cls, data: Any) -> Any:
+        # Without an upstream section the upstream's own rule names what is missing ("set url or command"),
+        # instead of a bare "field required".
+        if isinstance(data, dict) and "upstream" not in data:
+            return {**data, "upstream": {}}
+        return data
+
     def with_overrides(self, overrides: dict[str, dict[str, Any]]) -> SidecarConfig:
-        """A copy with `{section: {key: value}}` applied and validated again."""
+        """A copy with `{section: {key: value}}` applied and validated again (see `load_config` for the upstream)."""
         data = self.model_dump(mode="python")
-        for section, values in overrides.items():
-            data.setdefault(section, {}).update(values)
+        _merge(data, overrides)
         return _validate(_reveal(data))
+
+
+_UPSTREAM_TARGETS = ("url", "command")
+_TARGET_ONLY_KEYS = {"url": ("headers", "public_url"), "command": ("env", "cwd")}
+"""Keys that mean something for one kind of upstream only."""
+
+
+def _switch_upstream(upstream: dict[str, Any], chosen: str) -> None:
+    """`chosen` (url or command) names the upstream: drop the other target, and the keys only it used."""
+    other = "command" if chosen == "url" else "url"
+    for key in (other, *_TARGET_ONLY_KEYS[other]):
+        upstream.pop(key, None)
+
+
+def _merge(data: dict[str, Any], overrides: dict[str, dict[str, Any]]) -> None:
+    for section, values in overrides.items():
+        target = data.setdefault(section, {})
+        if not isinstance(target, dict):
+            raise ConfigError(f"{section}: must be a mapping")
+        chosen = [key for key in _UPSTREAM_TARGETS if values.get(key)]
+        if section == "upstream" and len(chosen) == 1:
+            _switch_upstream(target, chosen[0])  # an override naming the upstream replaces the one below it
+        target.update(values)
 
 
 def _reveal(data: Any) -> Any:
@@ -327,10 +447,16 @@ def _reveal(data: Any) -> Any:
     return data
 
 
-def load_config(path: str | Path | None = None, environ: dict[str, str] | None = None) -> SidecarConfig:
-    """Read YAML (if any), apply `MCP_SIDECAR__SECTION__KEY=value` overrides, validate.
+def load_config(
+    path: str | Path | None = None,
+    environ: dict[str, str] | None = None,
+    overrides: dict[str, dict[str, Any]] | None = None,
+) -> SidecarConfig:
+    """Read YAML (if any), apply `MCP_SIDECAR__SECTION__KEY=value` overrides, then `overrides` (command-line flags),
+    validate.
 
-    Raises ConfigError whose message names every bad key.
+    `upstream.url` and `upstream.command` are one choice: the environment or `overrides` naming either replaces
+    the other from the file. Raises ConfigError whose message names every bad key.
     """
     data: dict[str, Any] = {}
     if path is not None:
@@ -347,6 +473,7 @@ def load_config(path: str | Path | None = None, environ: dict[str, str] | None =
         # A section whose keys are all commented out reads as null: it means "all defaults".
         data = {section: {} if values is None else values for section, values in loaded.items()}
     origins: dict[tuple[str, str], str] = {}
+    """(section, key) -> the environment variable that set it (named in errors; url/command choose the upstream)."""
     for key, raw in (environ if environ is not None else dict(os.environ)).items():
         if not key.startswith(ENV_PREFIX):
             continue
@@ -363,7 +490,19 @@ def load_config(path: str | Path | None = None, environ: dict[str, str] | None =
         except yaml.YAMLError as exc:
             raise ConfigError(f"{key}: not a valid YAML/JSON list or mapping: {exc}") from exc
         origins[(parts[0], parts[1])] = key
+    _choose_upstream(data, {f"{section}.{key}" for section, key in origins})
+    _merge(data, overrides or {})
     return _validate(data, origins)
+
+
+def _choose_upstream(data: dict[str, Any], named: set[str]) -> None:
+    # The environment naming one of url and command replaces the file's upstream (naming both is an error).
+    chosen = [key for key in _UPSTREAM_TARGETS if f"upstream.{key}" in named]
+    upstream = data.get("upstream")
+    if len(chosen) == 1 and isinstance(upstream, dict):
+        kept = {key: value for key, value in upstream.items() if f"upstream.{key}" in named}
+        _switch_upstream(upstream, chosen[0])
+        upstream.update(kept)
 
 
 def _validate(data: dict[str, Any], origins: dict[tuple[str, str], str] | None = None) -> SidecarConfig:

@@ -27,7 +27,8 @@ from sidecar.protocol.constants import (
 from sidecar.protocol.envelope import Message, RequestId, detect_era, parse_message, validate_modern
 from sidecar.protocol.errors import InternalError, MethodNotFound, RpcError, UpstreamError, UpstreamHTTPError
 from sidecar.protocol.frames import SERVER_INFO, error_response, result_response
-from sidecar.upstream.client import Reply, UpstreamClient, UpstreamInfo
+from sidecar.upstream.base import Upstream
+from sidecar.upstream.client import Reply, UpstreamInfo
 
 __all__ = [
     "ForwardObserver",
@@ -109,7 +110,7 @@ class McpEndpoint:
     def __init__(
         self,
         config: SidecarConfig,
-        upstream: UpstreamClient,
+        upstream: Upstream,
         *,
         identities: IdentityRule,
         listen: ListenHandler | None = None,

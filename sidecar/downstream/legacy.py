@@ -36,7 +36,8 @@ from sidecar.protocol.errors import (
     UpstreamHTTPError,
 )
 from sidecar.protocol.frames import error_response, result_response
-from sidecar.upstream.client import Reply, UpstreamClient
+from sidecar.upstream.base import Upstream
+from sidecar.upstream.client import Reply
 from sidecar.upstream.sse import SSEDecoder, SSETooLarge
 from sidecar.watch.keys import WatchKey, WatchKind
 from sidecar.watch.registry import Handle, WatchRegistry
@@ -113,7 +114,7 @@ class LegacySessions:
 
     def __init__(
         self,
-        upstream: UpstreamClient,
+        upstream: Upstream,
         registry: WatchRegistry,
         hub: StreamHub,
         config: StreamsConfig,

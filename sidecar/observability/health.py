@@ -6,7 +6,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from sidecar.upstream.client import UpstreamClient
+from sidecar.upstream.base import Upstream
 
 __all__ = ["healthz", "make_readyz"]
 
@@ -17,7 +17,7 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 def make_readyz(
-    upstream: UpstreamClient, degraded: Callable[[], str | None] = lambda: None
+    upstream: Upstream, degraded: Callable[[], str | None] = lambda: None
 ) -> Callable[[web.Request], Awaitable[web.Response]]:
     async def readyz(request: web.Request) -> web.Response:
         """200 once the upstream answers (with `degraded` when Redis is lost); 503 while it does not."""

@@ -44,7 +44,11 @@ _LIMITS = (
     "max_connections",
     "requests_per_context",
     "baseline_rate",
+    "upstream_max_in_flight",
+    "upstream_max_response_bytes",
 )
+_RESTART_REASONS = ("exited", "unresponsive", "handshake_failed", "start_failed")
+_STDERR_OUTCOMES = ("logged", "dropped")
 _END_REASONS = ("client", "shutdown", "auth")
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -159,6 +163,21 @@ class Metrics:
         self.bus_publish_failures = Counter(
             "mcp_sidecar_bus_publish_failures", "Change events that could not be published to Redis", registry=r
         )
+        self.upstream_restarts = Counter(
+            "mcp_sidecar_upstream_restarts",
+            "Restarts of a stdio upstream, by what ended the previous process",
+            ["reason"],
+            registry=r,
+        )
+        self.upstream_stderr_lines = Counter(
+            "mcp_sidecar_upstream_stderr_lines",
+            "stderr lines of a stdio upstream, logged or dropped over upstream.stderr_lines_per_s",
+            ["outcome"],
+            registry=r,
+        )
+        self.upstream_bad_lines = Counter(
+            "mcp_sidecar_upstream_bad_lines", "stdout lines of a stdio upstream that were not JSON-RPC", registry=r
+        )
         # Series of the known label values exist from the start, at 0: a ratio or `increase()` then sees the
         # first error, rejection or change instead of a series that appears already at 1.
         for kind in _WATCH_KINDS:
@@ -173,6 +192,10 @@ class Metrics:
             self.limit_rejections.labels(limit)
         for reason in _END_REASONS:
             self.streams_ended.labels(reason)
+        for reason in _RESTART_REASONS:
+            self.upstream_restarts.labels(reason)
+        for outcome in _STDERR_OUTCOMES:
+            self.upstream_stderr_lines.labels(outcome)
         build = Gauge("mcp_sidecar_build_info", "Build information", ["version", "python", "aiohttp"], registry=r)
         build.labels(__version__, platform.python_version(), aiohttp.__version__).set(1)
 

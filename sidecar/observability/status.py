@@ -14,7 +14,7 @@ from sidecar import __version__
 from sidecar.downstream.listen import StreamHub
 from sidecar.identity import PUBLIC
 from sidecar.observability.logs import INSTANCE_ID
-from sidecar.upstream.client import UpstreamClient
+from sidecar.upstream.base import Upstream
 from sidecar.watch.registry import WatchRegistry
 
 __all__ = ["MAX_WATCHES_SHOWN", "make_status", "status_snapshot"]
@@ -31,7 +31,7 @@ def _when(timestamp: float | None) -> str | None:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(timestamp))
 
 
-def status_snapshot(upstream: UpstreamClient, registry: WatchRegistry, hub: StreamHub) -> dict[str, Any]:
+def status_snapshot(upstream: Upstream, registry: WatchRegistry, hub: StreamHub) -> dict[str, Any]:
     """The status document; partitions appear only as a short hash, never as a credential."""
     watches = sorted(registry.watches(), key=lambda watch: watch.refs, reverse=True)
     shown = []
@@ -108,7 +108,7 @@ def _render_html(status: dict[str, Any]) -> str:
 
 
 def make_status(
-    upstream: UpstreamClient, registry: WatchRegistry, hub: StreamHub
+    upstream: Upstream, registry: WatchRegistry, hub: StreamHub
 ) -> Callable[[web.Request], Awaitable[web.Response]]:
     async def status(request: web.Request) -> web.Response:
         snapshot = status_snapshot(upstream, registry, hub)

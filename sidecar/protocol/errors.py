@@ -17,6 +17,7 @@ SidecarError
     ├── UpstreamUnavailable      connection refused or reset, DNS failure (502)
     │   └── ShuttingDown         the sidecar ended the exchange to exit within its grace (503)
     ├── UpstreamTimeout          no answer within upstream.timeout_s (504)
+    ├── UpstreamBusy             upstream.max_in_flight requests already wait on a stdio server (503)
     ├── UpstreamBadResponse      an answer that is not a JSON-RPC response (502)
     ├── UpstreamHTTPError        a non-2xx status without a JSON-RPC body (502)
     └── UpstreamRpcError         a JSON-RPC error the upstream answered (passed through)
@@ -42,6 +43,7 @@ __all__ = [
     "TooManyRequests",
     "UnsupportedVersion",
     "UpstreamBadResponse",
+    "UpstreamBusy",
     "UpstreamError",
     "UpstreamHTTPError",
     "UpstreamRpcError",
@@ -195,6 +197,16 @@ class UpstreamTimeout(UpstreamError):
     """No answer within `upstream.timeout_s`."""
 
     http_status = 504
+
+
+class UpstreamBusy(UpstreamError):
+    """A configured bound on requests in flight to the upstream refuses this one; the upstream itself is fine."""
+
+    http_status = 503
+
+    @property
+    def is_transport_failure(self) -> bool:
+        return False
 
 
 class UpstreamBadResponse(UpstreamError):

@@ -1,7 +1,17 @@
-"""The client that forwards to the upstream, and the 2025-11-25 bridge behind it."""
+"""The upstream: over HTTP (`UpstreamClient`) or a stdio child process (`StdioUpstream`), both an `Upstream`."""
 
 from __future__ import annotations
 
+from sidecar.upstream.base import NotificationListener, NotificationSource, Upstream
 from sidecar.upstream.client import Reply, UpstreamClient, UpstreamInfo
+from sidecar.upstream.stdio_client import StdioUpstream
 
-__all__ = ["Reply", "UpstreamClient", "UpstreamInfo"]
+__all__ = [
+    "NotificationListener",
+    "NotificationSource",
+    "Reply",
+    "StdioUpstream",
+    "Upstream",
+    "UpstreamClient",
+    "UpstreamInfo",
+]

@@ -24,7 +24,7 @@ from sidecar.identity import PUBLIC, Identity
 from sidecar.observability.metrics import Metrics
 from sidecar.protocol.constants import LIST_CHANGED_METHODS, RESOURCE_UPDATED_METHOD
 from sidecar.protocol.errors import UpstreamError, UpstreamHTTPError, UpstreamRpcError
-from sidecar.upstream.client import UpstreamClient
+from sidecar.upstream.base import Upstream
 from sidecar.watch.keys import WatchKind
 
 __all__ = ["NativeNotifications"]
@@ -276,7 +276,7 @@ class NativeNotifications:
 
     def __init__(
         self,
-        upstream: UpstreamClient,
+        upstream: Upstream,
         config: PollingConfig,
         metrics: Metrics,
         *,

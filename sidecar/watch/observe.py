@@ -7,7 +7,7 @@ from typing import Any
 
 from sidecar.identity import Identity
 from sidecar.protocol.errors import UpstreamBadResponse, UpstreamRpcError
-from sidecar.upstream.client import UpstreamClient
+from sidecar.upstream.base import Upstream
 from sidecar.watch.fingerprint import ABSENT, fingerprint_contents, fingerprint_items
 from sidecar.watch.keys import WatchKind
 
@@ -52,7 +52,7 @@ def observation_from_read(result: dict[str, Any]) -> Observation:
     return Observation(fingerprint_contents(result.get("contents")), _ttl(result), result.get("cacheScope") == "public")
 
 
-async def observe(upstream: UpstreamClient, kind: WatchKind, uri: str | None, identity: Identity) -> Observation:
+async def observe(upstream: Upstream, kind: WatchKind, uri: str | None, identity: Identity) -> Observation:
     """Look once, as `identity`; raises UpstreamError when the upstream cannot answer (a not-found resource is an
     answer)."""
     try:
@@ -61,7 +61,7 @@ async def observe(upstream: UpstreamClient, kind: WatchKind, uri: str | None, id
         raise UpstreamBadResponse(upstream.url, str(exc)) from exc
 
 
-async def _observe(upstream: UpstreamClient, kind: WatchKind, uri: str | None, identity: Identity) -> Observation:
+async def _observe(upstream: Upstream, kind: WatchKind, uri: str | None, identity: Identity) -> Observation:
     if kind == "resource":
         try:
             result = await upstream.call("resources/read", {"uri": uri}, identity)

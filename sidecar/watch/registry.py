@@ -27,7 +27,7 @@ from sidecar.identity import ANONYMOUS, PUBLIC, Identity
 from sidecar.observability.metrics import Metrics
 from sidecar.protocol.constants import READ_ONLY_METHODS
 from sidecar.protocol.errors import TooManyRequests, UpstreamHTTPError
-from sidecar.upstream.client import UpstreamClient
+from sidecar.upstream.base import Upstream
 from sidecar.watch.admission import Admission
 from sidecar.watch.coordination import LocalCoordinator, PollCoordinator
 from sidecar.watch.fingerprint import ABSENT
@@ -77,7 +77,7 @@ class WatchRegistry:
 
     def __init__(
         self,
-        upstream: UpstreamClient,
+        upstream: Upstream,
         config: PollingConfig,
         bus: Bus,
         metrics: Metrics,

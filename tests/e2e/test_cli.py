@@ -91,6 +91,13 @@ def test_check_config_piped_into_a_reader_that_stops_early_exits_quietly() -> No
             "upstream.timeout_s: ",
             id="bad-env-override",
         ),
+        pytest.param("listen:\n  port: 0\n", {}, "upstream: neither url nor command is set", id="no-upstream"),
+        pytest.param(
+            "upstream:\n  url: http://127.0.0.1:9/mcp\n  command: [uvx, mcp-server-time]\n",
+            {},
+            "upstream: url and command are both set",
+            id="url-and-command",
+        ),
     ],
 )
 def test_check_config_rejects_a_bad_file_naming_the_key(
@@ -112,17 +119,22 @@ def test_check_config_on_a_missing_file_says_so(tmp_path: Path) -> None:
 def test_check_config_accepts_the_example_and_prints_the_defaults() -> None:
     done = _check_config(EXAMPLE)
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout) == json.loads(SidecarConfig().model_dump_json())
+    defaults = SidecarConfig.model_validate({"upstream": {"url": "http://127.0.0.1:9000/mcp"}})
+    assert json.loads(done.stdout) == json.loads(defaults.model_dump_json())
 
 
 def test_check_config_applies_environment_overrides(tmp_path: Path) -> None:
-    done = _check_config(_write(tmp_path, "upstream:\n  timeout_s: 30\n"), MCP_SIDECAR__UPSTREAM__TIMEOUT_S="7.5")
+    text = "upstream:\n  url: http://127.0.0.1:9/mcp\n  timeout_s: 30\n"
+    done = _check_config(_write(tmp_path, text), MCP_SIDECAR__UPSTREAM__TIMEOUT_S="7.5")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["upstream"]["timeout_s"] == 7.5
 
 
 def test_check_config_never_prints_secrets(tmp_path: Path) -> None:
-    text = "upstream:\n  headers:\n    x-api-key: s3cret-api-key\nbus:\n  redis_url: redis://:hunter2@db:6379/0\n"
+    text = (
+        "upstream:\n  url: http://127.0.0.1:9/mcp\n  headers:\n    x-api-key: s3cret-api-key\n"
+        "bus:\n  redis_url: redis://:hunter2@db:6379/0\n"
+    )
     done = _check_config(_write(tmp_path, text))
     assert done.returncode == 0, done.stderr
     assert "x-api-key" in done.stdout
@@ -265,7 +277,7 @@ async def test_run_on_a_port_in_use_exits_1_saying_why(tmp_path: Path) -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        path = _write(tmp_path, f"listen:\n  port: {port}\n")
+        path = _write(tmp_path, f"upstream:\n  url: http://127.0.0.1:9/mcp\nlisten:\n  port: {port}\n")
         async with _cli("run", "--config", str(path)) as run:
             await run.wait_for_line("stderr", rf"cannot listen on 127\.0\.0\.1:{port}")
             async with asyncio.timeout(EXIT_TIMEOUT_S):

@@ -12,6 +12,12 @@ from sidecar.config import ConfigError, SidecarConfig, load_config
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "config" / "sidecar.example.yaml"
 SECTIONS = {name: field.annotation for name, field in SidecarConfig.model_fields.items()}
+UPSTREAM = "upstream:\n  url: http://127.0.0.1:9000/mcp\n"
+"""The one key without a default (the example file's upstream)."""
+
+
+def _defaults() -> SidecarConfig:
+    return SidecarConfig.model_validate({"upstream": {"url": "http://127.0.0.1:9000/mcp"}})
 
 
 def _write(tmp_path: Path, text: str) -> Path:
@@ -27,7 +33,7 @@ def _error(path: Path | None = None, environ: dict[str, str] | None = None) -> s
 
 
 def test_the_example_file_loads_and_holds_every_default() -> None:
-    assert load_config(EXAMPLE, environ={}) == SidecarConfig()
+    assert load_config(EXAMPLE, environ={}) == _defaults()
 
 
 def test_the_example_file_has_exactly_the_models_sections() -> None:
@@ -77,13 +83,13 @@ def test_min_interval_above_max_interval_fails_naming_both(tmp_path: Path) -> No
 
 
 def test_a_section_with_every_key_commented_out_means_defaults(tmp_path: Path) -> None:
-    config = load_config(_write(tmp_path, "metrics:\n  # path: /metrics\nlisten:\n  port: 9\n"), environ={})
-    assert config.metrics == SidecarConfig().metrics
+    config = load_config(_write(tmp_path, UPSTREAM + "metrics:\n  # path: /metrics\nlisten:\n  port: 9\n"), environ={})
+    assert config.metrics == _defaults().metrics
     assert config.listen.port == 9
 
 
 def test_environment_overrides_the_file(tmp_path: Path) -> None:
-    path = _write(tmp_path, "upstream:\n  timeout_s: 30\n")
+    path = _write(tmp_path, UPSTREAM + "  timeout_s: 30\n")
     environ = {
         "MCP_SIDECAR__UPSTREAM__TIMEOUT_S": "7.5",
         "MCP_SIDECAR__LISTEN__PORT": "0",
@@ -104,6 +110,7 @@ def test_a_bad_environment_override_is_named(tmp_path: Path) -> None:
 
 _SECRET_YAML = """
 upstream:
+  url: http://127.0.0.1:9000/mcp
   headers:
     x-api-key: s3cret-api-key
 bus:
@@ -136,7 +143,7 @@ def test_a_config_error_does_not_echo_a_secret(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("version", ["2025-11-25", "2026-07-28"])
 def test_an_unquoted_protocol_version_reads_as_the_version_not_a_date(tmp_path: Path, version: str) -> None:
-    path = _write(tmp_path, f"upstream:\n  protocol: {version}\n")
+    path = _write(tmp_path, UPSTREAM + f"  protocol: {version}\n")
     assert load_config(path, environ={}).upstream.protocol == version
 
 
@@ -145,3 +152,88 @@ def test_an_environment_override_error_names_the_variable() -> None:
     assert "listen.port:" in message and "(from MCP_SIDECAR__LISTEN__PORT)" in message
     message = _error(environ={"MCP_SIDECAR__UPSTREAM__FORWARD_HEADERS": "[unclosed"})
     assert "MCP_SIDECAR__UPSTREAM__FORWARD_HEADERS" in message
+
+
+# -- the upstream: an HTTP endpoint or a stdio server, exactly one -------------------------------------------
+
+
+def test_without_an_upstream_the_error_names_both_ways_to_give_one(tmp_path: Path) -> None:
+    message = _error(_write(tmp_path, "listen:\n  port: 9\n"))
+    assert "upstream: neither url nor command is set" in message
+    assert "upstream.url" in message and "upstream.command" in message
+
+
+def test_url_and_command_together_are_refused(tmp_path: Path) -> None:
+    message = _error(_write(tmp_path, UPSTREAM + "  command: [uvx, mcp-server-time]\n"))
+    assert "upstream: url and command are both set; keep one of them" in message
+
+
+def test_a_command_string_is_split_as_a_shell_would_without_a_shell(tmp_path: Path) -> None:
+    text = "upstream:\n  command: \"npx -y '@scope/server' --root '/srv/my files'\"\n"
+    config = load_config(_write(tmp_path, text), environ={})
+    assert config.upstream.command == ["npx", "-y", "@scope/server", "--root", "/srv/my files"]
+    assert config.upstream.is_stdio
+    assert config.upstream.display_url == "stdio: npx -y @scope/server --root '/srv/my files'"
+
+
+def test_an_empty_command_is_refused(tmp_path: Path) -> None:
+    assert "upstream.command: must name a program" in _error(_write(tmp_path, "upstream:\n  command: []\n"))
+
+
+def test_command_environment_values_are_secrets(tmp_path: Path) -> None:
+    text = "upstream:\n  command: [server]\n  env:\n    API_TOKEN: s3cret-env-value\n  cwd: /srv\n"
+    config = load_config(_write(tmp_path, text), environ={})
+    assert config.upstream.env["API_TOKEN"].get_secret_value() == "s3cret-env-value"
+    for shown in (repr(config), config.model_dump_json(), config.upstream.display_url):
+        assert "s3cret-env-value" not in shown
+    assert "API_TOKEN" in config.model_dump_json()
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        pytest.param(UPSTREAM + "  env: {A: b}\n", "upstream.env and upstream.cwd are for upstream.command", id="env"),
+        pytest.param(UPSTREAM + "  cwd: /srv\n", "upstream.env and upstream.cwd are for upstream.command", id="cwd"),
+        pytest.param(
+            "upstream:\n  command: [server]\n  headers: {x-api-key: k}\n",
+            "upstream.headers is for an HTTP",
+            id="headers",
+        ),
+        pytest.param(
+            "upstream:\n  command: [server]\n  public_url: http://sidecar/mcp\n", "upstream.public_url is", id="public"
+        ),
+    ],
+)
+def test_keys_of_the_other_kind_of_upstream_are_refused(tmp_path: Path, text: str, named: str) -> None:
+    assert named in _error(_write(tmp_path, text))
+
+
+def test_a_stdio_url_is_pointed_at_command(tmp_path: Path) -> None:
+    message = _error(_write(tmp_path, "upstream:\n  url: uvx mcp-server-time\n"))
+    assert "upstream.url: must be an http:// or https:// URL (a stdio server goes in upstream.command)" in message
+
+
+def test_the_environment_naming_a_command_replaces_the_files_url(tmp_path: Path) -> None:
+    path = _write(tmp_path, UPSTREAM + "  headers: {x-api-key: k}\n  timeout_s: 7\n")
+    config = load_config(path, environ={"MCP_SIDECAR__UPSTREAM__COMMAND": "python -m my_server --flag"})
+    assert config.upstream.command == ["python", "-m", "my_server", "--flag"]
+    assert config.upstream.url == "" and config.upstream.headers == {}  # the HTTP upstream's keys went with it
+    assert config.upstream.timeout_s == 7
+    both = {"MCP_SIDECAR__UPSTREAM__COMMAND": "server", "MCP_SIDECAR__UPSTREAM__URL": "http://127.0.0.1:9/mcp"}
+    assert "url and command are both set" in _error(path, both)
+
+
+def test_an_override_naming_the_upstream_replaces_the_one_below_it(tmp_path: Path) -> None:
+    path = _write(tmp_path, "upstream:\n  command: [server]\n  env: {A: b}\n")
+    config = load_config(path, environ={}, overrides={"upstream": {"url": "http://127.0.0.1:9/mcp"}})
+    assert config.upstream.url == "http://127.0.0.1:9/mcp" and config.upstream.command is None
+    assert config.upstream.env == {}
+    back = config.with_overrides({"upstream": {"command": "other --x"}})
+    assert back.upstream.command == ["other", "--x"] and back.upstream.url == ""
+
+
+def test_restart_backoff_bounds_are_ordered(tmp_path: Path) -> None:
+    text = "upstream:\n  command: [s]\n  restart_backoff_initial_ms: 900\n  restart_backoff_max_ms: 100\n"
+    assert "restart_backoff_initial_ms (900) must not exceed restart_backoff_max_ms (100)" in _error(
+        _write(tmp_path, text)
+    )

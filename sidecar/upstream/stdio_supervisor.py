@@ -1,0 +1,308 @@
+"""Keeps one initialized stdio server running: start, handshake, restart with capped backoff, liveness.
+
+States: `starting` (spawned, handshake not yet answered; requests wait for it), `ready`, `down`
+(ended, waiting out the backoff before the next start; requests fail at once with the reason, which
+/readyz shows too) and `closed`. The child ends by exiting, by closing its stdout, or by failing a
+liveness probe: a request that timed out makes the supervisor ask the child something cheap (`ping`;
+`server/discover` at 2026-07-28) within `upstream.connect_timeout_s`, and a child that cannot answer
+that is ended (its process group) and started again. The handshake speaks whichever era the child
+does: `server/discover` first (auto), else `initialize`; a child that exits when sent `server/discover`
+is started again with `initialize` straight away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Callable
+from typing import Any, Literal
+
+from sidecar.config import UpstreamConfig
+from sidecar.observability.metrics import Metrics
+from sidecar.protocol.constants import HANDSHAKE_VERSIONS, LEGACY_VERSION, MODERN_VERSION
+from sidecar.protocol.errors import (
+    ShuttingDown,
+    UpstreamBadResponse,
+    UpstreamBusy,
+    UpstreamError,
+    UpstreamRpcError,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+)
+from sidecar.protocol.frames import SERVER_INFO, modern_request_meta
+from sidecar.upstream.base import NotificationListener
+from sidecar.upstream.client import UpstreamInfo
+from sidecar.upstream.stdio import StdioChild
+from sidecar.upstream.stdio_process import StdioStartError, child_environment
+
+__all__ = ["StdioSupervisor", "SupervisorState"]
+
+logger = logging.getLogger(__name__)
+
+JsonObject = dict[str, Any]
+SupervisorState = Literal["starting", "ready", "down", "closed"]
+
+STABLE_AFTER_S = 60.0
+"""A child that served this long before it ended restarts at the initial backoff again, not the last one."""
+_BACKOFF_JITTER = 0.2
+_DISCOVER_PARAMS: JsonObject = {"_meta": modern_request_meta()}
+
+
+class StdioSupervisor:
+    """The child session every client shares, kept alive."""
+
+    def __init__(self, config: UpstreamConfig, metrics: Metrics, *, on_ready: Callable[[], None]) -> None:
+        self.label = config.display_url
+        self._config = config
+        self._metrics = metrics
+        self._on_ready = on_ready
+        self.state: SupervisorState = "starting"
+        self.reason: str | None = "starting: waiting for the stdio server to answer its handshake"
+        """Why the child is not ready, in words (None while it is)."""
+        self.info: UpstreamInfo | None = None
+        self.handshake: JsonObject = {}
+        """The child's answer to the handshake: its `server/discover` or `initialize` result."""
+        self.child: StdioChild | None = None
+        self.ever_ready = False
+        self._settled = asyncio.Event()
+        self._ready_at = 0.0
+        self._ending: dict[StdioChild, tuple[str, str]] = {}
+        """Why the supervisor itself ended a child: (reason in words, restart metric label)."""
+        self._discover_ends_child = False
+        self._probe: asyncio.Task[bool] | None = None
+        self._runner: asyncio.Task[None] | None = None
+        self._listeners: dict[object, NotificationListener] = {}
+        self._aborted = False
+        self._terminations: set[asyncio.Task[None]] = set()
+
+    # -- lifecycle -----------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start the child (StdioStartError when its program cannot run at all); the handshake goes on behind."""
+        child = await self._spawn()
+        self._runner = asyncio.get_running_loop().create_task(self._run(child))
+
+    async def aclose(self) -> None:
+        """End the child's whole process group: SIGTERM, then SIGKILL after `upstream.stop_grace_s`."""
+        self._enter("closed", "the sidecar is shutting down")
+        if self._runner is not None:
+            self._runner.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._runner
+        if self._probe is not None:
+            self._probe.cancel()
+        if self.child is not None:
+            self.child.fail_all(ShuttingDown(self.label, "the sidecar is shutting down"))
+            await self.child.terminate(self._config.stop_grace_s)
+            logger.info("stdio server stopped", extra={"upstream": self.label, "pid": self.child.pid})
+
+    def abort_all(self) -> None:
+        """Shutdown is near its end: requests in flight fail now with ShuttingDown, and new ones are refused."""
+        self._aborted = True
+        if self.child is not None:
+            self.child.fail_all(ShuttingDown(self.label, "the sidecar is shutting down"))
+
+    async def session(self) -> tuple[StdioChild, UpstreamInfo]:
+        """The ready child and what its handshake said; waits (up to upstream.timeout_s) while it starts."""
+        if self._aborted or self.state == "closed":
+            raise ShuttingDown(self.label, "the sidecar is shutting down")
+        if self.state == "starting":
+            try:
+                await asyncio.wait_for(self._settled.wait(), self._config.timeout_s)
+            except TimeoutError:
+                raise UpstreamTimeout(self.label, "the stdio server has not answered its handshake yet") from None
+        return self._settled_session()
+
+    def _settled_session(self) -> tuple[StdioChild, UpstreamInfo]:
+        if self.state == "ready" and self.child is not None and self.info is not None:
+            return self.child, self.info
+        if self.state == "closed":
+            raise ShuttingDown(self.label, "the sidecar is shutting down")
+        raise UpstreamUnavailable(self.label, self.reason or "the stdio server is not running")
+
+    def add_listener(self, listener: NotificationListener) -> Callable[[], None]:
+        token = object()  # the same function may be added twice, and removed once per adding
+        self._listeners[token] = listener
+
+        def remove() -> None:
+            self._listeners.pop(token, None)
+
+        return remove
+
+    # -- liveness ------------------------------------------------------------------------------------------
+
+    def suspect(self) -> None:
+        """A request timed out: probe the child (once at a time); one that does not answer is restarted."""
+        if self._probe is None and self.state == "ready":
+            self._probe = asyncio.get_running_loop().create_task(self.probe())
+
+    async def probe(self) -> bool:
+        """Liveness: True when the ready child answers something cheap within upstream.connect_timeout_s."""
+        if self._probe is not None and self._probe is not asyncio.current_task():
+            return await asyncio.shield(self._probe)
+        try:
+            child, info = self.child, self.info
+            if self.state != "ready" or child is None or info is None:
+                return False
+            # ping is gone at 2026-07-28; server/discover is the cheapest request a modern server must answer.
+            method, params = ("ping", {}) if info.era == "legacy" else ("server/discover", _DISCOVER_PARAMS)
+            within_s = self._config.connect_timeout_s
+            try:
+                await child.request(method, params, timeout_s=within_s)
+            except UpstreamTimeout:
+                self._end(child, f"stopped answering (no answer to {method} within {within_s:g} s)", "unresponsive")
+                return False
+            except UpstreamBusy:
+                return True  # our own bound, not the child's silence
+            except UpstreamError:
+                return child.running
+            return True
+        finally:
+            if self._probe is asyncio.current_task():
+                self._probe = None
+
+    def _end(self, child: StdioChild, reason: str, kind: str) -> None:
+        if child in self._ending or not child.running:
+            return
+        logger.warning("ending the stdio server: %s", reason, extra={"upstream": self.label, "pid": child.pid})
+        self._ending[child] = (reason, kind)
+        task = asyncio.get_running_loop().create_task(child.terminate(self._config.stop_grace_s))
+        self._terminations.add(task)  # held: the loop keeps only a weak reference to a task
+        task.add_done_callback(self._terminations.discard)
+
+    # -- one life after another ------------------------------------------------------------------------------
+
+    async def _spawn(self) -> StdioChild:
+        config = self._config
+        env = child_environment({name: value.get_secret_value() for name, value in config.env.items()})
+        child = StdioChild(
+            config.command or [],
+            env=env,
+            cwd=config.cwd,
+            label=self.label,
+            max_line_bytes=config.max_response_bytes,
+            max_in_flight=config.max_in_flight,
+            stderr_lines_per_s=config.stderr_lines_per_s,
+            metrics=self._metrics,
+            on_notification=self._notify,
+        )
+        await child.spawn()
+        self.child = child
+        return child
+
+    async def _run(self, child: StdioChild) -> None:
+        failures = 0
+        while True:
+            reason, kind = await self._live(child)
+            self._ending.pop(child, None)
+            if self._ready_at and time.monotonic() - self._ready_at >= STABLE_AFTER_S:
+                failures = 0
+            self._ready_at = 0.0
+            while True:
+                failures += 1
+                delay_s = self._backoff_s(failures)
+                self._metrics.upstream_restarts.labels(kind).inc()
+                self._enter("down", f"the stdio server {reason}; restarting in {delay_s:.1f} s")
+                logger.warning("stdio server down", extra={"upstream": self.label, "reason": self.reason})
+                await asyncio.sleep(delay_s)
+                try:
+                    child = await self._spawn()
+                    break
+                except StdioStartError as exc:
+                    reason, kind = f"could not be started: {exc}", "start_failed"
+
+    async def _live(self, child: StdioChild) -> tuple[str, str]:
+        """Handshake, serve until the child ends; returns why it ended and the restart metric's label."""
+        self._enter("starting", "starting: waiting for the stdio server to answer its handshake")
+        try:
+            self.info, self.handshake = await self._handshake(child)
+        except UpstreamError as exc:
+            if not child.running:
+                return await child.ended, "exited"
+            self._end(child, f"did not complete its handshake ({exc.reason})", "handshake_failed")
+        else:
+            self._ready_at = time.monotonic()
+            self._enter("ready", None)
+            self._on_ready()
+        ended = await asyncio.shield(child.ended)
+        reason, kind = self._ending.get(child, ("", "exited"))
+        return (f"{reason}; it {ended}" if reason else ended), kind
+
+    async def _handshake(self, child: StdioChild) -> tuple[UpstreamInfo, JsonObject]:
+        protocol = self._config.protocol
+        timeout_s = self._config.timeout_s
+        if protocol != LEGACY_VERSION and not self._discover_ends_child:
+            try:
+                answer = await child.request("server/discover", {"_meta": modern_request_meta()}, timeout_s=timeout_s)
+            except UpstreamUnavailable:
+                if protocol == "auto":
+                    # Some servers exit on a method they do not know; the next start goes straight to initialize.
+                    self._discover_ends_child = True
+                    logger.info("the stdio server ended on server/discover; it will get initialize first")
+                raise
+            result = answer.get("result")
+            versions = result.get("supportedVersions") if isinstance(result, dict) else None
+            if isinstance(result, dict) and isinstance(versions, list) and MODERN_VERSION in versions:
+                meta = result.get("_meta") if isinstance(result.get("_meta"), dict) else {}
+                server_info = (meta or {}).get("io.modelcontextprotocol/serverInfo")
+                return _info("modern", result, server_info), result
+            if protocol == MODERN_VERSION:
+                raise UpstreamBadResponse(self.label, f"server/discover does not list {MODERN_VERSION}")
+            logger.debug("server/discover refused; trying initialize", extra={"upstream": self.label})
+        params = {"protocolVersion": LEGACY_VERSION, "capabilities": {}, "clientInfo": SERVER_INFO}
+        answer = await child.request("initialize", params, timeout_s=timeout_s)
+        if isinstance(answer.get("error"), dict):
+            raise UpstreamRpcError(self.label, answer["error"])
+        result = answer.get("result")
+        if not isinstance(result, dict) or result.get("protocolVersion") not in HANDSHAKE_VERSIONS:
+            raise UpstreamBadResponse(self.label, "initialize answered without a known protocolVersion")
+        child.notify("notifications/initialized")
+        return _info("legacy", result, result.get("serverInfo")), result
+
+    def _enter(self, state: SupervisorState, reason: str | None) -> None:
+        if self.state == "closed":
+            return
+        self.state = state
+        self.reason = reason
+        if state == "starting":
+            self._settled.clear()
+        else:
+            self._settled.set()
+        if state == "ready":
+            self.ever_ready = True
+            assert self.info is not None
+            self._metrics.upstream_era.labels(self.info.era).set(1)
+            self._metrics.upstream_era.labels("legacy" if self.info.era == "modern" else "modern").set(0)
+            logger.info(
+                "stdio server ready", extra={"upstream": self.label, "era": self.info.era, "pid": self.child_pid}
+            )
+
+    @property
+    def child_pid(self) -> int | None:
+        return self.child.pid if self.child is not None else None
+
+    def _backoff_s(self, failures: int) -> float:
+        config = self._config
+        base_ms: float = min(config.restart_backoff_max_ms, config.restart_backoff_initial_ms * 2.0 ** (failures - 1))
+        return base_ms * (1 + _BACKOFF_JITTER * (2 * random.random() - 1)) / 1000
+
+    def _notify(self, message: JsonObject) -> None:
+        for listener in list(self._listeners.values()):
+            try:
+                listener(message)
+            except Exception:  # boundary: one listener's bug must not keep the message from the others
+                logger.exception("a notification listener failed", extra={"method": message.get("method")})
+
+
+def _info(era: Literal["modern", "legacy"], result: JsonObject, server_info: Any) -> UpstreamInfo:
+    capabilities = result.get("capabilities")
+    instructions = result.get("instructions")
+    return UpstreamInfo(
+        era=era,
+        capabilities=capabilities if isinstance(capabilities, dict) else {},
+        server_info=server_info if isinstance(server_info, dict) else None,
+        instructions=instructions if isinstance(instructions, str) else None,
+    )
