@@ -44,21 +44,28 @@ def make_config(upstream_url: str, **sections: dict[str, Any]) -> SidecarConfig:
 
 @contextlib.asynccontextmanager
 async def serve_sidecar(upstream_url: str, **sections: dict[str, Any]) -> AsyncIterator[Sidecar]:
-    """The sidecar app on 127.0.0.1, with the same runner settings as `mcp-sidecar run`."""
-    config = make_config(upstream_url, **sections)
+    """The sidecar app on 127.0.0.1 in front of `upstream_url`, with the same runner settings as `mcp-sidecar run`."""
+    async with serve_config(make_config(upstream_url, **sections)) as sidecar:
+        yield sidecar
+
+
+@contextlib.asynccontextmanager
+async def serve_config(config: SidecarConfig) -> AsyncIterator[Sidecar]:
+    """The sidecar app for `config` on 127.0.0.1 (free ports), its admin listener beside it, served as
+    `mcp-sidecar run` serves them."""
     install_quiet_errors(asyncio.get_running_loop())
     app = build_app(config)
     metrics = app[METRICS]
     runner = GuardedRunner(app, config.listen, metrics, handler_cancellation=True, shutdown_timeout=2, access_log=None)
     admin = GuardedRunner(app[ADMIN], config.listen, metrics, access_log=None)
     await runner.setup()
-    await admin.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    await web.TCPSite(admin, "127.0.0.1", 0).start()
-    host, port = runner.addresses[0][:2]
-    base = f"http://{host}:{port}"
-    admin_host, admin_port = admin.addresses[0][:2]
     try:
+        await admin.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        await web.TCPSite(admin, "127.0.0.1", 0).start()
+        host, port = runner.addresses[0][:2]
+        base = f"http://{host}:{port}"
+        admin_host, admin_port = admin.addresses[0][:2]
         yield Sidecar(f"{base}{config.listen.path}", base, app, runner, f"http://{admin_host}:{admin_port}")
     finally:
         await runner.cleanup()

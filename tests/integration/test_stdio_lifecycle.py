@@ -92,7 +92,7 @@ async def test_kill_9_mid_listen_restarts_the_child_and_the_change_made_while_do
         second_pid = int((await client.call_tool("server_pid")).content[0].text)  # type: ignore[union-attr]
         assert second_pid != first_pid
         assert (await _readyz(http, sidecar.base_url))[0] == 200
-        metrics = await scrape(http, sidecar.base_url)
+        metrics = await scrape(http, sidecar.admin_url)
         assert metrics.value("mcp_sidecar_upstream_restarts_total", reason="exited") == 1
     assert live_processes([first_pid, second_pid]) == []
 
@@ -104,7 +104,7 @@ async def test_garbage_on_stdout_is_skipped_and_counted(
     async with serve_stdio_sidecar(toy_command("--garbage")) as sidecar:
         for word in ("one", "two", "three"):
             assert await _tool_text(http, sidecar.url, "echo", text=word) == word
-        metrics = await scrape(http, sidecar.base_url)
+        metrics = await scrape(http, sidecar.admin_url)
         assert (metrics.value("mcp_sidecar_upstream_bad_lines_total") or 0) >= 4  # the banner and one per answer
         assert metrics.value("mcp_sidecar_upstream_restarts_total", reason="exited") == 0
     warnings = [record for record in caplog.records if "not JSON-RPC" in record.getMessage()]
@@ -122,13 +122,13 @@ async def test_a_child_flooding_stderr_is_drained_and_its_log_rate_limited(
         assert await _tool_text(http, sidecar.url, "echo", text="still answering") == "still answering"
 
         async def drained() -> bool:
-            metrics = await scrape(http, sidecar.base_url)
+            metrics = await scrape(http, sidecar.admin_url)
             logged = metrics.value("mcp_sidecar_upstream_stderr_lines_total", outcome="logged") or 0
             dropped = metrics.value("mcp_sidecar_upstream_stderr_lines_total", outcome="dropped") or 0
             return logged + dropped == flood
 
         await eventually(drained, within_s=WAIT_S)
-        metrics = await scrape(http, sidecar.base_url)
+        metrics = await scrape(http, sidecar.admin_url)
     logged = [record for record in caplog.records if record.name == "sidecar.upstream.stdio.stderr"]
     lines = [record for record in logged if record.getMessage().startswith("stderr flood line")]
     assert 0 < len(lines) < flood // 100
@@ -184,7 +184,7 @@ async def test_a_hung_child_is_ended_and_started_again(http: aiohttp.ClientSessi
         assert status == 504, frozen
 
         async def restarted() -> bool:
-            metrics = await scrape(http, sidecar.base_url)
+            metrics = await scrape(http, sidecar.admin_url)
             return metrics.value("mcp_sidecar_upstream_restarts_total", reason="unresponsive") == 1
 
         await eventually(restarted, within_s=WAIT_S)
@@ -197,7 +197,7 @@ async def test_an_answer_over_max_response_bytes_fails_that_request_only(http: a
         status, reply = await rpc(http, sidecar.url, "tools/call", {"name": "big", "arguments": {"size": 100_000}})
         assert status == 502 and "response larger than 4096 bytes" in reply["error"]["message"], reply
         assert await _tool_text(http, sidecar.url, "big", size=100) == "x" * 100
-        metrics = await scrape(http, sidecar.base_url)
+        metrics = await scrape(http, sidecar.admin_url)
         assert metrics.value("mcp_sidecar_limit_rejections_total", limit="upstream_max_response_bytes") == 1
         assert metrics.value("mcp_sidecar_upstream_restarts_total", reason="exited") == 0
 
@@ -219,7 +219,7 @@ async def test_requests_over_max_in_flight_are_refused_and_counted(http: aiohttp
         # The clients left: their requests were cancelled at the child and freed their places.
         await eventually(lambda: _in_flight(sidecar) == 0, within_s=WAIT_S)
         assert await _tool_text(http, sidecar.url, "echo", text="room again") == "room again"
-        metrics = await scrape(http, sidecar.base_url)
+        metrics = await scrape(http, sidecar.admin_url)
         assert metrics.value("mcp_sidecar_limit_rejections_total", limit="upstream_max_in_flight") == 1
 
 
@@ -316,7 +316,7 @@ async def test_a_child_that_exits_on_discover_is_started_again_with_initialize(h
         assert await _tool_text(http, sidecar.url, "echo", text="second life") == "second life"
         info = _upstream(sidecar).info
         assert info is not None and info.era == "legacy"
-        metrics = await scrape(http, sidecar.base_url)
+        metrics = await scrape(http, sidecar.admin_url)
         assert metrics.value("mcp_sidecar_upstream_restarts_total", reason="exited") == 1
 
 
@@ -332,7 +332,7 @@ async def test_clients_authorization_is_ignored_and_everyone_shares_one_context(
         try:
             for stream in (alice, bob):
                 assert (await stream.open())["params"]["notifications"]["resourceSubscriptions"] == [NOTE_URI]
-            metrics = await scrape(http, sidecar.base_url)
+            metrics = await scrape(http, sidecar.admin_url)
             assert metrics.value("mcp_sidecar_watches", kind="resource") == 1  # one context: one watch
             assert metrics.value("mcp_sidecar_partitions") == 1
         finally:

@@ -120,13 +120,7 @@ async def test_a_change_through_a_tool_is_told_at_once_not_a_poll_later(tmp_path
     "polling",
     [
         pytest.param(FAST, id="out-of-band"),
-        pytest.param(
-            SLOW,
-            id="through-a-tool",
-            marks=pytest.mark.xfail(
-                reason="a 2025-11-25 session's tools/call does not revalidate yet, over HTTP either (issue 12, item 4)"
-            ),
-        ),
+        pytest.param(SLOW, id="through-a-tool"),
     ],
 )
 async def test_a_2025_client_subscribes_and_hears_of_changes(tmp_path: Path, polling: dict[str, int]) -> None:
@@ -265,11 +259,11 @@ async def test_mcp_server_time_serves_both_eras(era: str, http: aiohttp.ClientSe
         assert info is not None and info.era == ("legacy" if era == "1.x" else "modern")
         status, reply = await rpc(http, sidecar.url, "tools/list")
         assert status == 200 and reply["result"]["resultType"] == "complete"
-        metrics = await scrape(http, sidecar.base_url)
+        metrics = await scrape(http, sidecar.admin_url)
         assert metrics.value("mcp_sidecar_upstream_up") == 1
         assert metrics.value("mcp_sidecar_upstream_era_info", era=info.era) == 1
         assert (metrics.value("mcp_sidecar_upstream_requests_total", method="tools/call", outcome="ok") or 0) >= 1
-        async with http.get(f"{sidecar.base_url}/status") as resp:
+        async with http.get(f"{sidecar.admin_url}/status") as resp:
             upstream = (await resp.json())["upstream"]
         assert upstream["url"].startswith("stdio: ") and upstream["era"] == info.era and upstream["up"] is True
         async with http.get(f"{sidecar.base_url}/readyz") as resp:

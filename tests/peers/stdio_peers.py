@@ -16,11 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp import web
 
-from sidecar.app import build_app
 from sidecar.config import SidecarConfig
-from tests.helpers import Sidecar
+from tests.helpers import Sidecar, serve_config
 
 __all__ = [
     "REPO_ROOT",
@@ -92,18 +90,8 @@ def stdio_config(command: list[str], **sections: dict[str, Any]) -> SidecarConfi
 @contextlib.asynccontextmanager
 async def serve_stdio_sidecar(command: list[str], **sections: dict[str, Any]) -> AsyncIterator[Sidecar]:
     """The sidecar app on 127.0.0.1 with `command` as its upstream; leaving stops both (the child's group too)."""
-    config = stdio_config(command, **sections)
-    app = build_app(config)
-    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=2, access_log=None)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        host, port = runner.addresses[0][:2]
-        base = f"http://{host}:{port}"
-        yield Sidecar(f"{base}{config.listen.path}", base, app, runner)
-    finally:
-        await runner.cleanup()
+    async with serve_config(stdio_config(command, **sections)) as sidecar:
+        yield sidecar
 
 
 def _stat(pid: int) -> list[str] | None:
