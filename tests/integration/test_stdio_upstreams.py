@@ -19,12 +19,12 @@ from mcp import Client
 from mcp.client.subscriptions import ResourceUpdated, Subscription, ToolsListChanged
 from mcp.shared.exceptions import MCPDeprecationWarning
 
-from sidecar.app import UPSTREAM
+from sidecar.app import METRICS, UPSTREAM
 from sidecar.config import CacheConfig
 from sidecar.upstream.base import NotificationSource
 from sidecar.upstream.stdio_client import StdioUpstream
-from tests.helpers import rpc
-from tests.observing import WAIT_S, scrape
+from tests.helpers import eventually, rpc
+from tests.observing import WAIT_S, ListenStream, scrape
 from tests.peers.stdio_notes_server import NOTE_URI
 from tests.peers.stdio_peers import (
     everything_command,
@@ -232,6 +232,32 @@ async def test_a_notification_listener_hears_a_list_change_from_server_everythin
         remove()
         remove()  # idempotent
         await upstream.aclose()
+
+
+@pytest.mark.invariant(19)
+async def test_server_everythings_own_notifications_over_stdio_make_the_sidecar_look_at_once(
+    http: aiohttp.ClientSession,
+) -> None:
+    # It declares resources.subscribe: the sidecar subscribes on the child and listens to it; the child's
+    # updates (after toggle-subscriber-updates, every 5 s, content unchanged or not) are hints, each a read.
+    slow = {"default_interval_ms": 60_000, "max_interval_ms": 120_000, "min_interval_ms": 50}
+    async with serve_stdio_sidecar(everything_command(), polling=slow) as sidecar:
+        metrics = sidecar.app[METRICS]
+        stream = ListenStream(http, sidecar.url, "l", [DYNAMIC])
+        await stream.open()
+        try:
+            await eventually(lambda: metrics.native_watches._value.get() == 1, within_s=WAIT_S)
+            polls_before = metrics.polls.labels("resource", "ok")._value.get()
+            await rpc(http, sidecar.url, "tools/call", {"name": "toggle-subscriber-updates", "arguments": {}})
+            updates = metrics.upstream_notifications.labels("notifications/resources/updated")
+            await eventually(lambda: updates._value.get() >= 1, within_s=WAIT_S)
+            # Each hint is a read, 60 s before the poll interval would make one; the text holds the time, so it
+            # changed, and the client is told.
+            await eventually(lambda: metrics.polls.labels("resource", "ok")._value.get() > polls_before)
+            frame = await stream.next()
+            assert frame["params"]["uri"] == DYNAMIC
+        finally:
+            await stream.close()
 
 
 # -- mcp-server-time, both SDK eras ---------------------------------------------------------------------------
