@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from sidecar.app import METRICS
 from tests.compat.clients import SdkMode, sdk_client, surface, text_of, watching
 from tests.compat.upstreams import (
     OUT_OF_BAND_POLLING,
@@ -28,7 +29,7 @@ from tests.compat.upstreams import (
     open_upstream,
     record_latency,
 )
-from tests.helpers import serve_sidecar
+from tests.helpers import eventually, serve_sidecar
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -94,3 +95,26 @@ async def test_the_sdk_client_hears_its_own_tool_change_within_1s_while_polling_
         await watch.updated(TOOL_CHANGE_WITHIN_S)
         record_latency(f"{upstream} sdk-{mode} via tool", asyncio.get_running_loop().time() - started)
         assert await text_of(watch.client, up.watched_uri) == expected
+
+
+@pytest.mark.invariant(19)
+@pytest.mark.parametrize("mode", MODES)
+async def test_the_reference_servers_own_updates_make_the_sidecar_look_at_once(mode: SdkMode, tmp_path: Path) -> None:
+    # It declares resources.subscribe: the sidecar subscribes on its own session and listens on that session's
+    # GET stream. Once told to (toggle-subscriber-updates, a tool call through the sidecar on the same session)
+    # it announces updates every 5 s; each is a hint, read at once, 60 s before the sidecar would poll. Its
+    # clock resource changes every second, so the read finds a change and the client is told.
+    slow = {"default_interval_ms": 60_000, "max_interval_ms": 120_000, "min_interval_ms": 50}
+    async with (
+        open_upstream("server-everything", tmp_path) as up,
+        serve_sidecar(up.url, polling=slow) as sidecar,
+        watching(sidecar.url, mode, up.watched_uri) as watch,
+        sdk_client(sidecar.url, "2026") as trigger,
+    ):
+        metrics = sidecar.app[METRICS]
+        await eventually(lambda: metrics.native_watches._value.get() >= 1)
+        started = asyncio.get_running_loop().time()
+        await trigger.call_tool("toggle-subscriber-updates", {})
+        await watch.updated(OUT_OF_BAND_WITHIN_S)
+        record_latency(f"server-everything sdk-{mode} native update", asyncio.get_running_loop().time() - started)
+        assert metrics.upstream_notifications.labels("notifications/resources/updated")._value.get() >= 1
