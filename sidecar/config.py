@@ -297,6 +297,13 @@ class PollingConfig(_Section):
         description="Subscribe upstream when it can push (resources.subscribe, listChanged, listen) and poll at "
         "once on its notifications; covered keys are polled only every max_interval_ms. false: poll only.",
     )
+    native_backstop_ms: int = Field(
+        0,
+        ge=0,
+        description="Poll interval of keys the upstream's own notifications cover. 0: their usual interval (the "
+        "notifications only make changes arrive sooner); set it (e.g. max_interval_ms) only for an upstream known to "
+        "announce every change: the reference server declares resources.subscribe and announces nothing until asked.",
+    )
     max_native_streams: int = Field(
         DEFAULT_MAX_NATIVE_STREAMS, ge=0, description="Upstream notification streams at most (one per context)."
     )
@@ -313,6 +320,8 @@ class PollingConfig(_Section):
             raise ValueError(
                 f"min_interval_ms ({self.min_interval_ms}) must not exceed max_interval_ms ({self.max_interval_ms})"
             )
+        if 0 < self.native_backstop_ms < self.min_interval_ms:
+            raise ValueError(f"native_backstop_ms must be 0 or at least min_interval_ms ({self.min_interval_ms})")
         if self.backoff_initial_ms > self.backoff_max_ms:
             raise ValueError(
                 f"backoff_initial_ms ({self.backoff_initial_ms}) must not exceed backoff_max_ms ({self.backoff_max_ms})"

@@ -102,7 +102,7 @@ class Metrics:
         self.partitions = Gauge("mcp_sidecar_partitions", "Authorization contexts with a watch", registry=r)
         self.native_watches = Gauge(
             "mcp_sidecar_native_watches",
-            "Watches the upstream's own notifications cover (polled only as a backstop); the rest are polled",
+            "Watches the upstream's own notifications cover (polling is their backstop); the rest are polled",
             registry=r,
         )
         self.native_streams = Gauge(

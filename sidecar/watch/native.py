@@ -4,10 +4,13 @@ When the upstream can push (a 2025-11-25 server declaring `resources.subscribe` 
 2026-07-28 server serving `subscriptions/listen`), the sidecar subscribes upstream for the keys each
 context watches and treats every `notifications/resources/updated` or `*/list_changed` as a hint: the
 watch polls at once, and the sidecar's own notification follows only when the content changed
-(invariant 19). A key the upstream covers is "native": polling stays as the backstop, at
-`polling.max_interval_ms`. Newly covered keys are polled once after the stream is up (a change between
-their first read and the upstream's ack would otherwise wait for the backstop); a stream that breaks
-uncovers its keys, which then poll at once and at their usual interval until it is back (with backoff).
+(invariant 19). A key the upstream covers is "native": polling stays as the backstop, at its usual
+interval unless `polling.native_backstop_ms` stretches it (the npm reference server declares
+`resources.subscribe` yet announces nothing until a tool asks it to: trusting every declaration would
+leave clients stale for the whole stretched interval). Newly covered keys are polled once after the
+stream is up (a change between their first read and the upstream's ack would otherwise wait for the
+backstop); a stream that breaks uncovers its keys, which then poll at once and at their usual interval
+until it is back (with backoff).
 """
 
 from __future__ import annotations

@@ -74,9 +74,11 @@ class Schedule:
         base = min(max(base, config.min_interval_ms), config.max_interval_ms)
         return self._jittered(base, config.jitter)
 
-    def backstop_s(self) -> float:
-        """The interval of a key the upstream's own notifications cover: polling is only the backstop."""
-        return self._jittered(self._config.max_interval_ms, self._config.jitter)
+    def backstop_s(self, ttl_ms: int | None) -> float:
+        """The interval of a key the upstream's own notifications cover: `native_backstop_ms`, or (0) the usual."""
+        if not self._config.native_backstop_ms:
+            return self.interval_s(ttl_ms)
+        return self._jittered(self._config.native_backstop_ms, self._config.jitter)
 
     def backoff_s(self, consecutive_errors: int) -> float:
         config = self._config
@@ -116,7 +118,7 @@ class Watch:
         self.last_poll_at: float | None = None
         self.last_change_at: float | None = None
         self.native = False
-        """The upstream's own notifications cover this key: it polls at once on them, else only as a backstop."""
+        """The upstream's own notifications cover this key: it polls at once on them, and as a backstop."""
         self.verified: set[str] = set()
         """Authorization contexts whose own read of this key succeeded (they may join a public watch)."""
         self._applied_ticket = ticket
@@ -142,7 +144,7 @@ class Watch:
 
     @property
     def interval_s(self) -> float:
-        return self._schedule.backstop_s() if self.native else self._schedule.interval_s(self.ttl_ms)
+        return self._schedule.backstop_s(self.ttl_ms) if self.native else self._schedule.interval_s(self.ttl_ms)
 
     def set_native(self, native: bool) -> None:
         """Covered by the upstream's notifications or not; losing the cover polls now (what changed meanwhile was
