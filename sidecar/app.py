@@ -97,6 +97,7 @@ def build_app(config: SidecarConfig) -> web.Application:
     # Subscribed before the streams: a change drops stale cache entries before anyone is told to re-read.
     bus.subscribe(readthrough.on_change)
     registry = WatchRegistry(upstream, config.polling, bus, metrics, coordinator=cluster)
+    registry.on_observation(readthrough.observed)  # the cache drops what a watch's look contradicts
     hub = StreamHub(registry, upstream, bus, config.streams, metrics)
     legacy = LegacySessions(upstream, registry, hub, config.streams, metrics)
     app[REGISTRY] = registry

@@ -59,6 +59,7 @@ DEFAULT_BACKOFF_MAX_MS = 60_000
 DEFAULT_POLL_CONCURRENCY = 64
 DEFAULT_LINGER_MS = 5_000
 DEFAULT_MAX_NATIVE_STREAMS = 100
+DEFAULT_MAX_HINTED_POLLS_PER_S = 200.0  # a write hinting 2,000 watches costs one extra round over ten seconds
 DEFAULT_MAX_BASELINES_PER_S = 200.0
 DEFAULT_REVALIDATE_DEBOUNCE_MS = 10  # batches a burst of writes; short enough that a write is seen at once
 DEFAULT_CACHE_ENTRIES = 10_000
@@ -296,6 +297,12 @@ class PollingConfig(_Section):
         True,
         description="Subscribe upstream when it can push (resources.subscribe, listChanged, listen) and poll at "
         "once on its notifications; covered keys are polled only every max_interval_ms. false: poll only.",
+    )
+    max_hinted_polls_per_s: float = Field(
+        DEFAULT_MAX_HINTED_POLLS_PER_S,
+        gt=0,
+        description="Extra polls that hints (writes, the upstream's notifications, recovery) may cause a second, "
+        "across all watches; more are deferred, never dropped.",
     )
     native_backstop_ms: int = Field(
         0,

@@ -20,6 +20,9 @@ class ChangeEvent:
     generation: int
     detected_at: float
     """Wall-clock seconds when the change was detected (for the delivery-latency metric)."""
+    baseline: bool = False
+    """Not a change: a watch's first look (other replicas' caches drop an answer it contradicts; no stream is
+    told)."""
 
 
 ChangeListener = Callable[[ChangeEvent], None]

@@ -29,10 +29,14 @@ class MemoryBus:
         return unsubscribe
 
     async def publish(self, event: ChangeEvent) -> None:
+        self.deliver(event)
+        # Yield once so streams drain between bursts of changes.
+        await asyncio.sleep(0)
+
+    def deliver(self, event: ChangeEvent) -> None:
+        """Call every listener now, in registration order."""
         for listener in list(self._listeners.values()):
             try:
                 listener(event)
             except Exception:  # fan-out boundary: one broken listener must not starve the others
                 logger.exception("change listener failed")
-        # Yield once so streams drain between bursts of changes.
-        await asyncio.sleep(0)

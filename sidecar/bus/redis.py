@@ -43,6 +43,13 @@ _SOCKET_TIMEOUT_S = 2.0
 _RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) else return 0 end
 """
+_PUBLISH_CHANGE = """
+redis.call('HSET', KEYS[1], 'f', ARGV[1])
+local generation = redis.call('HINCRBY', KEYS[1], 'g', 1)
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('PUBLISH', ARGV[3], ARGV[4])
+return generation
+"""
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end
 """
@@ -67,6 +74,7 @@ def _encode(event: ChangeEvent, origin: str) -> bytes:
             "f": event.fingerprint,
             "g": event.generation,
             "t": event.detected_at,
+            "b": event.baseline,
         }
     )
 
@@ -74,7 +82,8 @@ def _encode(event: ChangeEvent, origin: str) -> bytes:
 def _decode(raw: bytes) -> tuple[str, ChangeEvent]:
     data = orjson.loads(raw)
     key = WatchKey(data["k"], data["u"], data["p"])
-    return data["o"], ChangeEvent(key, data["f"], int(data["g"]), float(data["t"]))
+    event = ChangeEvent(key, data["f"], int(data["g"]), float(data["t"]), baseline=bool(data.get("b", False)))
+    return data["o"], event
 
 
 class RedisCluster:
@@ -84,6 +93,7 @@ class RedisCluster:
         self, url: str, *, instance: str, metrics: Metrics, lease_ms: int = DEFAULT_LEASE_MS, fallback: bool = False
     ) -> None:
         self._redis = aioredis.from_url(url, socket_timeout=_SOCKET_TIMEOUT_S, socket_connect_timeout=_SOCKET_TIMEOUT_S)
+        self._publish_change = self._redis.register_script(_PUBLISH_CHANGE)
         # Unique per cluster member even when two share a process (tests) and so an INSTANCE_ID.
         self._instance = f"{instance}-{secrets.token_hex(4)}"
         self._metrics = metrics
@@ -155,14 +165,26 @@ class RedisCluster:
         return self._local.subscribe(listener)
 
     async def publish(self, event: ChangeEvent) -> None:
-        # Local streams first: they must not wait on Redis, nor lose the change when it is down.
-        await self._local.publish(event)
+        """Redis first, here second: when Redis answers, it has handed the event to every replica's connection,
+        each of which drops its cache entries on receipt before telling its streams; only then are this
+        replica's streams told. A client told here and re-reading through another replica finds that replica's
+        cache already cleared (invariant 17). A change is recorded as the key's cluster state in the same
+        step as it is published (one script), so it is never recorded and untold, nor told and unrecorded.
+        Redis down: local streams are told all the same."""
         try:
-            await self._redis.publish(EVENTS_CHANNEL, _encode(event, self._instance))
+            if event.baseline:
+                await self._redis.publish(EVENTS_CHANNEL, _encode(event, self._instance))
+            else:
+                state = PREFIX + "state:" + _key_hash(event.key)
+                message = _encode(event, self._instance)
+                await self._publish_change(
+                    keys=[state], args=[event.fingerprint, STATE_TTL_MS, EVENTS_CHANNEL, message]
+                )
             self._metrics.bus_messages.labels("out").inc()
         except (RedisError, OSError) as exc:
             self._metrics.bus_publish_failures.inc()
             self._set_up(False, str(exc))
+        await self._local.publish(event)
 
     async def _read_loop(self) -> None:
         delay = _RECONNECT_S[0]
@@ -203,7 +225,9 @@ class RedisCluster:
         if origin == self._instance:
             return  # delivered locally when it was published
         self._metrics.bus_messages.labels("in").inc()
-        asyncio.get_running_loop().create_task(self._local.publish(event))
+        # Synchronously, as it is read: the cache drops what it made stale before this replica serves another
+        # request (the cache listens before the streams do).
+        self._local.deliver(event)
 
     # -- coordination ---------------------------------------------------------------------------------------
 
@@ -223,18 +247,6 @@ class RedisCluster:
     async def _release(self, key: WatchKey) -> None:
         with contextlib.suppress(RedisError, OSError):
             await self._redis.eval(_RELEASE, 1, PREFIX + "lease:" + _key_hash(key), self._instance)
-
-    async def record(self, key: WatchKey, fingerprint: str, generation: int) -> None:
-        if self.degraded is not None:
-            return
-        try:
-            state = PREFIX + "state:" + _key_hash(key)
-            async with self._redis.pipeline(transaction=True) as pipe:
-                pipe.hset(state, mapping={"f": fingerprint, "g": generation})
-                pipe.pexpire(state, STATE_TTL_MS)
-                await pipe.execute()
-        except (RedisError, OSError) as exc:
-            self._set_up(False, str(exc))
 
     async def announce_revalidate(self, contexts: frozenset[str]) -> None:
         with contextlib.suppress(RedisError, OSError):
@@ -279,13 +291,13 @@ class RedisCluster:
             await self._take_over(key, fresh=was_degraded)
 
     async def _take_over(self, key: WatchKey, *, fresh: bool) -> None:
-        """A new owner starts from the cluster's last state and polls at once, so nothing is missed."""
+        """A new owner polls at once and compares with what its own streams were last told (its watch's own
+        fingerprint, kept current by the bus): a change the old owner saw but did not live to publish is told
+        now; one it did publish is not told twice. The cluster's recorded state is not adopted: it may be
+        older than this replica's own first look (a spurious update), or newer than what its streams heard
+        (a lost one)."""
         watch = self._tracked.get(key)
         if watch is None:
             return
-        state = await self._redis.hgetall(PREFIX + "state:" + _key_hash(key))
-        if state:
-            fingerprint = state[b"f"]
-            watch.adopt(fingerprint.decode() if isinstance(fingerprint, bytes) else str(fingerprint), int(state[b"g"]))
         watch.hint()
         logger.debug("lease acquired", extra={"watch": key.short_hash, "after_outage": fresh})

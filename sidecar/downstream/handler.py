@@ -239,7 +239,7 @@ class McpEndpoint:
             return await self._listen(request, message, identity)
         ticket = self._observer.ticket() if self._observer is not None else 0
         try:
-            reply, shared = await self._forward(request, message, identity)
+            reply, shared = await self._forward(request, message, identity, ticket)
         except UpstreamHTTPError as exc:
             if exc.is_auth_failure:
                 self._refused(message, identity)
@@ -254,7 +254,7 @@ class McpEndpoint:
         return response
 
     async def _forward(
-        self, request: web.Request, message: Message, identity: Identity
+        self, request: web.Request, message: Message, identity: Identity, ticket: int
     ) -> tuple[Reply, JsonObject | None]:
         """The upstream's reply to this request, or a ready answer: a cached one, or the one an identical request
         in flight got (its id is replaced by this request's)."""
@@ -269,6 +269,7 @@ class McpEndpoint:
             message.params,
             identity.context,
             lambda: self._upstream.forward(message, request.headers, identity),
+            ticket,
         )
         if reply is None and shared is None:
             reply = await self._upstream.forward(message, request.headers, identity)

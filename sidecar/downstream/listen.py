@@ -184,6 +184,8 @@ class StreamHub:
                 del self._by_key[handle.key]
 
     def _on_change(self, event: ChangeEvent) -> None:
+        if event.baseline:
+            return  # a watch's first look: nothing changed for anyone
         for stream in self._by_key.get(event.key, ()):
             stream.signal(event.key.notification_method, event.key.uri, event.detected_at)
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from cachetools import TLRUCache
+from cachetools import LRUCache, TLRUCache
 
 from sidecar.bus.base import ChangeEvent
 from sidecar.config import CacheConfig
@@ -26,6 +26,8 @@ from sidecar.identity import PUBLIC
 from sidecar.observability.metrics import Metrics
 from sidecar.protocol.constants import CACHEABLE_METHODS
 from sidecar.upstream.client import Reply
+from sidecar.watch.fingerprint import fingerprint_contents
+from sidecar.watch.keys import WatchKey
 
 __all__ = ["ReadThrough", "is_shareable"]
 
@@ -43,6 +45,8 @@ _LIST_GROUPS: dict[str, tuple[str, ...]] = {
 }
 _MRTR_PARAMS = ("inputResponses", "requestState")
 _INDEX_PRUNE_EVERY = 1024
+_MAX_OBSERVATIONS = 100_000
+"""Watches' latest looks remembered (one per watched key and partition; least recently used go first)."""
 _MAX_VERIFIED = 4096
 """Contexts remembered per public entry; past that, a new context's first read goes upstream (and is answered)."""
 
@@ -63,6 +67,21 @@ def _params_key(params: JsonObject) -> bytes:
         return b"\0" + secrets.token_bytes(16)
 
 
+def _groups_of(key: WatchKey) -> tuple[Group, ...]:
+    if key.kind == "resource":
+        return (("resources/read", key.uri),)
+    return tuple((method, None) for method in _LIST_GROUPS[key.kind])
+
+
+def _differs(group: Group, result: JsonObject, fingerprint: str) -> bool:
+    if group[0] != "resources/read":
+        return True
+    try:
+        return fingerprint_contents(result.get("contents")) != fingerprint
+    except ValueError:
+        return True
+
+
 def _group(method: str, params: JsonObject) -> Group:
     uri = params.get("uri") if method == "resources/read" else None
     return (method, uri if isinstance(uri, str) else None)
@@ -75,6 +94,8 @@ class _Entry:
     size: int
     verified: set[str] = field(default_factory=set)
     """For a public entry: the contexts the upstream has answered for this request (they may be served it)."""
+    ticket: int = 0
+    """When the request that brought it started, on the watch engine's clock (see WatchRegistry.ticket)."""
 
 
 class _EntryCache(TLRUCache[CacheKey, _Entry]):
@@ -111,6 +132,8 @@ class ReadThrough:
         self._cache.on_evict = metrics.cache_evictions.inc
         self._verify = config.public_requires_verified_context
         self._flights: dict[tuple[str, bytes, str], _Flight] = {}
+        self._latest: LRUCache[tuple[Group, str], tuple[int, str]] = LRUCache(maxsize=_MAX_OBSERVATIONS)
+        """(group, partition) -> the (ticket, fingerprint) of the latest look a watch applied."""
         self._index: dict[Group, set[CacheKey]] = {}
         self._inserts = 0
 
@@ -134,7 +157,9 @@ class ReadThrough:
         self._metrics.cache_misses.inc()
         return None
 
-    def _store(self, method: str, params: JsonObject, context: str, result: JsonObject, received_at: float) -> None:
+    def _store(
+        self, method: str, params: JsonObject, context: str, result: JsonObject, received_at: float, ticket: int
+    ) -> None:
         ttl = result.get("ttlMs")
         if not self._config.max_entries or not isinstance(ttl, int) or isinstance(ttl, bool) or ttl <= 0:
             return
@@ -147,6 +172,9 @@ class ReadThrough:
             return
         if size > self._config.max_bytes:
             return
+        group = _group(method, params)
+        if self._contradicted(group, partition, result, ticket):
+            return  # a watch has since seen something else: this answer is already stale
         key = (method, _params_key(params), partition)
         while len(self._cache) >= self._config.max_entries and key not in self._cache:
             self._cache.popitem()
@@ -154,8 +182,8 @@ class ReadThrough:
         verified = previous.verified if previous is not None else set()
         if partition == PUBLIC and len(verified) < _MAX_VERIFIED:
             verified.add(context)
-        self._cache[key] = _Entry(result, received_at + ttl / 1000, size, verified)
-        self._index.setdefault(_group(method, params), set()).add(key)
+        self._cache[key] = _Entry(result, received_at + ttl / 1000, size, verified, ticket)
+        self._index.setdefault(group, set()).add(key)
         self._metrics.cache_bytes.set(self._cache.currsize)
         self._inserts += 1
         if self._inserts % _INDEX_PRUNE_EVERY == 0:
@@ -173,9 +201,15 @@ class ReadThrough:
     # -- single flight ---------------------------------------------------------------------------------
 
     async def fetch(
-        self, method: str, params: JsonObject, context: str, forward: Callable[[], Awaitable[Reply]]
+        self,
+        method: str,
+        params: JsonObject,
+        context: str,
+        forward: Callable[[], Awaitable[Reply]],
+        ticket: int = 0,
     ) -> tuple[Reply | None, JsonObject | None]:
-        """Forward once for everyone asking the same now.
+        """Forward once for everyone asking the same now (`ticket`: when this request started, on the watch
+        engine's clock, so an answer older than a watch's latest look is not kept).
 
         Returns (the leader's own reply, None) for the request that went upstream, or (None, shared
         answer) for one that joined; (None, None) means the leader's answer could not be shared (a
@@ -198,7 +232,7 @@ class ReadThrough:
                 if "result" in message or "error" in message:
                     shared = message
                 if isinstance(message.get("result"), dict) and not flight.invalidated:
-                    self._store(method, params, context, message["result"], received_at)
+                    self._store(method, params, context, message["result"], received_at, ticket)
             return reply, None
         finally:
             if self._flights.get(flight_key) is flight:
@@ -215,14 +249,38 @@ class ReadThrough:
 
     # -- invalidation ------------------------------------------------------------------------------------
 
+    def observed(self, key: WatchKey, fingerprint: str, ticket: int) -> None:
+        """Registry listener: a watch looked at the upstream (a baseline, a poll, a joiner's sync, a forwarded
+        read). An entry from an older request that it contradicts goes now (invariant 17): a resource's when its
+        content differs, a list page's always (pages cannot be compared with a whole list)."""
+        for group in _groups_of(key):
+            latest = self._latest.get((group, key.partition))
+            if latest is None or latest[0] < ticket:
+                self._latest[(group, key.partition)] = (ticket, fingerprint)
+            for cache_key in list(self._index.get(group, ())):
+                if cache_key[2] != key.partition:
+                    continue
+                entry = self._cache.get(cache_key)
+                if entry is not None and entry.ticket < ticket and _differs(group, entry.result, fingerprint):
+                    self._cache.pop(cache_key, None)
+        self._metrics.cache_bytes.set(self._cache.currsize)
+
+    def _contradicted(self, group: Group, partition: str, result: JsonObject, ticket: int) -> bool:
+        latest = self._latest.get((group, partition))
+        return latest is not None and ticket < latest[0] and _differs(group, result, latest[1])
+
     def on_change(self, event: ChangeEvent) -> None:
-        """Bus listener: drop what the change made stale, before the streams hear of it."""
-        key = event.key
-        if key.kind == "resource":
-            groups: tuple[Group, ...] = (("resources/read", key.uri),)
-        else:
-            groups = tuple((method, None) for method in _LIST_GROUPS[key.kind])
-        for group in groups:
+        """Bus listener: drop what the change made stale, before the streams hear of it. A watch's first look
+        elsewhere (a baseline event) drops only what it contradicts."""
+        if event.baseline:
+            for group in _groups_of(event.key):
+                for cache_key in list(self._index.get(group, ())):
+                    entry = self._cache.get(cache_key)
+                    if cache_key[2] == event.key.partition and entry is not None:
+                        if _differs(group, entry.result, event.fingerprint):
+                            self._cache.pop(cache_key, None)
+            return
+        for group in _groups_of(event.key):
             for cache_key in self._index.pop(group, ()):
                 self._cache.pop(cache_key, None)
             for flight_key, flight in list(self._flights.items()):

@@ -44,6 +44,7 @@ _LIMITS = (
     "max_connections",
     "requests_per_context",
     "baseline_rate",
+    "hinted_polls",
     "upstream_max_in_flight",
     "upstream_max_response_bytes",
 )

@@ -11,19 +11,16 @@ __all__ = ["LocalCoordinator", "PollCoordinator", "WatchState"]
 
 
 class WatchState(Protocol):
-    """What a coordinator needs of a watch: its key, its last known state, and a way to poll it now."""
+    """What a coordinator needs of a watch: its key, and a way to have it poll soon (when it takes the lease)."""
 
     key: WatchKey
-    fingerprint: str
-    generation: int
-
-    def adopt(self, fingerprint: str, generation: int) -> None: ...
 
     def hint(self) -> None: ...
 
 
 class PollCoordinator(Protocol):
-    """Decides which process polls a key, and keeps the cluster's last fingerprint of it."""
+    """Decides which process polls a key. (The bus records each change it publishes, atomically with the
+    publishing: a new owner polls at once and compares with what its own streams were last told.)"""
 
     def may_poll(self, key: WatchKey) -> bool:
         """True when this process should poll `key` now (it holds the lease, or there is no cluster)."""
@@ -35,10 +32,6 @@ class PollCoordinator(Protocol):
 
     def untrack(self, key: WatchKey) -> None:
         """No local interest left: give the lease up so an interested replica takes over."""
-        ...
-
-    async def record(self, key: WatchKey, fingerprint: str, generation: int) -> None:
-        """Store the state a change produced, so a new owner neither misses nor repeats it."""
         ...
 
     async def announce_revalidate(self, contexts: frozenset[str]) -> None:
@@ -60,9 +53,6 @@ class LocalCoordinator:
         return None
 
     def untrack(self, key: WatchKey) -> None:
-        return None
-
-    async def record(self, key: WatchKey, fingerprint: str, generation: int) -> None:
         return None
 
     async def announce_revalidate(self, contexts: frozenset[str]) -> None:

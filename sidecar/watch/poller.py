@@ -22,13 +22,15 @@ from sidecar.watch.coordination import LocalCoordinator, PollCoordinator
 from sidecar.watch.keys import WatchKey
 from sidecar.watch.observe import Observation
 
-__all__ = ["Schedule", "Watch"]
+__all__ = ["HintBudget", "ObservationListener", "Schedule", "Watch"]
 
 logger = logging.getLogger(__name__)
 
 Reader = Callable[["Watch"], Awaitable[Observation | None]]
 """Looks at the upstream for a watch; None means there is nobody to poll for (no credential held)."""
 Sink = Callable[[ChangeEvent], Awaitable[None]]
+ObservationListener = Callable[[WatchKey, str, int], None]
+"""(key, fingerprint, ticket): a look at the upstream was applied (the cache drops what it contradicts)."""
 AuthFailure = Callable[["Watch", UpstreamHTTPError], None]
 
 _MIN_BACKOFF_JITTER = 0.1
@@ -80,10 +82,30 @@ class Schedule:
             return self.interval_s(ttl_ms)
         return self._jittered(self._config.native_backstop_ms, self._config.jitter)
 
+    def hint_jitter_s(self) -> float:
+        """Spread for hinted polls: up to `jitter` of min_interval_ms."""
+        return self._rand() * self._config.jitter * self._config.min_interval_ms / 1000
+
     def backoff_s(self, consecutive_errors: int) -> float:
         config = self._config
         base = min(config.backoff_max_ms, config.backoff_initial_ms * 2 ** max(consecutive_errors - 1, 0))
         return self._jittered(base, max(config.jitter, _MIN_BACKOFF_JITTER))
+
+
+class HintBudget:
+    """Polls that hints may add, across every watch of one upstream: `per_s` a second, in bursts of as many
+    (the generic cell rate algorithm). A hinted poll past the budget is deferred to its slot, never dropped."""
+
+    def __init__(self, per_s: float) -> None:
+        self._interval = 1 / per_s
+        self._window = per_s * self._interval  # the burst: one second's worth
+        self._tat = 0.0
+
+    def slot(self, earliest: float) -> float:
+        """When a hinted poll wanted at `earliest` may run (`earliest` itself while the budget lasts)."""
+        allowed = max(earliest, self._tat - self._window)
+        self._tat = max(self._tat, allowed) + self._interval
+        return allowed
 
 
 class Watch:
@@ -108,6 +130,8 @@ class Watch:
         metrics: Metrics,
         on_auth_failure: AuthFailure,
         coordinator: PollCoordinator | None = None,
+        observed: ObservationListener = lambda key, fingerprint, ticket: None,
+        budget: HintBudget | None = None,
     ) -> None:
         self.key = key
         self.fingerprint = baseline.fingerprint
@@ -129,6 +153,8 @@ class Watch:
         self._next_ticket = next_ticket
         self._metrics = metrics
         self._on_auth_failure = on_auth_failure
+        self._observed = observed
+        self._budget = budget
         self._coordinator: PollCoordinator = coordinator or LocalCoordinator()
         self._last_start = time.monotonic()
         self._due = self._last_start
@@ -153,7 +179,7 @@ class Watch:
             return
         self.native = native
         if not native:
-            self._poll_soon()
+            self.hint()
 
     def offer(self, observation: Observation, ticket: int) -> ChangeEvent | None:
         """Apply an observation that started at `ticket`; returns the change event, if it is one."""
@@ -161,6 +187,8 @@ class Watch:
             return None
         self._applied_ticket = ticket
         self.ttl_ms = observation.ttl_ms
+        # Synchronously, before any event exists: the cache never keeps an answer this look contradicts.
+        self._observed(self.key, observation.fingerprint, ticket)
         if observation.fingerprint == self.fingerprint:
             return None
         previous, self.fingerprint = self.fingerprint, observation.fingerprint
@@ -179,11 +207,13 @@ class Watch:
         )
         return ChangeEvent(self.key, self.fingerprint, self.generation, self.last_change_at)
 
-    def adopt(self, fingerprint: str, generation: int) -> None:
-        """Take the cluster's newer state (another replica polled this key and saw a change)."""
-        if generation > self.generation:
+    def adopt(self, fingerprint: str) -> None:
+        """Another replica saw this change and told everyone (our streams too): take it as ours, so that our next
+        poll, if we hold the lease then, does not tell it again. Events arrive in the bus's order; a local look
+        newer than an event that arrives late costs at worst one repeated notification, never a lost one."""
+        if fingerprint != self.fingerprint:
             self.fingerprint = fingerprint
-            self.generation = generation
+            self.generation += 1
 
     def hint(self) -> None:
         """Poll soon, but never sooner than min_interval_ms after the last poll, and never sooner than a backoff
@@ -198,9 +228,20 @@ class Watch:
         if self._polling:
             self._hinted = True  # the poll in flight may predate the write: one more after it
             return
-        due = max(self._last_start + self._schedule.min_interval_s, time.monotonic())
-        if self._timer is None or self._timer.when() > due:
-            self._arm(due)
+        self._arm_hinted(self._timer.when() if self._timer is not None else None)
+
+    def _arm_hinted(self, scheduled: float | None) -> None:
+        # A hinted poll: not sooner than min_interval_ms after the last one, jittered (a burst of hints across
+        # many watches, or the recovery after an outage, must not fire them all in one instant), and within the
+        # upstream's budget of hinted polls. A regular poll already due sooner is left alone.
+        due = max(self._last_start + self._schedule.min_interval_s, time.monotonic()) + self._schedule.hint_jitter_s()
+        if scheduled is not None and scheduled <= due:
+            return
+        slot = self._budget.slot(due) if self._budget is not None else due
+        if slot > due:
+            self._metrics.limit_rejections.labels("hinted_polls").inc()  # deferred, not dropped
+        if scheduled is None or slot < scheduled:
+            self._arm(slot)
 
     def recover(self) -> None:
         """The upstream answers again: a failing watch retries now instead of waiting out its backoff, but once
@@ -255,11 +296,10 @@ class Watch:
             delay = self._schedule.backoff_s(self.consecutive_errors)
         else:
             delay = self.interval_s
-        due = self._last_start + delay
-        if self._hinted and not self.consecutive_errors:
-            due = min(due, max(self._last_start + self._schedule.min_interval_s, time.monotonic()))
-        self._hinted = False
-        self._arm(due)
+        hinted, self._hinted = self._hinted and not self.consecutive_errors, False
+        self._arm(self._last_start + delay)
+        if hinted:
+            self._arm_hinted(self._last_start + delay)
 
     async def poll_once(self, due: float) -> None:
         if self._gate.locked():
@@ -284,7 +324,6 @@ class Watch:
         self._poll_ok.inc()
         event = self.offer(observation, ticket)
         if event is not None:
-            await self._coordinator.record(self.key, event.fingerprint, event.generation)
             await self._sink(event)
 
     def _failed(self, exc: UpstreamError) -> None:

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -34,7 +35,7 @@ from sidecar.watch.fingerprint import ABSENT
 from sidecar.watch.keys import WatchKey, WatchKind
 from sidecar.watch.native import NativeNotifications
 from sidecar.watch.observe import Observation, observation_from_read, observe
-from sidecar.watch.poller import Schedule, Watch
+from sidecar.watch.poller import HintBudget, ObservationListener, Schedule, Watch
 
 __all__ = ["Handle", "WatchRegistry"]
 
@@ -89,10 +90,14 @@ class WatchRegistry:
         self._bus = bus
         self._metrics = metrics
         self._schedule = Schedule(config)
+        self._budget = HintBudget(config.max_hinted_polls_per_s)
         self._gate = asyncio.Semaphore(config.max_concurrency)
         self._tickets = itertools.count(1)
         self._watches: dict[WatchKey, Watch] = {}
         self._baselines: dict[tuple[WatchKind, str | None, str], asyncio.Task[Watch | None]] = {}
+        self._syncs: dict[WatchKey, asyncio.Task[bool]] = {}
+        """Joiners' looks at live watches in flight, one per key (see `_join`)."""
+        self._observation_listeners: list[ObservationListener] = []
         self._holders: dict[WatchKey, dict[str, _Holder]] = {}
         """Per key, the contexts holding it: the only place the identities the sidecar polls with live."""
         self._lingers: dict[WatchKey, asyncio.TimerHandle] = {}
@@ -136,25 +141,66 @@ class WatchRegistry:
         """
         context = identity.context
         watch = self._joinable(kind, uri, context)
-        if watch is None:
-            flight = (kind, uri, context)
-            task = self._baselines.get(flight)
-            if task is None and self._admission.known_absent(kind, uri, context):
+        if watch is not None:
+            return await self._join(watch, identity)
+        flight = (kind, uri, context)
+        task = self._baselines.get(flight)
+        if task is None:
+            if self._admission.known_absent(kind, uri, context):
                 return None  # found missing a moment ago: not read again so soon
-            if task is None and not self._admission.take(context):
-                self._metrics.limit_rejections.labels("baseline_rate").inc()
-                raise TooManyRequests(
-                    f"this client subscribes faster than {self._config.max_baselines_per_s:g} new reads a second"
-                )
-            if task is None:
-                task = asyncio.get_running_loop().create_task(self._baseline(kind, uri, identity))
-                self._baselines[flight] = task
-                task.add_done_callback(lambda _: self._baselines.pop(flight, None))
-            # Shielded: one caller giving up must not cancel the read the others are waiting for.
-            watch = await asyncio.shield(task)
-            if watch is None:
-                return None
+            self._admit(context)
+            task = asyncio.get_running_loop().create_task(self._baseline(kind, uri, identity))
+            self._baselines[flight] = task
+            task.add_done_callback(lambda _: self._baselines.pop(flight, None))
+        # Shielded: one caller giving up must not cancel the read the others are waiting for.
+        watch = await asyncio.shield(task)
+        if watch is None:
+            return None
         return self._add_ref(watch, identity)
+
+    def _admit(self, context: str) -> None:
+        if not self._admission.take(context):
+            self._metrics.limit_rejections.labels("baseline_rate").inc()
+            raise TooManyRequests(
+                f"this client subscribes faster than {self._config.max_baselines_per_s:g} new reads a second"
+            )
+
+    async def _join(self, watch: Watch, identity: Identity) -> Handle | None:
+        """Join a live or lingering watch: a sync point. The caller's ack waits for a look at the upstream that
+        starts after it asked (shared by everyone joining while it is in flight: a reconnect storm costs one
+        read per key), so a read after the ack is never older than the subscription (invariant 16)."""
+        handle = self._add_ref(watch, identity)  # first: a lingering watch must not expire while we look
+        try:
+            task = self._syncs.get(watch.key)
+            if task is None:
+                self._admit(identity.context)
+                key = watch.key
+                task = asyncio.get_running_loop().create_task(self._sync(watch, identity))
+                self._syncs[key] = task
+                task.add_done_callback(lambda _: self._syncs.pop(key, None))
+            found = await asyncio.shield(task)
+        except BaseException:
+            handle.release()
+            raise
+        if not found:
+            handle.release()
+            return None
+        return handle
+
+    async def _sync(self, watch: Watch, identity: Identity) -> bool:
+        async with self._gate:
+            ticket = self.ticket()
+            observation = await observe(self._upstream, watch.key.kind, watch.key.uri, identity)
+        self._apply(watch, observation, ticket)
+        return observation.found
+
+    def on_observation(self, listener: ObservationListener) -> None:
+        """Be told of every look at the upstream a watch applies (the read-through cache listens)."""
+        self._observation_listeners.append(listener)
+
+    def _observed(self, key: WatchKey, fingerprint: str, ticket: int) -> None:
+        for listener in self._observation_listeners:
+            listener(key, fingerprint, ticket)
 
     def _joinable(self, kind: WatchKind, uri: str | None, context: str) -> Watch | None:
         public = self._watches.get(WatchKey(kind, uri, PUBLIC))
@@ -198,9 +244,15 @@ class WatchRegistry:
             metrics=self._metrics,
             on_auth_failure=self._auth_failed,
             coordinator=self._coordinator,
+            observed=self._observed,
+            budget=self._budget,
         )
         self._watches[key] = watch
         self._holders[key] = {}
+        self._observed(key, baseline.fingerprint, ticket)
+        # Other replicas' caches may hold an answer older than this first look (one cached before anyone
+        # watched): they drop it if it differs. No stream is told: nothing changed for anyone watching.
+        self._spawn(self._bus.publish(ChangeEvent(key, baseline.fingerprint, 0, time.time(), baseline=True)))
         self._set_native(watch, self._native.covers(key.kind, key.uri, key.partition))
         watch.start()
         self._metrics.watches.labels(key.kind).inc()
@@ -347,12 +399,14 @@ class WatchRegistry:
                 watch.hint()
 
     def _on_change(self, event: ChangeEvent) -> None:
+        if event.baseline:
+            return  # a first look elsewhere: nothing changed for anyone watching
         if event.key.kind == "resources_list":
             self._admission.present()  # what was missing may exist now
         # Changes seen by other replicas keep this replica's copy current, for when it takes the lease.
         watch = self._watches.get(event.key)
         if watch is not None:
-            watch.adopt(event.fingerprint, event.generation)
+            watch.adopt(event.fingerprint)
 
     def _upstream_hint(self, kind: WatchKind, uri: str | None, context: str) -> None:
         # The upstream says (kind, uri) changed as `context` sees it: its own watch, and the public one.
@@ -402,7 +456,7 @@ class WatchRegistry:
         self._lingers.clear()
         if self._revalidate_timer is not None:
             self._revalidate_timer.cancel()
-        for task in list(self._baselines.values()):
+        for task in [*self._baselines.values(), *self._syncs.values()]:
             task.cancel()
         watches = list(self._watches.values())
         self._watches.clear()
