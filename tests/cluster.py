@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -186,7 +186,14 @@ class MetricsSnapshot:
 class Replica(OnLoopback):
     """One `python -m sidecar.cli run --config FILE` process on a fixed port (or a `--workers N` process tree)."""
 
-    def __init__(self, name: str, workdir: Path, config: dict[str, Any], extra_args: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        name: str,
+        workdir: Path,
+        config: dict[str, Any],
+        extra_args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         self.name = name
         self.port: int = config["listen"]["port"]
@@ -194,7 +201,7 @@ class Replica(OnLoopback):
         self.admin_port: int = config["admin"]["port"]
         self.config_path = write_config(workdir / "sidecar.yaml", config)
         argv = [sys.executable, "-m", "sidecar.cli", "run", "--config", str(self.config_path), *extra_args]
-        self.service = ServerProcess(name, argv, workdir / "sidecar.log")
+        self.service = ServerProcess(name, argv, workdir / "sidecar.log", env=env)
 
     async def _get(self, path: str, *, admin: bool = False) -> tuple[int, str]:
         # A fresh connection each time: with --workers the kernel picks a worker per connection.

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -32,6 +33,16 @@ Sink = Callable[[ChangeEvent], Awaitable[None]]
 ObservationListener = Callable[[WatchKey, str, int], None]
 """(key, fingerprint, ticket): a look at the upstream was applied (the cache drops what it contradicts)."""
 AuthFailure = Callable[["Watch", UpstreamHTTPError], None]
+
+_HOLD_BEFORE_PUBLISH = os.environ.get("MCP_SIDECAR_TEST_HOLD_BEFORE_PUBLISH") == "1"
+"""Test seam: the replica tests kill an owner between seeing a change and publishing it. A poll that saw a
+change logs that it holds it and waits for ever (for the kill). Unset in every real deployment."""
+
+
+async def _hold() -> None:
+    logger.warning("holding a change before publishing it (MCP_SIDECAR_TEST_HOLD_BEFORE_PUBLISH)")
+    await asyncio.get_running_loop().create_future()
+
 
 _MIN_BACKOFF_JITTER = 0.1
 _ERROR_LOG_INTERVAL_S = 10.0
@@ -324,6 +335,8 @@ class Watch:
         self._poll_ok.inc()
         event = self.offer(observation, ticket)
         if event is not None:
+            if _HOLD_BEFORE_PUBLISH:
+                await _hold()
             await self._sink(event)
 
     def _failed(self, exc: UpstreamError) -> None:

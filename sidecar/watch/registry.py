@@ -220,6 +220,9 @@ class WatchRegistry:
         watch = self._watches.get(key)
         if watch is None:
             watch = self._start_watch(key, observation, ticket)
+            # Other replicas' caches may hold an answer older than this first look (one cached before anyone
+            # watched): awaited, so they drop it if it differs before the caller's ack. No stream is told.
+            await self._bus.publish(ChangeEvent(key, observation.fingerprint, 0, time.time(), baseline=True))
         else:
             self._apply(watch, observation, ticket)
             if watch.refs == 0:
@@ -250,9 +253,6 @@ class WatchRegistry:
         self._watches[key] = watch
         self._holders[key] = {}
         self._observed(key, baseline.fingerprint, ticket)
-        # Other replicas' caches may hold an answer older than this first look (one cached before anyone
-        # watched): they drop it if it differs. No stream is told: nothing changed for anyone watching.
-        self._spawn(self._bus.publish(ChangeEvent(key, baseline.fingerprint, 0, time.time(), baseline=True)))
         self._set_native(watch, self._native.covers(key.kind, key.uri, key.partition))
         watch.start()
         self._metrics.watches.labels(key.kind).inc()
