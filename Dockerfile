@@ -16,7 +16,9 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     # Inside a container the sidecar must listen on every interface; loopback-only checks then step aside.
-    MCP_SIDECAR__LISTEN__HOST=0.0.0.0
+    MCP_SIDECAR__LISTEN__HOST=0.0.0.0 \
+    # The admin listener (/metrics, /status) on 9464 for a scraper beside the container; do not publish it.
+    MCP_SIDECAR__ADMIN__HOST=0.0.0.0
 
 RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin sidecar
 
@@ -29,7 +31,7 @@ RUN pip install --no-cache-dir .
 COPY config/sidecar.example.yaml /etc/mcp-sidecar/sidecar.yaml
 
 USER 10001
-EXPOSE 8080
+EXPOSE 8080 9464
 HEALTHCHECK --interval=15s --timeout=3s --start-period=5s --retries=3 \
     CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8080/healthz', timeout=2)"]
 ENTRYPOINT ["mcp-sidecar"]

@@ -85,7 +85,8 @@ def test_the_sidecar_reads_the_configmap_and_serves_on_the_declared_port(
     assert sidecar["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
     annotations = manifests["Deployment"]["spec"]["template"]["metadata"]["annotations"]
     assert annotations["prometheus.io/scrape"] == "true"
-    assert annotations["prometheus.io/port"] == str(port)
+    assert annotations["prometheus.io/port"] == str(_port(sidecar, "admin")) == str(sidecar_config.admin.port)
+    assert sidecar_config.admin.host == "0.0.0.0"  # the scraper is another pod
     assert annotations["prometheus.io/path"] == sidecar_config.metrics.path
 
     # The upstream is the legacy server in the same pod, on its loopback.
