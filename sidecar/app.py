@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from sidecar.bus.base import Bus
 from sidecar.bus.memory import MemoryBus
 from sidecar.bus.redis import RedisCluster
+from sidecar.changes import Bus
 from sidecar.config import SidecarConfig
 from sidecar.downstream.handler import McpEndpoint, no_tracebacks
 from sidecar.downstream.legacy import LegacySessions

@@ -1,8 +1,9 @@
-"""Change events and the buses that carry them: in memory (one process) or Redis (replicas)."""
+"""The buses that carry change events: in memory (one process) or Redis (replicas). Their contract is
+`sidecar.changes.Bus`."""
 
 from __future__ import annotations
 
-from sidecar.bus.base import Bus, ChangeEvent, ChangeListener
 from sidecar.bus.memory import MemoryBus
+from sidecar.bus.redis import RedisCluster, RedisUnavailable
 
-__all__ = ["Bus", "ChangeEvent", "ChangeListener", "MemoryBus"]
+__all__ = ["MemoryBus", "RedisCluster", "RedisUnavailable"]

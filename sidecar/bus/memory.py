@@ -6,7 +6,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from sidecar.bus.base import ChangeEvent, ChangeListener
+from sidecar.changes import ChangeEvent, ChangeListener
 
 __all__ = ["MemoryBus"]
 

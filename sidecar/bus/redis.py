@@ -21,11 +21,9 @@ import orjson
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from sidecar.bus.base import ChangeEvent, ChangeListener
 from sidecar.bus.memory import MemoryBus
+from sidecar.changes import ChangeEvent, ChangeListener, WatchKey, WatchState
 from sidecar.observability.metrics import Metrics
-from sidecar.watch.coordination import WatchState
-from sidecar.watch.keys import WatchKey
 
 __all__ = ["RedisCluster", "RedisUnavailable"]
 

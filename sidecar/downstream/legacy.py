@@ -20,6 +20,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from sidecar.changes import WatchKey, WatchKind
 from sidecar.config import StreamsConfig
 from sidecar.downstream.listen import StreamHub
 from sidecar.identity import Identity
@@ -39,7 +40,6 @@ from sidecar.protocol.frames import error_response, result_response
 from sidecar.upstream.base import Upstream
 from sidecar.upstream.client import Reply
 from sidecar.upstream.sse import SSEDecoder, SSETooLarge
-from sidecar.watch.keys import WatchKey, WatchKind
 from sidecar.watch.registry import Handle, WatchRegistry
 
 __all__ = ["LegacySession", "LegacySessions"]

@@ -18,7 +18,7 @@ import orjson
 from aiohttp import web
 from aiohttp_sse import EventSourceResponse
 
-from sidecar.bus.base import Bus, ChangeEvent
+from sidecar.changes import Bus, ChangeEvent, WatchKey, WatchKind
 from sidecar.config import StreamsConfig
 from sidecar.identity import Identity
 from sidecar.observability.metrics import Metrics
@@ -26,7 +26,6 @@ from sidecar.protocol.envelope import Message, RequestId
 from sidecar.protocol.errors import InvalidParams, Overloaded, RpcError, UpstreamError, UpstreamHTTPError
 from sidecar.protocol.frames import ack_notification, complete_result, notification
 from sidecar.upstream.base import Upstream
-from sidecar.watch.keys import WatchKey, WatchKind
 from sidecar.watch.registry import Handle, WatchRegistry
 
 __all__ = ["ListenStream", "SignalSink", "StreamHub", "SubscriptionFilter", "parse_filter"]

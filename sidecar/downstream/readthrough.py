@@ -20,14 +20,13 @@ from typing import Any
 import orjson
 from cachetools import LRUCache, TLRUCache
 
-from sidecar.bus.base import ChangeEvent
+from sidecar.changes import ChangeEvent, WatchKey
 from sidecar.config import CacheConfig
 from sidecar.identity import PUBLIC
 from sidecar.observability.metrics import Metrics
 from sidecar.protocol.constants import CACHEABLE_METHODS
 from sidecar.upstream.client import Reply
 from sidecar.watch.fingerprint import fingerprint_contents
-from sidecar.watch.keys import WatchKey
 
 __all__ = ["ReadThrough", "is_shareable"]
 

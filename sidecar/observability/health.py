@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 from aiohttp import web
 
-from sidecar.upstream.base import Upstream
+__all__ = ["Readiness", "healthz", "make_readyz"]
 
-__all__ = ["healthz", "make_readyz"]
+
+class Readiness(Protocol):
+    """What readiness asks of the upstream (a narrow view: observability never reaches up into the parts)."""
+
+    @property
+    def url(self) -> str: ...
+
+    @property
+    def not_ready_reason(self) -> str | None: ...
+
+    async def check(self) -> bool: ...
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -17,7 +28,7 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 def make_readyz(
-    upstream: Upstream, degraded: Callable[[], str | None] = lambda: None
+    upstream: Readiness, degraded: Callable[[], str | None] = lambda: None
 ) -> Callable[[web.Request], Awaitable[web.Response]]:
     async def readyz(request: web.Request) -> web.Response:
         """200 once the upstream answers (with `degraded` when Redis is lost); 503 while it does not."""

@@ -4,25 +4,96 @@ from __future__ import annotations
 
 import html
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, Protocol
 
 import orjson
 from aiohttp import web
 
 from sidecar import __version__
-from sidecar.downstream.listen import StreamHub
+from sidecar.changes import WatchKey
 from sidecar.identity import PUBLIC
 from sidecar.observability.logs import INSTANCE_ID
-from sidecar.upstream.base import Upstream
-from sidecar.watch.registry import WatchRegistry
 
-__all__ = ["MAX_WATCHES_SHOWN", "make_status", "status_snapshot"]
+__all__ = [
+    "MAX_WATCHES_SHOWN",
+    "StreamsView",
+    "UpstreamView",
+    "WatchView",
+    "WatchesView",
+    "make_status",
+    "status_snapshot",
+]
 
 MAX_WATCHES_SHOWN = 100
 """The page lists the most-subscribed watches only; totals count them all."""
 
 _STARTED = time.monotonic()
+
+
+# Narrow, read-only views of what the page reports on: `app.py` hands the real parts in, and this module never
+# reaches up into them (observability sits below the upstream, the watch engine and the streams).
+
+
+class _EraView(Protocol):
+    @property
+    def era(self) -> str: ...
+
+
+class UpstreamView(Protocol):
+    """What the page shows of the upstream."""
+
+    @property
+    def url(self) -> str: ...
+
+    @property
+    def info(self) -> _EraView | None: ...
+
+    @property
+    def up(self) -> bool | None: ...
+
+    @property
+    def unusable(self) -> str | None: ...
+
+    @property
+    def not_ready_reason(self) -> str | None: ...
+
+    @property
+    def last_error(self) -> str | None: ...
+
+
+class WatchView(Protocol):
+    """What the page shows of one watch."""
+
+    @property
+    def key(self) -> WatchKey: ...
+
+    @property
+    def refs(self) -> int: ...
+
+    @property
+    def native(self) -> bool: ...
+
+    @property
+    def interval_s(self) -> float: ...
+
+    @property
+    def last_poll_at(self) -> float | None: ...
+
+    @property
+    def last_change_at(self) -> float | None: ...
+
+    @property
+    def consecutive_errors(self) -> int: ...
+
+
+class WatchesView(Protocol):
+    def watches(self) -> Iterable[WatchView]: ...
+
+
+class StreamsView(Protocol):
+    @property
+    def stream_count(self) -> int: ...
 
 
 def _when(timestamp: float | None) -> str | None:
@@ -31,7 +102,7 @@ def _when(timestamp: float | None) -> str | None:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(timestamp))
 
 
-def status_snapshot(upstream: Upstream, registry: WatchRegistry, hub: StreamHub) -> dict[str, Any]:
+def status_snapshot(upstream: UpstreamView, registry: WatchesView, hub: StreamsView) -> dict[str, Any]:
     """The status document; partitions appear only as a short hash, never as a credential."""
     watches = sorted(registry.watches(), key=lambda watch: watch.refs, reverse=True)
     shown = []
@@ -108,7 +179,7 @@ def _render_html(status: dict[str, Any]) -> str:
 
 
 def make_status(
-    upstream: Upstream, registry: WatchRegistry, hub: StreamHub
+    upstream: UpstreamView, registry: WatchesView, hub: StreamsView
 ) -> Callable[[web.Request], Awaitable[web.Response]]:
     async def status(request: web.Request) -> web.Response:
         snapshot = status_snapshot(upstream, registry, hub)

@@ -1,26 +1,23 @@
-"""Watches: what is polled (keys), how change is seen (fingerprints), who polls (coordination), and one look.
+"""Watches: how change is seen (fingerprints), one look at the upstream, the poller and the registry.
 
-The poller (`sidecar.watch.poller`) and the registry (`sidecar.watch.registry`) are imported from their own
-modules, not from here: they import `sidecar.bus`, which imports `sidecar.watch.keys`, so naming them here
-would have importing the bus run into its own half-initialised module.
+What is watched (`WatchKey`), the change event and the coordination contract live below this package, in
+`sidecar.changes`, where the buses use them too.
 """
 
 from __future__ import annotations
 
-from sidecar.watch.coordination import LocalCoordinator, PollCoordinator, WatchState
 from sidecar.watch.fingerprint import ABSENT, fingerprint_contents, fingerprint_items
-from sidecar.watch.keys import LIST_KINDS, WatchKey, WatchKind
 from sidecar.watch.observe import Observation, is_not_found, observation_from_read, observe
+from sidecar.watch.poller import Schedule, Watch
+from sidecar.watch.registry import Handle, WatchRegistry
 
 __all__ = [
     "ABSENT",
-    "LIST_KINDS",
-    "LocalCoordinator",
+    "Handle",
     "Observation",
-    "PollCoordinator",
-    "WatchKey",
-    "WatchKind",
-    "WatchState",
+    "Schedule",
+    "Watch",
+    "WatchRegistry",
     "fingerprint_contents",
     "fingerprint_items",
     "is_not_found",

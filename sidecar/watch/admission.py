@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from cachetools import LRUCache, TTLCache
 
-from sidecar.watch.keys import WatchKind
+from sidecar.changes import WatchKind
 
 __all__ = ["Admission"]
 

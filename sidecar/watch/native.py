@@ -22,13 +22,13 @@ import random
 from collections.abc import Callable
 from typing import Any
 
+from sidecar.changes import WatchKind
 from sidecar.config import PollingConfig
 from sidecar.identity import PUBLIC, Identity
 from sidecar.observability.metrics import Metrics
 from sidecar.protocol.constants import LIST_CHANGED_METHODS, RESOURCE_UPDATED_METHOD
 from sidecar.protocol.errors import UpstreamError, UpstreamHTTPError, UpstreamRpcError
 from sidecar.upstream.base import Upstream
-from sidecar.watch.keys import WatchKind
 
 __all__ = ["NativeNotifications"]
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from sidecar.changes import WatchKind
 from sidecar.identity import Identity
 from sidecar.protocol.errors import UpstreamBadResponse, UpstreamRpcError
 from sidecar.upstream.base import Upstream
 from sidecar.watch.fingerprint import ABSENT, fingerprint_contents, fingerprint_items
-from sidecar.watch.keys import WatchKind
 
 __all__ = ["MAX_LIST_PAGES", "Observation", "is_not_found", "observation_from_read", "observe"]
 

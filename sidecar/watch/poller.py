@@ -15,12 +15,10 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 
-from sidecar.bus.base import ChangeEvent
+from sidecar.changes import ChangeEvent, LocalCoordinator, PollCoordinator, WatchKey
 from sidecar.config import PollingConfig
 from sidecar.observability.metrics import Metrics
 from sidecar.protocol.errors import UpstreamError, UpstreamHTTPError
-from sidecar.watch.coordination import LocalCoordinator, PollCoordinator
-from sidecar.watch.keys import WatchKey
 from sidecar.watch.observe import Observation
 
 __all__ = ["HintBudget", "ObservationListener", "Schedule", "Watch"]

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sidecar.bus.base import Bus, ChangeEvent
+from sidecar.changes import Bus, ChangeEvent, LocalCoordinator, PollCoordinator, WatchKey, WatchKind
 from sidecar.config import PollingConfig
 from sidecar.identity import ANONYMOUS, PUBLIC, Identity
 from sidecar.observability.metrics import Metrics
@@ -30,9 +30,7 @@ from sidecar.protocol.constants import READ_ONLY_METHODS
 from sidecar.protocol.errors import TooManyRequests, UpstreamHTTPError
 from sidecar.upstream.base import Upstream
 from sidecar.watch.admission import Admission
-from sidecar.watch.coordination import LocalCoordinator, PollCoordinator
 from sidecar.watch.fingerprint import ABSENT
-from sidecar.watch.keys import WatchKey, WatchKind
 from sidecar.watch.native import NativeNotifications
 from sidecar.watch.observe import Observation, observation_from_read, observe
 from sidecar.watch.poller import HintBudget, ObservationListener, Schedule, Watch

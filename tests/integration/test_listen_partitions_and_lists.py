@@ -20,8 +20,8 @@ import pytest
 from mcp import Client
 
 from sidecar.app import HUB, METRICS, REGISTRY
+from sidecar.changes import WatchKind
 from sidecar.identity import ANONYMOUS, PUBLIC
-from sidecar.watch.keys import WatchKind
 from sidecar.watch.poller import Watch
 from tests.helpers import (
     SUB_ID_KEY,

@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
+from sidecar.changes import WatchKey
 from sidecar.config import PollingConfig
 from sidecar.observability.metrics import Metrics
-from sidecar.watch.keys import WatchKey
 from sidecar.watch.observe import Observation
 from sidecar.watch.poller import Schedule, Watch
 

@@ -1,0 +1,138 @@
+"""The vocabulary the watch engine and the buses share, below both: what is watched, the change event, and
+the contracts a bus and a poll coordinator keep. The Redis bus implements them without knowing the engine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from sidecar.protocol.constants import LIST_CHANGED_METHODS, RESOURCE_UPDATED_METHOD
+
+__all__ = [
+    "LIST_KINDS",
+    "Bus",
+    "ChangeEvent",
+    "ChangeListener",
+    "LocalCoordinator",
+    "PollCoordinator",
+    "WatchKey",
+    "WatchKind",
+    "WatchState",
+]
+
+# -- what a watch watches ------------------------------------------------------------------------------------
+
+WatchKind = Literal["resource", "resources_list", "tools_list", "prompts_list"]
+
+LIST_KINDS: tuple[WatchKind, ...] = ("resources_list", "tools_list", "prompts_list")
+
+
+@dataclass(frozen=True, slots=True)
+class WatchKey:
+    """One polled thing. `partition` is `public` or an authorization context id (never a credential)."""
+
+    kind: WatchKind
+    uri: str | None
+    partition: str
+
+    @property
+    def notification_method(self) -> str:
+        """The notification a change of this key sends."""
+        return RESOURCE_UPDATED_METHOD if self.kind == "resource" else LIST_CHANGED_METHODS[self.kind]
+
+    @property
+    def short_hash(self) -> str:
+        """A short stable name for logs and the status page; says nothing about the URI or the context."""
+        text = f"{self.kind}\0{self.uri or ''}\0{self.partition}"
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
+
+
+# -- the change bus: tiny typed events in, synchronous listeners out; it never sees JSON-RPC -------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeEvent:
+    """A watch saw new content. A level trigger: consumers re-read, so duplicates are harmless."""
+
+    key: WatchKey
+    fingerprint: str
+    generation: int
+    detected_at: float
+    """Wall-clock seconds when the change was detected (for the delivery-latency metric)."""
+    baseline: bool = False
+    """Not a change: a watch's first look (other replicas' caches drop an answer it contradicts; no stream is
+    told)."""
+
+
+ChangeListener = Callable[[ChangeEvent], None]
+"""Called on the event loop for every event; must not raise and must not block."""
+
+
+class Bus(Protocol):
+    """Fan-out of change events to every listener of every process that shares the bus."""
+
+    async def publish(self, event: ChangeEvent) -> None:
+        """Deliver to every listener (here and, for a shared bus, in other processes)."""
+        ...
+
+    def subscribe(self, listener: ChangeListener) -> Callable[[], None]:
+        """Register a local listener; the returned function unsubscribes and is safe to call twice."""
+        ...
+
+
+# -- who may poll a key: every watch in one process, or the holder of the key's lease across replicas ----------
+
+
+class WatchState(Protocol):
+    """What a coordinator needs of a watch: its key, and a way to have it poll soon (when it takes the lease)."""
+
+    key: WatchKey
+
+    def hint(self) -> None: ...
+
+
+class PollCoordinator(Protocol):
+    """Decides which process polls a key. (The bus records each change it publishes, atomically with the
+    publishing: a new owner polls at once and compares with what its own streams were last told.)"""
+
+    def may_poll(self, key: WatchKey) -> bool:
+        """True when this process should poll `key` now (it holds the lease, or there is no cluster)."""
+        ...
+
+    def track(self, watch: WatchState) -> None:
+        """A watch with local interest: compete for its lease."""
+        ...
+
+    def untrack(self, key: WatchKey) -> None:
+        """No local interest left: give the lease up so an interested replica takes over."""
+        ...
+
+    async def announce_revalidate(self, contexts: frozenset[str]) -> None:
+        """Tell the other replicas that a write went through here (their owners should poll now)."""
+        ...
+
+    def on_revalidate(self, listener: Callable[[frozenset[str]], None]) -> None:
+        """Register for revalidate announcements from other replicas."""
+        ...
+
+
+class LocalCoordinator:
+    """One process: every watch polls."""
+
+    def may_poll(self, key: WatchKey) -> bool:
+        return True
+
+    def track(self, watch: WatchState) -> None:
+        return None
+
+    def untrack(self, key: WatchKey) -> None:
+        return None
+
+    async def announce_revalidate(self, contexts: frozenset[str]) -> None:
+        return None
+
+    def on_revalidate(self, listener: Callable[[frozenset[str]], None]) -> None:
+        return None
