@@ -27,8 +27,8 @@ from sidecar.protocol.constants import (
 from sidecar.protocol.envelope import Message, RequestId, detect_era, parse_message, validate_modern
 from sidecar.protocol.errors import InternalError, MethodNotFound, RpcError, UpstreamError, UpstreamHTTPError
 from sidecar.protocol.frames import SERVER_INFO, error_response, result_response
+from sidecar.upstream.answers import Reply, UpstreamInfo
 from sidecar.upstream.base import Upstream
-from sidecar.upstream.client import Reply, UpstreamInfo
 
 __all__ = [
     "ForwardObserver",

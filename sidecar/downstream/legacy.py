@@ -20,8 +20,9 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from sidecar.changes import WatchKey, WatchKind
+from sidecar.changes import WatchKind
 from sidecar.config import StreamsConfig
+from sidecar.downstream.legacy_session import LegacySession
 from sidecar.downstream.listen import StreamHub
 from sidecar.identity import Identity
 from sidecar.observability.metrics import Metrics
@@ -37,8 +38,8 @@ from sidecar.protocol.errors import (
     UpstreamHTTPError,
 )
 from sidecar.protocol.frames import error_response, result_response
+from sidecar.upstream.answers import Reply
 from sidecar.upstream.base import Upstream
-from sidecar.upstream.client import Reply
 from sidecar.upstream.sse import SSEDecoder, SSETooLarge
 from sidecar.watch.registry import Handle, WatchRegistry
 
@@ -57,56 +58,6 @@ _LIST_KINDS: tuple[tuple[str, WatchKind], ...] = (
 _MAX_INITIALIZE_BYTES = 1_048_576
 _UPSTREAM_FRAMES = 256
 """Frames from the upstream's GET stream waiting for the client; a slow client slows that stream down."""
-
-
-class LegacySession:
-    """One client session: the upstream session it rides on, its subscriptions, its pending signals."""
-
-    def __init__(self, session_id: str, upstream_session: str | None, identity: Identity) -> None:
-        self.session_id = session_id
-        self.upstream_session = upstream_session
-        self.identity = identity
-        self.last_seen = time.monotonic()
-        self.opened_at = self.last_seen
-        self.used = False
-        """A request or a GET stream came after initialize (an unused session ends after session_unused_s)."""
-        self.subscriptions: dict[str, Handle] = {}
-        self.list_handles: list[Handle] = []
-        self.lists_watched = False
-        self.get_streams = 0
-        self._pending: dict[tuple[str, str | None], float] = {}
-        self._wake = asyncio.Event()
-
-    @property
-    def handles(self) -> list[Handle]:
-        return [*self.subscriptions.values(), *self.list_handles]
-
-    def signal(self, method: str, uri: str | None, detected_at: float) -> None:
-        """Bus fan-out: synchronous, never raises; pending signals are a set, as on listen streams."""
-        self._pending[(method, uri)] = self._pending.get((method, uri), detected_at)
-        self._wake.set()
-
-    def close(self, reason: str) -> None:
-        self._wake.set()
-
-    def revoke(self, key: WatchKey) -> list[Handle]:
-        """The session's credential was refused `key`: its subscription ends (its reads are refused anyway)."""
-        if key.kind == "resource" and key.uri is not None and key.uri in self.subscriptions:
-            return [self.subscriptions.pop(key.uri)]
-        revoked = [handle for handle in self.list_handles if handle.key == key]
-        self.list_handles = [handle for handle in self.list_handles if handle.key != key]
-        return revoked
-
-    def drain(self) -> list[JsonObject]:
-        pending, self._pending = self._pending, {}
-        self._wake.clear()
-        return [
-            {"jsonrpc": "2.0", "method": method, "params": {"uri": uri} if uri is not None else {}}
-            for method, uri in pending
-        ]
-
-    async def wait(self) -> None:
-        await self._wake.wait()
 
 
 class LegacySessions:

@@ -25,7 +25,7 @@ from sidecar.config import CacheConfig
 from sidecar.identity import PUBLIC
 from sidecar.observability.metrics import Metrics
 from sidecar.protocol.constants import CACHEABLE_METHODS
-from sidecar.upstream.client import Reply
+from sidecar.upstream.answers import Reply
 from sidecar.watch.fingerprint import fingerprint_contents
 
 __all__ = ["ReadThrough", "is_shareable"]

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from sidecar.upstream.answers import Reply, UpstreamInfo
 from sidecar.upstream.base import NotificationListener, NotificationSource, Upstream
-from sidecar.upstream.client import Reply, UpstreamClient, UpstreamInfo
+from sidecar.upstream.client import UpstreamClient
 from sidecar.upstream.stdio_client import StdioUpstream
 
 __all__ = [

@@ -18,7 +18,7 @@ from sidecar.identity import ANONYMOUS_IDENTITY, Identity
 
 if TYPE_CHECKING:
     from sidecar.protocol.envelope import Message
-    from sidecar.upstream.client import Reply, UpstreamInfo
+    from sidecar.upstream.answers import Reply, UpstreamInfo
 
 __all__ = ["Headers", "NotificationListener", "NotificationSource", "Upstream"]
 

@@ -7,9 +7,8 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
@@ -18,7 +17,7 @@ from multidict import CIMultiDictProxy
 
 from sidecar.config import CacheConfig, UpstreamConfig
 from sidecar.identity import ANONYMOUS_IDENTITY, Identity, IdentityRule
-from sidecar.observability.metrics import Metrics, method_label
+from sidecar.observability.metrics import Metrics
 from sidecar.protocol.constants import (
     HEADER_METHOD,
     HEADER_NAME,
@@ -27,9 +26,8 @@ from sidecar.protocol.constants import (
     MODERN_VERSION,
     NAMED_METHODS,
 )
-from sidecar.protocol.envelope import Era, Message, RequestId, encode_header_value
+from sidecar.protocol.envelope import Message, RequestId, encode_header_value
 from sidecar.protocol.errors import (
-    TooManyRequests,
     UpstreamBadResponse,
     UpstreamError,
     UpstreamHTTPError,
@@ -37,6 +35,7 @@ from sidecar.protocol.errors import (
     UpstreamTimeout,
 )
 from sidecar.protocol.frames import modern_request_meta
+from sidecar.upstream.answers import Reply, UpstreamInfo
 from sidecar.upstream.auth import metadata_paths, rewrite_challenge, rewrite_metadata
 from sidecar.upstream.http import (
     SSE_CONTENT_TYPE,
@@ -46,9 +45,11 @@ from sidecar.upstream.http import (
     read_limited,
 )
 from sidecar.upstream.legacy import LegacyBridge
+from sidecar.upstream.limits import InFlightLimit
 from sidecar.upstream.relay import leave_exchange, relay_answer, relay_events, request_id_of
+from sidecar.upstream.state import UpstreamState
 
-__all__ = ["ByteStream", "Reply", "UpstreamClient", "UpstreamInfo"]
+__all__ = ["UpstreamClient"]
 
 logger = logging.getLogger(__name__)
 
@@ -61,64 +62,7 @@ _READY_FRESH_S = 2.0
 _PASSTHROUGH_RESPONSE_HEADERS = ("Content-Type", "WWW-Authenticate")
 
 
-@dataclass(frozen=True, slots=True)
-class UpstreamInfo:
-    """What the probe learned: the era to speak, and the upstream's own capabilities and identity."""
-
-    era: Era
-    capabilities: JsonObject
-    server_info: JsonObject | None
-    instructions: str | None
-
-
-class ByteStream(Protocol):
-    """A live answer's bytes, as they arrive; `aclose` ends it (and is safe before the first read)."""
-
-    def __aiter__(self) -> AsyncIterator[bytes]: ...
-
-    async def aclose(self) -> None: ...
-
-
-@dataclass(slots=True)
-class Reply:
-    """An upstream answer on its way to the client: a whole JSON message, raw bytes, or a live stream."""
-
-    status: int
-    headers: dict[str, str] = field(default_factory=dict)
-    message: JsonObject | None = None
-    body: bytes | None = None
-    stream: ByteStream | None = None
-
-
-class _Releasing:
-    """A live answer that gives back its client's in-flight slot when it ends, however it ends (also when it
-    is closed before its first read, which an async generator's `finally` would miss)."""
-
-    def __init__(self, stream: AsyncGenerator[bytes, None], release: Callable[[], None]) -> None:
-        self._stream = stream
-        self._release: Callable[[], None] | None = release
-
-    def __aiter__(self) -> AsyncIterator[bytes]:
-        return self
-
-    async def __anext__(self) -> bytes:
-        try:
-            return await anext(self._stream)
-        except BaseException:
-            self._done()
-            raise
-
-    async def aclose(self) -> None:
-        self._done()
-        await self._stream.aclose()
-
-    def _done(self) -> None:
-        release, self._release = self._release, None
-        if release is not None:
-            release()
-
-
-class UpstreamClient:
+class UpstreamClient(UpstreamState):
     """Forwards client requests and makes the sidecar's own calls, in whichever era the upstream speaks."""
 
     def __init__(
@@ -128,32 +72,14 @@ class UpstreamClient:
         metrics: Metrics | None = None,
         identities: IdentityRule | None = None,
     ) -> None:
-        self.url = config.display_url
+        super().__init__(config.display_url, metrics or Metrics())
         self._config = config
         self._identities = identities or IdentityRule(config.forward_headers, config.non_identity_headers)
         self._http = UpstreamHTTP(config)
         self._legacy = LegacyBridge(self._http, cache)
-        self._info: UpstreamInfo | None = None
-        self._metrics = metrics or Metrics()
-        self._series_cache: dict[tuple[str, str], tuple[Any, Any]] = {}
         self._probe_lock = asyncio.Lock()
-        self._in_flight: dict[str, int] = {}
-        """Client requests in flight upstream, by authorization context."""
+        self._limit = InFlightLimit(config.max_requests_per_context, self._metrics)
         self._ids = itertools.count(1)
-        self.up: bool | None = None
-        """True once the upstream answered; False while it is unreachable; None before the first try."""
-        self.last_error: str | None = None
-        self.unusable: str | None = None
-        """Why an upstream that answers cannot be used (its probe answer was not MCP), or None."""
-        self.auth_required = False
-        """The upstream refused an anonymous probe with 401/403: it works, and needs client credentials."""
-        self._last_ok = 0.0
-        self.on_recovered: Callable[[], None] | None = None
-        """Called when the upstream answers again after being unreachable."""
-
-    @property
-    def info(self) -> UpstreamInfo | None:
-        return self._info
 
     async def start(self) -> None:
         await self._http.start()
@@ -184,44 +110,6 @@ class UpstreamClient:
                 self._set_info(info)
                 return info
             return self._info
-
-    def _set_info(self, info: UpstreamInfo) -> None:
-        self._info = info
-        self.auth_required = False
-        self._usable(None)
-        self._metrics.upstream_era.labels(info.era).set(1)
-        self._metrics.upstream_era.labels("legacy" if info.era == "modern" else "modern").set(0)
-        logger.info("upstream era detected", extra={"era": info.era, "upstream": self.url})
-
-    def _probe_failed(self, exc: UpstreamError) -> None:
-        if exc.is_transport_failure:
-            return  # down, not unusable: `_observe` says so
-        if isinstance(exc, UpstreamHTTPError) and exc.is_auth_failure:
-            # A protected upstream answers an anonymous probe so: it works, and its era is learned with the
-            # first client credential.
-            self.auth_required = True
-            self._usable(None)
-            return
-        self._usable(f"the upstream answers but is unusable: {exc.reason}")
-
-    def _usable(self, problem: str | None) -> None:
-        if problem is not None and problem != self.unusable:
-            logger.warning("upstream unusable", extra={"upstream": self.url, "reason": problem})
-        elif problem is None and self.unusable is not None:
-            logger.info("upstream usable again", extra={"upstream": self.url})
-        self.unusable = problem
-        self._metrics.upstream_usable.set(0 if problem is not None else 1)
-
-    @property
-    def not_ready_reason(self) -> str | None:
-        """Why the sidecar cannot serve now (None when it can): unreachable, unusable, or not probed yet."""
-        if self.up is False:
-            return self.last_error or "upstream unreachable"
-        if self.unusable is not None:
-            return self.unusable
-        if self._info is None and not self.auth_required:
-            return "upstream not reached yet"
-        return None
 
     async def check(self) -> bool:
         """Readiness: True when the upstream's era is known (or it is protected and answered a probe with a
@@ -289,55 +177,6 @@ class UpstreamClient:
             instructions=_str_or_none(result.get("instructions")),
         )
 
-    @contextlib.contextmanager
-    def _observe(self, method: str) -> Any:
-        """Count and time one exchange, and track reachability: any answer means up; a transport failure
-        means down and a re-probe on the next request."""
-        started = time.monotonic()
-        label = method_label(method)
-        outcome = "ok"
-        try:
-            yield
-        except UpstreamError as exc:
-            outcome = "unreachable" if exc.is_transport_failure else "error"
-            if exc.is_transport_failure:
-                if self.up is not False:
-                    logger.warning("upstream unreachable", extra={"upstream": self.url, "reason": exc.reason})
-                self.up = False
-                self.last_error = exc.reason
-                self._info = None
-            else:
-                self._mark_up()
-            raise
-        else:
-            self._mark_up()
-        finally:
-            counter, histogram = self._series(label, outcome)
-            counter.inc()
-            histogram.observe(time.monotonic() - started)
-
-    def _series(self, label: str, outcome: str) -> tuple[Any, Any]:
-        # Resolving labelled children costs more than the observation itself; keep them.
-        key = (label, outcome)
-        series = self._series_cache.get(key)
-        if series is None:
-            series = (
-                self._metrics.upstream_requests.labels(label, outcome),
-                self._metrics.upstream_duration.labels(label),
-            )
-            self._series_cache[key] = series
-        return series
-
-    def _mark_up(self) -> None:
-        recovered = self.up is False
-        self.up = True
-        self._last_ok = time.monotonic()
-        self.last_error = None
-        if recovered:
-            logger.info("upstream reachable again", extra={"upstream": self.url})
-            if self.on_recovered is not None:
-                self.on_recovered()
-
     def public_headers(self, headers: dict[str, str]) -> dict[str, str]:
         """Response headers for the client: an auth challenge points at the sidecar when public_url is set."""
         public_url = self._config.public_url
@@ -364,7 +203,7 @@ class UpstreamClient:
 
     async def forward(self, message: Message, client_headers: Headers, identity: Identity) -> Reply:
         """Send a client's request upstream and return the answer for the client, in the client's era."""
-        return await self._within_limit(identity, lambda: self._forward(message, client_headers, identity))
+        return await self._limit.run(identity, lambda: self._forward(message, client_headers, identity))
 
     async def _forward(self, message: Message, client_headers: Headers, identity: Identity) -> Reply:
         headers = self._identities.forwarded(client_headers)
@@ -375,34 +214,6 @@ class UpstreamClient:
             answer = await self._legacy.request(identity.context, message.method, message.params, headers)
             answer = {"jsonrpc": "2.0", "id": message.id, **answer}
             return Reply(200, {"Content-Type": "application/json"}, message=answer)
-
-    async def _within_limit(self, identity: Identity, send: Callable[[], Awaitable[Reply]]) -> Reply:
-        """`send` while the client has fewer than `upstream.max_requests_per_context` requests in flight (a live
-        answer counts until it ends); TooManyRequests otherwise, so one client cannot take the whole pool."""
-        context = identity.context
-        in_flight = self._in_flight.get(context, 0)
-        if in_flight >= self._config.max_requests_per_context:
-            self._metrics.limit_rejections.labels("requests_per_context").inc()
-            raise TooManyRequests(f"this client already has {in_flight} requests in flight; retry when one ends")
-        self._in_flight[context] = in_flight + 1
-
-        def release() -> None:
-            left = self._in_flight.get(context, 1) - 1
-            if left > 0:
-                self._in_flight[context] = left
-            else:
-                self._in_flight.pop(context, None)
-
-        try:
-            reply = await send()
-        except BaseException:
-            release()
-            raise
-        if isinstance(reply.stream, AsyncGenerator):
-            reply.stream = _Releasing(reply.stream, release)
-        else:
-            release()
-        return reply
 
     async def _forward_modern(self, message: Message, client_headers: Headers, headers: dict[str, str]) -> Reply:
         for name, value in client_headers.items():
@@ -424,7 +235,7 @@ class UpstreamClient:
         own id; the client's session header is replaced by it, or dropped when None). A POST counts towards the
         client's requests in flight; its session's GET stream does not (one per session, sessions are capped)."""
         if http_method == "POST":
-            return await self._within_limit(
+            return await self._limit.run(
                 identity, lambda: self._relay_session(body, client_headers, session_id, http_method)
             )
         return await self._relay_session(body, client_headers, session_id, http_method)

@@ -24,26 +24,33 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from typing import Any
 
-import orjson
-
 from sidecar.config import CacheConfig, UpstreamConfig
 from sidecar.identity import ANONYMOUS_IDENTITY, Identity
 from sidecar.observability.metrics import Metrics, method_label
-from sidecar.protocol.constants import HANDSHAKE_VERSIONS, HEADER_SESSION_ID, LEGACY_VERSION, META_SUBSCRIPTION_ID
+from sidecar.protocol.constants import HANDSHAKE_VERSIONS, HEADER_SESSION_ID, LEGACY_VERSION
 from sidecar.protocol.envelope import Message, RequestId
 from sidecar.protocol.errors import (
     InvalidRequest,
-    UpstreamBadResponse,
     UpstreamError,
     UpstreamRpcError,
     UpstreamTimeout,
 )
 from sidecar.protocol.frames import SERVER_INFO, error_response, modern_request_meta, stamp_result
+from sidecar.upstream.answers import Reply, UpstreamInfo
 from sidecar.upstream.base import Headers, NotificationListener
-from sidecar.upstream.client import Reply, UpstreamInfo
 from sidecar.upstream.http import SSE_CONTENT_TYPE
 from sidecar.upstream.legacy import map_legacy_error, strip_modern_meta
 from sidecar.upstream.stdio import InFlight, StdioChild
+from sidecar.upstream.stdio_frames import (
+    checked,
+    event,
+    for_subscription,
+    json_object,
+    response,
+    streamed,
+    until_ended,
+    with_modern_meta,
+)
 from sidecar.upstream.stdio_supervisor import StdioSupervisor
 
 __all__ = ["StdioUpstream"]
@@ -168,12 +175,12 @@ class StdioUpstream:
             sent = strip_modern_meta(params) if info.era == "legacy" else params
 
             def for_client(answer: JsonObject) -> JsonObject:
-                return self._translated(method, params, answer) if info.era == "legacy" else _checked(self.url, answer)
+                return self._translated(method, params, answer) if info.era == "legacy" else checked(self.url, answer)
 
-            if _streamed(method, sent):
+            if streamed(method, sent):
                 return await self._stream(child, method, sent, message.id, for_client)
             answer = await child.request(method, sent, timeout_s=self._config.timeout_s)
-            return Reply(200, dict(_JSON), message=_response(message.id, for_client(answer)))
+            return Reply(200, dict(_JSON), message=response(message.id, for_client(answer)))
 
     # -- 2025-11-25 client sessions -------------------------------------------------------------------------
 
@@ -193,7 +200,7 @@ class StdioUpstream:
             return Reply(405, {"Allow": "POST"})
         if http_method != "POST":
             return Reply(200)
-        message = _json_object(body)
+        message = json_object(body)
         if message is None:
             return Reply(400, dict(_JSON), message=error_response(None, InvalidRequest("not a JSON-RPC message")))
         method = message.get("method")
@@ -210,9 +217,9 @@ class StdioUpstream:
             request_id: RequestId = message["id"]
             if method == "initialize":
                 return self._initialize_reply(request_id, params, info)
-            sent = _with_modern_meta(params) if info.era == "modern" else params
-            if _streamed(method, sent):
-                return await self._stream(child, method, sent, request_id, lambda answer: _checked(self.url, answer))
+            sent = with_modern_meta(params) if info.era == "modern" else params
+            if streamed(method, sent):
+                return await self._stream(child, method, sent, request_id, lambda answer: checked(self.url, answer))
             key = (session, request_id)
 
             def cancellable(call: InFlight) -> None:
@@ -222,7 +229,7 @@ class StdioUpstream:
                 answer = await child.request(method, sent, timeout_s=self._config.timeout_s, on_sent=cancellable)
             finally:
                 self._relayed.pop(key, None)
-            return Reply(200, dict(_JSON), message=_response(request_id, _checked(self.url, answer)))
+            return Reply(200, dict(_JSON), message=response(request_id, checked(self.url, answer)))
 
     def _initialize_reply(self, request_id: RequestId, params: JsonObject, info: UpstreamInfo) -> Reply:
         if info.era == "legacy":
@@ -260,7 +267,7 @@ class StdioUpstream:
             child, info = await self._supervisor.session()
             sent = {**params, "_meta": modern_request_meta()} if info.era == "modern" else params
             answer = await child.request(method, sent, timeout_s=self._config.timeout_s)
-        answer = self._translated(method, params, answer) if info.era == "legacy" else _checked(self.url, answer)
+        answer = self._translated(method, params, answer) if info.era == "legacy" else checked(self.url, answer)
         if "error" in answer:
             raise UpstreamRpcError(self.url, answer["error"])
         result: JsonObject = answer["result"]
@@ -285,13 +292,13 @@ class StdioUpstream:
             params = {"notifications": wanted, "_meta": modern_request_meta()}
             call = await child.send("subscriptions/listen", params, on_notification=put)
             try:
-                yield _until_ended(queue, child, call.answer)
+                yield until_ended(queue, child, call.answer)
             finally:
                 child.forget(call, "the sidecar stopped listening")
         else:
             remove = self.add_notification_listener(put)
             try:
-                yield _until_ended(queue, child, None)
+                yield until_ended(queue, child, None)
             finally:
                 remove()
 
@@ -299,7 +306,7 @@ class StdioUpstream:
 
     def _translated(self, method: str, params: JsonObject, answer: JsonObject) -> JsonObject:
         """A 2025-11-25 child's answer as a 2026-07-28 client needs it: stamped result or mapped error."""
-        answer = _checked(self.url, answer)
+        answer = checked(self.url, answer)
         if "error" in answer:
             return {"error": map_legacy_error(method, params, answer["error"])}
         ttl_ms, scope = self._cache.default_ttl_ms, self._cache.default_scope
@@ -348,18 +355,18 @@ class StdioUpstream:
                     self._supervisor.suspect()
                     raise UpstreamTimeout(self.url, "no answer in time")
                 if getter in done:
-                    yield _event(_for_subscription(getter.result(), call.id, client_id))
+                    yield event(for_subscription(getter.result(), call.id, client_id))
                 else:
                     getter.cancel()
                 if call.answer in done:
                     while not queue.empty():
-                        yield _event(_for_subscription(queue.get_nowait(), call.id, client_id))
+                        yield event(for_subscription(queue.get_nowait(), call.id, client_id))
                     answered = True
-                    yield _event(_response(client_id, for_client(call.answer.result())))
+                    yield event(response(client_id, for_client(call.answer.result())))
                     return
         except UpstreamError as exc:
             logger.warning("request failed: %s", exc)
-            yield _event(error_response(client_id, exc.to_rpc()))
+            yield event(error_response(client_id, exc.to_rpc()))
         finally:
             if getter is not None:
                 getter.cancel()
@@ -389,65 +396,3 @@ class StdioUpstream:
                 self._series_cache[key] = series
             series[0].inc()
             series[1].observe(time.monotonic() - started)
-
-
-async def _until_ended(
-    queue: asyncio.Queue[JsonObject], child: StdioChild, answer: asyncio.Future[JsonObject] | None
-) -> AsyncIterator[JsonObject]:
-    ends: set[asyncio.Future[Any]] = {child.ended} if answer is None else {child.ended, answer}
-    while True:
-        getter = asyncio.ensure_future(queue.get())
-        try:
-            done, _ = await asyncio.wait({getter, *ends}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            getter.cancel()
-        if getter in done:
-            yield getter.result()
-        else:
-            return
-
-
-def _streamed(method: str, params: JsonObject) -> bool:
-    meta = params.get("_meta")
-    return method == "subscriptions/listen" or (isinstance(meta, dict) and "progressToken" in meta)
-
-
-def _with_modern_meta(params: JsonObject) -> JsonObject:
-    """A 2025-11-25 client's params with the `_meta` a 2026-07-28 child requires (its own keys, progressToken
-    and the like, kept)."""
-    meta = params.get("_meta")
-    return {**params, "_meta": {**modern_request_meta(), **(meta if isinstance(meta, dict) else {})}}
-
-
-def _checked(upstream: str, answer: JsonObject) -> JsonObject:
-    """The answer's `result` or `error`, or UpstreamBadResponse when it has neither (of the right shape)."""
-    if isinstance(answer.get("error"), dict):
-        return {"error": answer["error"]}
-    if isinstance(answer.get("result"), dict):
-        return {"result": answer["result"]}
-    raise UpstreamBadResponse(upstream, "response has neither result nor error")
-
-
-def _response(request_id: RequestId | None, answer: JsonObject) -> JsonObject:
-    return {"jsonrpc": "2.0", "id": request_id, **answer}
-
-
-def _for_subscription(notification: JsonObject, call_id: int, client_id: RequestId | None) -> JsonObject:
-    """A frame of a listen stream the child tagged with our id, tagged with the client's instead."""
-    params = notification.get("params")
-    meta = params.get("_meta") if isinstance(params, dict) else None
-    if not isinstance(params, dict) or not isinstance(meta, dict) or meta.get(META_SUBSCRIPTION_ID) != call_id:
-        return notification
-    return {**notification, "params": {**params, "_meta": {**meta, META_SUBSCRIPTION_ID: client_id}}}
-
-
-def _event(message: JsonObject) -> bytes:
-    return b"event: message\r\ndata: " + orjson.dumps(message) + b"\r\n\r\n"
-
-
-def _json_object(body: bytes | None) -> JsonObject | None:
-    try:
-        decoded = orjson.loads(body or b"")
-    except orjson.JSONDecodeError:
-        return None
-    return decoded if isinstance(decoded, dict) else None

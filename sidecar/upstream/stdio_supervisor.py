@@ -33,8 +33,8 @@ from sidecar.protocol.errors import (
     UpstreamUnavailable,
 )
 from sidecar.protocol.frames import SERVER_INFO, modern_request_meta
+from sidecar.upstream.answers import UpstreamInfo
 from sidecar.upstream.base import NotificationListener
-from sidecar.upstream.client import UpstreamInfo
 from sidecar.upstream.stdio import StdioChild
 from sidecar.upstream.stdio_process import StdioStartError, child_environment
 

@@ -22,24 +22,20 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from sidecar.changes import WatchKind
+from sidecar.changes import WatchKey, WatchKind
 from sidecar.config import PollingConfig
 from sidecar.identity import PUBLIC, Identity
 from sidecar.observability.metrics import Metrics
 from sidecar.protocol.constants import LIST_CHANGED_METHODS, RESOURCE_UPDATED_METHOD
 from sidecar.protocol.errors import UpstreamError, UpstreamHTTPError, UpstreamRpcError
 from sidecar.upstream.base import Upstream
+from sidecar.watch.poller import Watch
 
 __all__ = ["NativeNotifications"]
 
 logger = logging.getLogger(__name__)
 
 JsonObject = dict[str, Any]
-Hint = Callable[[WatchKind, "str | None", str], None]
-"""(kind, uri, context): the upstream says this changed, as seen by that context."""
-CoverageChanged = Callable[[WatchKind, "str | None", str], None]
-"""(kind, uri, context): whether the upstream covers this key for that context may have changed."""
-
 _KIND_OF_METHOD: dict[str, WatchKind] = {
     LIST_CHANGED_METHODS["tools_list"]: "tools_list",
     LIST_CHANGED_METHODS["prompts_list"]: "prompts_list",
@@ -283,14 +279,12 @@ class NativeNotifications:
         config: PollingConfig,
         metrics: Metrics,
         *,
-        on_hint: Hint,
-        on_coverage: CoverageChanged,
+        watch_of: Callable[[WatchKey], Watch | None],
     ) -> None:
         self.upstream = upstream
         self._config = config
         self._metrics = metrics
-        self._on_hint = on_hint
-        self._on_coverage = on_coverage
+        self._watch_of = watch_of
         self._channels: dict[str, _Channel] = {}
         self.unsupported = False
         """The upstream refused its notification stream once: it cannot push, so no channel is opened again."""
@@ -364,10 +358,29 @@ class NativeNotifications:
     # -- called by channels ----------------------------------------------------------------------------
 
     def hint(self, kind: WatchKind, uri: str | None, context: str) -> None:
-        self._on_hint(kind, uri, context)
+        """The upstream says (kind, uri) changed as `context` sees it: its own watch, and the public one."""
+        for partition in (PUBLIC, context):
+            watch = self._watch_of(WatchKey(kind, uri, partition))
+            if watch is not None:
+                watch.hint()
 
     def coverage_changed(self, kind: WatchKind, uri: str | None, context: str) -> None:
-        self._on_coverage(kind, uri, context)
+        for partition in (PUBLIC, context):
+            watch = self._watch_of(WatchKey(kind, uri, partition))
+            if watch is not None:
+                self.update(watch)
+
+    def update(self, watch: Watch) -> None:
+        """Put `watch` in the mode its coverage says (a new watch, or one whose coverage changed)."""
+        native = self.covers(watch.key.kind, watch.key.uri, watch.key.partition)
+        if native != watch.native:
+            self._metrics.native_watches.inc(1 if native else -1)
+            watch.set_native(native)
+
+    def forget(self, watch: Watch) -> None:
+        """`watch` is gone: it no longer counts among the native ones."""
+        if watch.native:
+            self._metrics.native_watches.dec()
 
     def received(self, method: str) -> None:
         self._metrics.upstream_notifications.labels(method).inc()

@@ -19,7 +19,6 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from sidecar.changes import Bus, ChangeEvent, LocalCoordinator, PollCoordinator, WatchKey, WatchKind
@@ -31,9 +30,11 @@ from sidecar.protocol.errors import TooManyRequests, UpstreamHTTPError
 from sidecar.upstream.base import Upstream
 from sidecar.watch.admission import Admission
 from sidecar.watch.fingerprint import ABSENT
+from sidecar.watch.handles import Handle, Holder
 from sidecar.watch.native import NativeNotifications
 from sidecar.watch.observe import Observation, observation_from_read, observe
 from sidecar.watch.poller import HintBudget, ObservationListener, Schedule, Watch
+from sidecar.watch.revalidate import Revalidator
 
 __all__ = ["Handle", "WatchRegistry"]
 
@@ -44,31 +45,6 @@ _NEW_WATCH_GRACE_S = 1.0
 
 AuthFailureListener = Callable[[WatchKey, str], None]
 """Told that a context's credential was refused while polling a key (its streams should end)."""
-
-
-@dataclass(slots=True)
-class _Holder:
-    """A context holding a watch: the identity it is polled with, and how many handles it holds."""
-
-    identity: Identity
-    handles: int = 0
-
-
-class Handle:
-    """One stream's interest in one watch; `release` is idempotent."""
-
-    __slots__ = ("_registry", "_released", "context", "key")
-
-    def __init__(self, registry: WatchRegistry, key: WatchKey, context: str) -> None:
-        self._registry = registry
-        self.key = key
-        self.context = context
-        self._released = False
-
-    def release(self) -> None:
-        if not self._released:
-            self._released = True
-            self._registry._release(self)
 
 
 class WatchRegistry:
@@ -96,24 +72,23 @@ class WatchRegistry:
         self._syncs: dict[WatchKey, asyncio.Task[bool]] = {}
         """Joiners' looks at live watches in flight, one per key (see `_join`)."""
         self._observation_listeners: list[ObservationListener] = []
-        self._holders: dict[WatchKey, dict[str, _Holder]] = {}
+        self._holders: dict[WatchKey, dict[str, Holder]] = {}
         """Per key, the contexts holding it: the only place the identities the sidecar polls with live."""
         self._lingers: dict[WatchKey, asyncio.TimerHandle] = {}
         self._last_poller: dict[WatchKey, str] = {}
         """The context whose identity the last poll of a key went with (one of its holders, for public keys): a
         refusal of that poll concerns that context alone."""
-        self._hinted_contexts: set[str] = set()
-        self._revalidate_timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._auth_listeners: list[AuthFailureListener] = []
         self._admission = Admission(
             absent_ttl_s=config.default_interval_ms / 1000, rate_per_s=config.max_baselines_per_s
         )
-        self._native = NativeNotifications(
-            upstream, config, metrics, on_hint=self._upstream_hint, on_coverage=self._coverage_changed
-        )
+        self._native = NativeNotifications(upstream, config, metrics, watch_of=self._watches.get)
         upstream.on_recovered = self._upstream_recovered
         self._unsubscribe = bus.subscribe(self._on_change)
+        self._revalidator = Revalidator(
+            config.revalidate_debounce_ms, self._coordinator, self._hint_contexts, self._spawn
+        )
         self._coordinator.on_revalidate(self._hint_contexts)
 
     # -- reading ---------------------------------------------------------------------------------------
@@ -251,7 +226,7 @@ class WatchRegistry:
         self._watches[key] = watch
         self._holders[key] = {}
         self._observed(key, baseline.fingerprint, ticket)
-        self._set_native(watch, self._native.covers(key.kind, key.uri, key.partition))
+        self._native.update(watch)
         watch.start()
         self._metrics.watches.labels(key.kind).inc()
         self._refresh_partitions()
@@ -272,10 +247,10 @@ class WatchRegistry:
         holders = self._holders[watch.key]
         holder = holders.get(context)
         if holder is None:
-            holder = holders[context] = _Holder(identity)
+            holder = holders[context] = Holder(identity)
             self._native.hold(identity, watch.key.kind, watch.key.uri)
         holder.handles += 1
-        return Handle(self, watch.key, context)
+        return Handle(watch.key, context, self._release)
 
     def _release(self, handle: Handle) -> None:
         watch = self._watches.get(handle.key)
@@ -308,8 +283,7 @@ class WatchRegistry:
             return
         del self._watches[key]
         self._holders.pop(key, None)
-        if watch.native:
-            self._metrics.native_watches.dec()
+        self._native.forget(watch)
         self._last_poller.pop(key, None)
         self._metrics.watches.labels(key.kind).dec()
         self._refresh_partitions()
@@ -378,18 +352,8 @@ class WatchRegistry:
             self._spawn(self._bus.publish(event))
 
     def revalidate(self, identity: Identity) -> None:
-        """Hint the public watches and this context's watches to poll soon (debounced)."""
-        self._hinted_contexts.add(identity.context)
-        if self._revalidate_timer is None:
-            loop = asyncio.get_running_loop()
-            delay = self._config.revalidate_debounce_ms / 1000
-            self._revalidate_timer = loop.call_later(delay, self._fire_revalidate)
-
-    def _fire_revalidate(self) -> None:
-        contexts, self._hinted_contexts = frozenset(self._hinted_contexts), set()
-        self._revalidate_timer = None
-        self._spawn(self._coordinator.announce_revalidate(contexts))
-        self._hint_contexts(contexts)
+        """Hint the public watches and this context's watches to poll soon (debounced: see Revalidator)."""
+        self._revalidator.wrote(identity.context)
 
     def _hint_contexts(self, contexts: frozenset[str]) -> None:
         for watch in self._watches.values():
@@ -405,24 +369,6 @@ class WatchRegistry:
         watch = self._watches.get(event.key)
         if watch is not None:
             watch.adopt(event.fingerprint)
-
-    def _upstream_hint(self, kind: WatchKind, uri: str | None, context: str) -> None:
-        # The upstream says (kind, uri) changed as `context` sees it: its own watch, and the public one.
-        for partition in (PUBLIC, context):
-            watch = self._watches.get(WatchKey(kind, uri, partition))
-            if watch is not None:
-                watch.hint()
-
-    def _coverage_changed(self, kind: WatchKind, uri: str | None, context: str) -> None:
-        for partition in (PUBLIC, context):
-            watch = self._watches.get(WatchKey(kind, uri, partition))
-            if watch is not None:
-                self._set_native(watch, self._native.covers(kind, uri, partition))
-
-    def _set_native(self, watch: Watch, native: bool) -> None:
-        if native != watch.native:
-            self._metrics.native_watches.inc(1 if native else -1)
-            watch.set_native(native)
 
     def _upstream_recovered(self) -> None:
         # Every watch that failed during the outage re-reads now instead of waiting out its backoff (once).
@@ -452,8 +398,7 @@ class WatchRegistry:
         for timer in self._lingers.values():
             timer.cancel()
         self._lingers.clear()
-        if self._revalidate_timer is not None:
-            self._revalidate_timer.cancel()
+        self._revalidator.cancel()
         for task in [*self._baselines.values(), *self._syncs.values()]:
             task.cancel()
         watches = list(self._watches.values())

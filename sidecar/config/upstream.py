@@ -1,0 +1,196 @@
+"""`upstream`: an HTTP MCP endpoint (`url`) or a stdio server to start (`command`), and how to talk to it."""
+
+from __future__ import annotations
+
+import datetime
+import shlex
+from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+
+from sidecar.config.base import Section
+
+__all__ = ["UpstreamConfig"]
+
+DEFAULT_UPSTREAM_TIMEOUT_S = 30.0
+DEFAULT_CONNECT_TIMEOUT_S = 5.0
+DEFAULT_MAX_CONNECTIONS = 100
+DEFAULT_MAX_STREAM_S = 900.0
+DEFAULT_MAX_REQUESTS_PER_CONTEXT = 32  # a third of the pool: two busy clients still leave room for a third
+DEFAULT_MAX_RESPONSE_BYTES = 16 * 1_048_576
+DEFAULT_MAX_IN_FLIGHT = 256
+DEFAULT_STOP_GRACE_S = 5.0
+DEFAULT_RESTART_BACKOFF_INITIAL_MS = 500
+DEFAULT_RESTART_BACKOFF_MAX_MS = 30_000
+DEFAULT_STDERR_LINES_PER_S = 20.0
+_FORWARD_HEADERS = ["authorization", "traceparent", "tracestate", "baggage"]
+_NON_IDENTITY_HEADERS = ["traceparent", "tracestate", "baggage"]
+_IDENTITY_WORDS = ("auth", "token", "key", "cookie", "session", "user", "account", "tenant", "secret", "credential")
+
+
+class UpstreamConfig(Section):
+    url: str = Field("", description="The upstream MCP endpoint (HTTP); set this or `command`. Empty: not set.")
+    command: list[str] | None = Field(
+        None,
+        description="A stdio MCP server to start instead of `url`: program and arguments (a string is split as a "
+        "shell would, without running a shell).",
+    )
+    env: dict[str, SecretStr] = Field(
+        default_factory=dict,
+        description="Environment variables for `command`, added to a minimal inherited one (PATH, HOME, LANG, ...).",
+    )
+    cwd: str | None = Field(None, description="Working directory of `command`; absent: the sidecar's own.")
+    protocol: Literal["auto", "2026-07-28", "2025-11-25"] = Field(
+        "auto", description="auto probes server/discover once, falling back to initialize."
+    )
+    timeout_s: float = Field(
+        DEFAULT_UPSTREAM_TIMEOUT_S,
+        gt=0,
+        description="A whole JSON answer (connect, headers, body) must arrive within this; an SSE answer may not "
+        "stay silent longer.",
+    )
+    max_stream_s: float = Field(
+        DEFAULT_MAX_STREAM_S, gt=0, description="An SSE answer (a long tool call with progress) ends after this."
+    )
+    max_requests_per_context: int = Field(
+        DEFAULT_MAX_REQUESTS_PER_CONTEXT,
+        ge=1,
+        description="Requests one client (authorization context) may have in flight upstream; more get 429, so "
+        "one client cannot take the whole connection pool.",
+    )
+    connect_timeout_s: float = Field(
+        DEFAULT_CONNECT_TIMEOUT_S, gt=0, description="TCP connect timeout; for `command`, the liveness probe's."
+    )
+    max_connections: int = Field(DEFAULT_MAX_CONNECTIONS, ge=1, description="Connection pool size.")
+    max_response_bytes: int = Field(
+        DEFAULT_MAX_RESPONSE_BYTES, ge=1024, description="Larger answers fail (for `command`: longer lines)."
+    )
+    max_in_flight: int = Field(
+        DEFAULT_MAX_IN_FLIGHT, ge=1, description="Requests in flight to a `command` server at once; more get 503."
+    )
+    stop_grace_s: float = Field(
+        DEFAULT_STOP_GRACE_S, gt=0, description="A `command` server's process group gets SIGKILL this long after TERM."
+    )
+    restart_backoff_initial_ms: int = Field(
+        DEFAULT_RESTART_BACKOFF_INITIAL_MS, ge=1, description="First restart delay of a `command` server, doubling."
+    )
+    restart_backoff_max_ms: int = Field(DEFAULT_RESTART_BACKOFF_MAX_MS, ge=1, description="Cap on the restart delay.")
+    stderr_lines_per_s: float = Field(
+        DEFAULT_STDERR_LINES_PER_S, ge=0, description="stderr lines of a `command` server logged per second; 0: none."
+    )
+    headers: dict[str, SecretStr] = Field(default_factory=dict, description="Extra headers sent upstream.")
+    forward_headers: list[str] = Field(
+        default_factory=lambda: list(_FORWARD_HEADERS), description="Client headers forwarded upstream."
+    )
+    non_identity_headers: list[str] = Field(
+        default_factory=lambda: list(_NON_IDENTITY_HEADERS),
+        description="Forwarded headers that say nothing about who the client is; every other forwarded header "
+        "is part of the client's authorization context (cache, watches, upstream sessions are kept per context).",
+    )
+    public_url: str | None = Field(
+        None,
+        description="The MCP URL clients use to reach the sidecar; auth challenges and protected-resource "
+        "metadata are rewritten to it. Absent: passed through as the upstream sent them.",
+    )
+
+    @field_validator("protocol", mode="before")
+    @classmethod
+    def _date_as_written(cls, value: Any) -> Any:
+        # `protocol: 2025-11-25` unquoted is a YAML date; the version is the same text.
+        return value.isoformat() if isinstance(value, datetime.date) else value
+
+    @field_validator("public_url")
+    @classmethod
+    def _public_url_is_http(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL")
+        return value
+
+    @field_validator("url", mode="before")
+    @classmethod
+    def _url_null_is_unset(cls, value: Any) -> Any:
+        return "" if value is None else value
+
+    @field_validator("url")
+    @classmethod
+    def _url_is_http(cls, value: str) -> str:
+        if value and not value.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL (a stdio server goes in upstream.command)")
+        return value
+
+    @field_validator("command", mode="before")
+    @classmethod
+    def _split_command(cls, value: Any) -> Any:
+        # From the environment or a flag the command is one string: split it as a shell would, run no shell.
+        if isinstance(value, str):
+            try:
+                return shlex.split(value)
+            except ValueError as exc:
+                raise ValueError(f"cannot split into program and arguments: {exc}") from exc
+        return value
+
+    @field_validator("command")
+    @classmethod
+    def _command_names_a_program(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and (not value or not value[0]):
+            raise ValueError("must name a program, then its arguments")
+        return value
+
+    @model_validator(mode="after")
+    def _one_upstream(self) -> UpstreamConfig:
+        if not self.url and self.command is None:
+            raise ValueError(
+                "neither url nor command is set: set upstream.url (an HTTP MCP endpoint) or upstream.command "
+                "(a stdio MCP server to start)"
+            )
+        if self.url and self.command is not None:
+            raise ValueError("url and command are both set; keep one of them")
+        if self.command is not None:
+            if self.headers or self.public_url is not None:
+                name = "headers" if self.headers else "public_url"
+                raise ValueError(
+                    f"upstream.{name} is for an HTTP upstream; a stdio server (upstream.command) has no HTTP "
+                    "(pass what it needs in upstream.env)"
+                )
+        elif self.env or self.cwd is not None:
+            raise ValueError("upstream.env and upstream.cwd are for upstream.command; an HTTP upstream has neither")
+        if self.restart_backoff_initial_ms > self.restart_backoff_max_ms:
+            raise ValueError(
+                f"restart_backoff_initial_ms ({self.restart_backoff_initial_ms}) must not exceed "
+                f"restart_backoff_max_ms ({self.restart_backoff_max_ms})"
+            )
+        return self
+
+    @property
+    def is_stdio(self) -> bool:
+        """True when the upstream is a child process spoken to on its stdin and stdout."""
+        return self.command is not None
+
+    @property
+    def display_url(self) -> str:
+        """The upstream for logs, errors and the status page: the URL with any user:password masked, or
+        `stdio: <command>` (environment values, the secrets of a stdio server, are never part of it)."""
+        if not self.url:
+            return "stdio: " + shlex.join(self.command or [])
+        parts = urlsplit(self.url)
+        if parts.username is None and parts.password is None:
+            return self.url
+        host = parts.hostname or ""
+        netloc = f"***@{host}" + (f":{parts.port}" if parts.port else "")
+        return urlunsplit(parts._replace(netloc=netloc))
+
+    @field_validator("forward_headers", "non_identity_headers")
+    @classmethod
+    def _lowercase(cls, value: list[str]) -> list[str]:
+        return [name.lower() for name in value]
+
+    def identity_warnings(self) -> list[str]:
+        """Forwarded headers declared non-identifying whose names suggest they identify the client."""
+        forwarded = set(self.forward_headers)
+        return [
+            f"upstream.non_identity_headers: {name!r} looks like it identifies the client; clients sending "
+            "different values would share cache entries, watches and upstream sessions"
+            for name in self.non_identity_headers
+            if name in forwarded and any(word in name for word in _IDENTITY_WORDS)
+        ]

@@ -1,0 +1,51 @@
+"""Revalidate on write: a request that may have changed data makes the watches it may concern poll soon.
+
+Writes are batched over `polling.revalidate_debounce_ms` (a burst of tool calls is one round of hints), the
+other replicas are told (their lease owners poll), and here the public watches and the writers' own
+contexts' watches are hinted; each hint then obeys the watch's backoff, jitter and the hint budget.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from sidecar.changes import PollCoordinator
+
+__all__ = ["Revalidator"]
+
+
+class Revalidator:
+    """Collects the contexts that wrote, and hints their watches once per debounce window."""
+
+    def __init__(
+        self,
+        debounce_ms: int,
+        coordinator: PollCoordinator,
+        hint: Callable[[frozenset[str]], None],
+        spawn: Callable[[Coroutine[Any, Any, None]], None],
+    ) -> None:
+        self._debounce_s = debounce_ms / 1000
+        self._coordinator = coordinator
+        self._hint = hint
+        self._spawn = spawn
+        self._contexts: set[str] = set()
+        self._timer: asyncio.TimerHandle | None = None
+
+    def wrote(self, context: str) -> None:
+        """A request of `context` that may have written went through."""
+        self._contexts.add(context)
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self._debounce_s, self._fire)
+
+    def _fire(self) -> None:
+        contexts, self._contexts = frozenset(self._contexts), set()
+        self._timer = None
+        self._spawn(self._coordinator.announce_revalidate(contexts))
+        self._hint(contexts)
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
