@@ -81,7 +81,6 @@ async def test_a_change_while_disconnected_is_seen_on_the_read_after_listening_a
             assert await _read(client) == "price=140"
 
 
-@pytest.mark.invariant(11)
 async def test_two_quick_changes_give_at_least_one_update_and_the_last_value(fast_upstream: Upstream) -> None:
     async with serve_sidecar(fast_upstream.url, polling=FAST) as sidecar, Client(sidecar.url, cache=None) as client:
         async with client.listen(resource_subscriptions=["catalog://price"]) as sub:
@@ -200,7 +199,6 @@ async def test_streams_over_the_limit_are_refused_and_existing_ones_are_untouche
         second.release()
 
 
-@pytest.mark.invariant(8)
 async def test_a_write_through_the_sidecar_is_notified_without_waiting_for_the_poll(
     http: aiohttp.ClientSession,
 ) -> None:

