@@ -23,6 +23,15 @@ META = {
     "io.modelcontextprotocol/clientInfo": {"name": "tests", "version": "0"},
 }
 SUB_ID_KEY = "io.modelcontextprotocol/subscriptionId"
+LEGACY_INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}},
+}
+"""A 2025-11-25 client's first message, as raw JSON."""
+LEGACY_HEADERS = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+"""The headers of a 2025-11-25 client's POST (plus Mcp-Session-Id and MCP-Protocol-Version after initialize)."""
 
 
 @dataclass

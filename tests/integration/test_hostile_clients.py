@@ -18,20 +18,13 @@ import aiohttp
 import pytest
 
 from sidecar.app import METRICS
-from tests.helpers import eventually, headers, request, rpc, serve_sidecar
+from tests.helpers import LEGACY_HEADERS, LEGACY_INITIALIZE, eventually, headers, request, rpc, serve_sidecar
 from tests.observing import ListenStream
 from tests.peers import Upstream, start_upstream
 from tests.peers.faulty import Fault, FaultyUpstream
 
 PRICE = "catalog://price"
 PROFILE = "catalog://profile"
-LEGACY_INIT = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}},
-}
-LEGACY_HEADERS = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
 
 
 @pytest.fixture
@@ -181,7 +174,7 @@ async def test_one_client_cannot_take_every_upstream_connection(http: aiohttp.Cl
 
 
 async def _initialize(http: aiohttp.ClientSession, url: str, extra: dict[str, str] | None = None) -> tuple[int, str]:
-    async with http.post(url, json=LEGACY_INIT, headers={**LEGACY_HEADERS, **(extra or {})}) as resp:
+    async with http.post(url, json=LEGACY_INITIALIZE, headers={**LEGACY_HEADERS, **(extra or {})}) as resp:
         await resp.read()
         return resp.status, resp.headers.get("Mcp-Session-Id", "")
 

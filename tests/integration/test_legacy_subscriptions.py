@@ -13,7 +13,7 @@ from mcp import Client, MCPError
 from mcp.shared.exceptions import MCPDeprecationWarning
 
 from sidecar.app import LEGACY, REGISTRY
-from tests.helpers import eventually, headers, request, serve_sidecar, sse_messages
+from tests.helpers import LEGACY_HEADERS, LEGACY_INITIALIZE, eventually, headers, request, serve_sidecar, sse_messages
 from tests.peers import Upstream, start_upstream
 
 FAST = {"min_interval_ms": 100, "default_interval_ms": 300, "linger_ms": 100}
@@ -120,13 +120,7 @@ async def test_a_legacy_session_gets_list_changes_on_its_get_stream(fast_upstrea
 async def test_an_idle_session_expires_and_its_watches_are_released(
     fast_upstream: Upstream, http: aiohttp.ClientSession
 ) -> None:
-    init = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "initialize",
-        "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}},
-    }
-    plain = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+    init, plain = LEGACY_INITIALIZE, LEGACY_HEADERS
     async with serve_sidecar(fast_upstream.url, polling=FAST, streams={"session_idle_s": 0.5}) as sidecar:
         async with http.post(sidecar.url, json=init, headers=plain) as resp:
             session = resp.headers["Mcp-Session-Id"]
@@ -144,13 +138,7 @@ async def test_an_idle_session_expires_and_its_watches_are_released(
 async def test_two_concurrent_subscribes_of_one_uri_leave_nothing_behind_after_unsubscribe(
     fast_upstream: Upstream, http: aiohttp.ClientSession
 ) -> None:
-    init = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "initialize",
-        "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}},
-    }
-    plain = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+    init, plain = LEGACY_INITIALIZE, LEGACY_HEADERS
     async with serve_sidecar(fast_upstream.url, polling=FAST) as sidecar:
         async with http.post(sidecar.url, json=init, headers=plain) as resp:
             on_session = {

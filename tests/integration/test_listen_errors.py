@@ -10,7 +10,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.helpers import headers, request, serve_sidecar
+from tests.helpers import LEGACY_HEADERS, LEGACY_INITIALIZE, headers, request, serve_sidecar
 from tests.peers import Upstream, start_upstream
 from tests.peers.faulty import Fault, FaultyUpstream
 
@@ -37,14 +37,8 @@ async def _legacy_subscribe(
     http: aiohttp.ClientSession, url: str, uri: str, extra: dict[str, str] | None = None
 ) -> tuple[int, dict[str, str], Any]:
     """A 2025-11-25 client: initialize, then resources/subscribe; (status, headers, answer) of the subscribe."""
-    base = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream", **(extra or {})}
-    init = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "initialize",
-        "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}},
-    }
-    async with http.post(url, json=init, headers=base) as resp:
+    base = {**LEGACY_HEADERS, **(extra or {})}
+    async with http.post(url, json=LEGACY_INITIALIZE, headers=base) as resp:
         assert resp.status == 200, await resp.text()
         session = resp.headers["Mcp-Session-Id"]
     session_headers = {**base, "Mcp-Session-Id": session, "MCP-Protocol-Version": "2025-11-25"}
