@@ -47,6 +47,8 @@ SupervisorState = Literal["starting", "ready", "down", "closed"]
 
 STABLE_AFTER_S = 60.0
 """A child that served this long before it ended restarts at the initial backoff again, not the last one."""
+_JITTER = random.Random()
+"""Our own source of jitter, apart from the process-wide `random` state."""
 _BACKOFF_JITTER = 0.2
 _DISCOVER_PARAMS: JsonObject = {"_meta": modern_request_meta()}
 
@@ -287,7 +289,7 @@ class StdioSupervisor:
     def _backoff_s(self, failures: int) -> float:
         config = self._config
         base_ms: float = min(config.restart_backoff_max_ms, config.restart_backoff_initial_ms * 2.0 ** (failures - 1))
-        return base_ms * (1 + _BACKOFF_JITTER * (2 * random.random() - 1)) / 1000
+        return base_ms * (1 + _BACKOFF_JITTER * (2 * _JITTER.random() - 1)) / 1000
 
     def _notify(self, message: JsonObject) -> None:
         for listener in list(self._listeners.values()):

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 from collections.abc import Callable
 from typing import Any
 
@@ -29,7 +28,7 @@ from sidecar.observability.metrics import Metrics
 from sidecar.protocol.constants import LIST_CHANGED_METHODS, RESOURCE_UPDATED_METHOD
 from sidecar.protocol.errors import UpstreamError, UpstreamHTTPError, UpstreamRpcError
 from sidecar.upstream.base import Upstream
-from sidecar.watch.poller import Watch
+from sidecar.watch.poller import JITTER, Watch
 
 __all__ = ["NativeNotifications"]
 
@@ -128,7 +127,7 @@ class _Channel:
                 self._closed()
             if self.wanted:
                 base = min(_RETRY_S[1], _RETRY_S[0] * 2 ** max(failures - 1, 0))
-                await asyncio.sleep(base * (0.5 + random.random()))
+                await asyncio.sleep(base * (0.5 + JITTER.random()))
 
     def _opened(self) -> None:
         if not self._open:

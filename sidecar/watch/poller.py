@@ -21,7 +21,7 @@ from sidecar.observability.metrics import Metrics
 from sidecar.protocol.errors import UpstreamError, UpstreamHTTPError
 from sidecar.watch.observe import Observation
 
-__all__ = ["HintBudget", "ObservationListener", "Schedule", "Watch"]
+__all__ = ["JITTER", "HintBudget", "ObservationListener", "Schedule", "Watch"]
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +42,8 @@ async def _hold() -> None:
     await asyncio.get_running_loop().create_future()
 
 
+JITTER = random.Random()
+"""The sidecar's own source of jitter: the process-wide `random` state is left to whoever else uses it."""
 _MIN_BACKOFF_JITTER = 0.1
 _ERROR_LOG_INTERVAL_S = 10.0
 
@@ -67,7 +69,7 @@ _error_log_limiter = _RateLimiter(_ERROR_LOG_INTERVAL_S)
 class Schedule:
     """Interval, jitter and backoff (spec MUST: jitter on every interval, exponential backoff on errors)."""
 
-    def __init__(self, config: PollingConfig, rand: Callable[[], float] = random.random) -> None:
+    def __init__(self, config: PollingConfig, rand: Callable[[], float] = JITTER.random) -> None:
         self._config = config
         self._rand = rand
 
