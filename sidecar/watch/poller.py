@@ -19,6 +19,7 @@ from sidecar.changes import ChangeEvent, LocalCoordinator, PollCoordinator, Watc
 from sidecar.config import PollingConfig
 from sidecar.observability.metrics import Metrics
 from sidecar.protocol.errors import UpstreamError, UpstreamHTTPError
+from sidecar.watch.clock import LOOP_CLOCK, Clock, Timer
 from sidecar.watch.observe import Observation
 
 __all__ = ["JITTER", "HintBudget", "ObservationListener", "Schedule", "Watch"]
@@ -143,6 +144,7 @@ class Watch:
         coordinator: PollCoordinator | None = None,
         observed: ObservationListener = lambda key, fingerprint, ticket: None,
         budget: HintBudget | None = None,
+        clock: Clock = LOOP_CLOCK,
     ) -> None:
         self.key = key
         self.fingerprint = baseline.fingerprint
@@ -166,10 +168,11 @@ class Watch:
         self._on_auth_failure = on_auth_failure
         self._observed = observed
         self._budget = budget
+        self._clock = clock
         self._coordinator: PollCoordinator = coordinator or LocalCoordinator()
-        self._last_start = time.monotonic()
+        self._last_start = self._clock.now()
         self._due = self._last_start
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: Timer | None = None
         self._task: asyncio.Task[None] | None = None
         self._polling = False
         self._hinted = False
@@ -245,7 +248,7 @@ class Watch:
         # A hinted poll: not sooner than min_interval_ms after the last one, jittered (a burst of hints across
         # many watches, or the recovery after an outage, must not fire them all in one instant), and within the
         # upstream's budget of hinted polls. A regular poll already due sooner is left alone.
-        due = max(self._last_start + self._schedule.min_interval_s, time.monotonic()) + self._schedule.hint_jitter_s()
+        due = max(self._last_start + self._schedule.min_interval_s, self._clock.now()) + self._schedule.hint_jitter_s()
         if scheduled is not None and scheduled <= due:
             return
         slot = self._budget.slot(due) if self._budget is not None else due
@@ -282,7 +285,7 @@ class Watch:
         if self._timer is not None:
             self._timer.cancel()
         self._due = due
-        self._timer = asyncio.get_running_loop().call_at(due, self._fire)
+        self._timer = self._clock.call_at(due, self._fire)
 
     def _fire(self) -> None:
         self._timer = None
@@ -294,7 +297,7 @@ class Watch:
             if self._coordinator.may_poll(self.key):
                 await self.poll_once(self._due)
             else:
-                self._last_start = time.monotonic()  # another replica holds the lease; look again later
+                self._last_start = self._clock.now()  # another replica holds the lease; look again later
         except Exception:  # boundary: a bug in one poll must not stop this watch for good
             logger.exception("poll crashed", extra={"watch": self.key.short_hash, "kind": self.key.kind})
             self.consecutive_errors += 1
@@ -316,7 +319,7 @@ class Watch:
         if self._gate.locked():
             self._metrics.limit_rejections.labels("poll_concurrency").inc()
         async with self._gate:
-            started = time.monotonic()
+            started = self._clock.now()
             self._last_start = started
             self._metrics.poll_lag.observe(max(0.0, started - due))
             ticket = self._next_ticket()
@@ -326,7 +329,7 @@ class Watch:
                 self._failed(exc)
                 return
             finally:
-                self._poll_duration.observe(time.monotonic() - started)
+                self._poll_duration.observe(self._clock.now() - started)
         if observation is None:
             return
         self.last_poll_at = time.time()

@@ -29,6 +29,7 @@ from sidecar.protocol.constants import READ_ONLY_METHODS
 from sidecar.protocol.errors import TooManyRequests, UpstreamHTTPError
 from sidecar.upstream.base import Upstream
 from sidecar.watch.admission import Admission
+from sidecar.watch.clock import LOOP_CLOCK, Clock, Timer
 from sidecar.watch.fingerprint import ABSENT
 from sidecar.watch.handles import Handle, Holder
 from sidecar.watch.native import NativeNotifications
@@ -57,8 +58,10 @@ class WatchRegistry:
         bus: Bus,
         metrics: Metrics,
         coordinator: PollCoordinator | None = None,
+        clock: Clock = LOOP_CLOCK,
     ) -> None:
         self._upstream = upstream
+        self._clock = clock
         self._coordinator: PollCoordinator = coordinator or LocalCoordinator()
         self._config = config
         self._bus = bus
@@ -74,7 +77,7 @@ class WatchRegistry:
         self._observation_listeners: list[ObservationListener] = []
         self._holders: dict[WatchKey, dict[str, Holder]] = {}
         """Per key, the contexts holding it: the only place the identities the sidecar polls with live."""
-        self._lingers: dict[WatchKey, asyncio.TimerHandle] = {}
+        self._lingers: dict[WatchKey, Timer] = {}
         self._last_poller: dict[WatchKey, str] = {}
         """The context whose identity the last poll of a key went with (one of its holders, for public keys): a
         refusal of that poll concerns that context alone."""
@@ -87,7 +90,7 @@ class WatchRegistry:
         upstream.on_recovered = self._upstream_recovered
         self._unsubscribe = bus.subscribe(self._on_change)
         self._revalidator = Revalidator(
-            config.revalidate_debounce_ms, self._coordinator, self._hint_contexts, self._spawn
+            config.revalidate_debounce_ms, self._coordinator, self._hint_contexts, self._spawn, self._clock
         )
         self._coordinator.on_revalidate(self._hint_contexts)
 
@@ -222,6 +225,7 @@ class WatchRegistry:
             coordinator=self._coordinator,
             observed=self._observed,
             budget=self._budget,
+            clock=self._clock,
         )
         self._watches[key] = watch
         self._holders[key] = {}
@@ -272,9 +276,9 @@ class WatchRegistry:
     def _linger(self, watch: Watch, minimum_s: float = 0.0) -> None:
         if watch.key in self._lingers:
             return
-        loop = asyncio.get_running_loop()
         delay = max(self._config.linger_ms / 1000, minimum_s)
-        self._lingers[watch.key] = loop.call_later(delay, self._expire, watch.key)
+        key = watch.key
+        self._lingers[key] = self._clock.call_at(self._clock.now() + delay, lambda: self._expire(key))
 
     def _expire(self, key: WatchKey) -> None:
         self._lingers.pop(key, None)

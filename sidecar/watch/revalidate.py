@@ -7,11 +7,11 @@ contexts' watches are hinted; each hint then obeys the watch's backoff, jitter a
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 from sidecar.changes import PollCoordinator
+from sidecar.watch.clock import LOOP_CLOCK, Clock, Timer
 
 __all__ = ["Revalidator"]
 
@@ -25,19 +25,21 @@ class Revalidator:
         coordinator: PollCoordinator,
         hint: Callable[[frozenset[str]], None],
         spawn: Callable[[Coroutine[Any, Any, None]], None],
+        clock: Clock = LOOP_CLOCK,
     ) -> None:
         self._debounce_s = debounce_ms / 1000
         self._coordinator = coordinator
         self._hint = hint
         self._spawn = spawn
+        self._clock = clock
         self._contexts: set[str] = set()
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: Timer | None = None
 
     def wrote(self, context: str) -> None:
         """A request of `context` that may have written went through."""
         self._contexts.add(context)
         if self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(self._debounce_s, self._fire)
+            self._timer = self._clock.call_at(self._clock.now() + self._debounce_s, self._fire)
 
     def _fire(self) -> None:
         contexts, self._contexts = frozenset(self._contexts), set()
