@@ -102,17 +102,28 @@ async def test_the_sdk_client_hears_its_own_tool_change_within_1s_while_polling_
 async def test_the_reference_servers_own_updates_make_the_sidecar_look_at_once(mode: SdkMode, tmp_path: Path) -> None:
     # It declares resources.subscribe: the sidecar subscribes on its own session and listens on that session's
     # GET stream. Once told to (toggle-subscriber-updates, a tool call through the sidecar on the same session)
-    # it announces updates every 5 s; each is a hint, read at once, 60 s before the sidecar would poll. Its
-    # clock resource changes every second, so the read finds a change and the client is told.
+    # it announces an update at once and then every 5 s; each is a hint, read at once, 60 s before the sidecar
+    # would poll. Its clock resource reads the time to the second, so once the second of the sidecar's baseline
+    # has passed, that read finds a change and the client is told.
     slow = {"default_interval_ms": 60_000, "max_interval_ms": 120_000, "min_interval_ms": 50}
     async with (
         open_upstream("server-everything", tmp_path) as up,
         serve_sidecar(up.url, polling=slow) as sidecar,
         watching(sidecar.url, mode, up.watched_uri) as watch,
         sdk_client(sidecar.url, "2026") as trigger,
+        sdk_client(up.url, "legacy") as direct,
     ):
         metrics = sidecar.app[METRICS]
         await eventually(lambda: metrics.native_watches._value.get() >= 1)
+        # Read after the ack, so no older than the baseline: once the upstream's text moves on from this, the
+        # announcement's read differs from the baseline (else the first announcement can find nothing new, and
+        # the figure would be the server's 5 s cadence, not the sidecar's reaction).
+        seen = await text_of(direct, up.watched_uri)
+
+        async def moved_on() -> bool:
+            return await text_of(direct, up.watched_uri) != seen
+
+        await eventually(moved_on, step=0.1)
         started = asyncio.get_running_loop().time()
         await trigger.call_tool("toggle-subscriber-updates", {})
         await watch.updated(OUT_OF_BAND_WITHIN_S)
