@@ -156,7 +156,7 @@ async def _watch_context(app: web.Application) -> AsyncIterator[None]:
     app[LEGACY].start()
     yield
     await app[LEGACY].aclose()
-    app[HUB].aclose()
+    await app[HUB].aclose()
     await app[REGISTRY].aclose()
 
 

@@ -47,6 +47,8 @@ DEFAULT_MAX_SESSIONS_PER_CONTEXT = 1_000
 DEFAULT_SESSION_UNUSED_S = 60.0
 DEFAULT_KEEPALIVE_S = 15.0  # aiohttp-sse's default; well under common 60 s proxy idle timeouts
 DEFAULT_MAX_STREAMS = 10_000
+DEFAULT_WRITE_BUFFER_BYTES = 64 * 1024  # aiohttp's own write limit before it drains
+DEFAULT_STALL_TIMEOUT_S = 120.0  # aiohttp-sse's send timeout
 DEFAULT_MAX_URIS_PER_STREAM = 1_000
 DEFAULT_MAX_URI_LENGTH = 2_048
 
@@ -151,6 +153,16 @@ class CacheConfig(Section):
 class StreamsConfig(Section):
     keepalive_s: float = Field(DEFAULT_KEEPALIVE_S, gt=0, description="Comment line on quiet listen streams.")
     max_streams: int = Field(DEFAULT_MAX_STREAMS, ge=1, description="Listen streams per process.")
+    write_buffer_bytes: int = Field(
+        DEFAULT_WRITE_BUFFER_BYTES,
+        ge=1024,
+        description="Unsent bytes a listen stream may buffer; past it, signals wait as pending (merging) instead.",
+    )
+    stall_timeout_s: float = Field(
+        DEFAULT_STALL_TIMEOUT_S,
+        gt=0,
+        description="A listen client that reads nothing this long with its buffer full is disconnected.",
+    )
     max_uris_per_stream: int = Field(DEFAULT_MAX_URIS_PER_STREAM, ge=1, description="Extra URIs leave the ack.")
     max_uri_length: int = Field(DEFAULT_MAX_URI_LENGTH, ge=16, description="Longer URIs are -32602.")
     max_sessions: int = Field(

@@ -16,10 +16,10 @@ from typing import Any, Protocol
 
 import orjson
 from aiohttp import web
-from aiohttp_sse import EventSourceResponse
 
 from sidecar.changes import Bus, ChangeEvent, WatchKey, WatchKind
 from sidecar.config import StreamsConfig
+from sidecar.downstream.event_stream import EventStream, KeepAliveTicker, StreamStalled
 from sidecar.identity import Identity
 from sidecar.observability.metrics import Metrics
 from sidecar.protocol.envelope import Message, RequestId
@@ -38,6 +38,8 @@ _LIST_FIELDS: tuple[tuple[str, WatchKind, str], ...] = (
     ("promptsListChanged", "prompts_list", "prompts"),
     ("resourcesListChanged", "resources_list", "resources"),
 )
+_FLUSH_SLICE = 1024
+"""Streams the fan-out writes to before it lets the event loop run other work."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,19 +73,6 @@ def parse_filter(params: dict[str, Any], max_uri_length: int) -> SubscriptionFil
     return SubscriptionFilter(tuple(lists), tuple(dict.fromkeys(uris)))
 
 
-class _EventStream(EventSourceResponse):
-    """aiohttp-sse's response, counting the keep-alive comments it writes."""
-
-    def __init__(self, metrics: Metrics, keepalive_s: float) -> None:
-        super().__init__(allow_all_methods=True, ping_interval=keepalive_s)
-        self._metrics = metrics
-
-    async def write(self, data: bytes | bytearray | memoryview) -> None:
-        if bytes(data[:1]) == b":":
-            self._metrics.keepalives.inc()
-        await super().write(data)
-
-
 class SignalSink(Protocol):
     """Something the hub delivers change signals to: a listen stream, or a legacy session."""
 
@@ -100,30 +89,46 @@ class SignalSink(Protocol):
 
 
 class ListenStream:
-    """One listen request: a pending set of signals keyed by (method, uri), never a queue (invariant 11)."""
+    """One listen request: a pending set of signals keyed by (method, uri), never a queue (invariant 11).
 
-    def __init__(self, subscription_id: RequestId, metrics: Metrics) -> None:
+    Signals are written straight into the connection's send buffer by the hub's fan-out while it has room;
+    what does not fit stays pending (merging with later signals for the same key) for the stream's handler,
+    which awaits the slow client.
+    """
+
+    def __init__(
+        self,
+        subscription_id: RequestId,
+        metrics: Metrics,
+        on_pending: Callable[[ListenStream], None],
+        on_written: Callable[[str, float], None],
+    ) -> None:
         self.subscription_id = subscription_id
         self.handles: list[Handle] = []
         self.end_reason = "client"
         self.ended = False
         self._metrics = metrics
+        self._on_pending = on_pending
+        self._on_written = on_written
         self._pending: dict[tuple[str, str | None], float] = {}
         self._wake = asyncio.Event()
         self._closing = False
+        self._events: EventStream | None = None
+        """Set from the ack until the complete result: only then may signals be written."""
 
     @property
     def pending_count(self) -> int:
         return len(self._pending)
 
     def signal(self, method: str, uri: str | None, detected_at: float) -> None:
-        """Called by the bus fan-out; synchronous, never raises. A second signal before a drain merges."""
+        """Called by the bus fan-out; synchronous, never raises. A second signal before a write merges."""
         key = (method, uri)
         if key in self._pending:
             self._metrics.coalesced.inc()
             return
         self._pending[key] = detected_at
-        self._wake.set()
+        if len(self._pending) == 1:
+            self._on_pending(self)
 
     def revoke(self, key: WatchKey) -> list[Handle]:
         """A refused credential ends the whole stream, so the client re-authenticates and listens again."""
@@ -136,19 +141,49 @@ class ListenStream:
         self.end_reason = reason
         self._wake.set()
 
-    async def pump(self, response: _EventStream) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            pending, self._pending = self._pending, {}
-            for (method, uri), detected_at in pending.items():
-                frame = notification(self.subscription_id, method, uri)
-                await response.send(orjson.dumps(frame).decode())
-                self._metrics.notifications.labels(method).inc()
-                self._metrics.delivery_latency.observe(max(0.0, time.time() - detected_at))
-            if self._closing:
-                await response.send(orjson.dumps(complete_result(self.subscription_id)).decode())
-                return
+    def flush(self) -> None:
+        """Write pending signals while the send buffer has room; wake the handler for the rest."""
+        events = self._events
+        if events is None:
+            return  # not acknowledged yet: the handler writes them after the ack
+        pending = self._pending
+        while pending and events.writable:
+            key = next(iter(pending))
+            detected_at = pending.pop(key)
+            events.write_event(orjson.dumps(notification(self.subscription_id, key[0], key[1])))
+            self._on_written(key[0], detected_at)
+        if pending:
+            self._wake.set()
+
+    def keepalive(self) -> bool:
+        """The shared ticker's visit: a comment if nothing was written since the last one."""
+        events = self._events
+        if events is None:
+            return False
+        wrote = events.quiet and events.writable
+        if wrote:
+            events.write_comment()
+        events.quiet = True
+        return wrote
+
+    async def serve(self, events: EventStream) -> None:
+        """From the ack on: write what the fan-out could not (a slow client), then, when closed, the complete."""
+        self._events = events
+        try:
+            while True:
+                self.flush()
+                if not events.connected:
+                    return
+                if self._pending:
+                    await events.drain()  # StreamStalled: the client stopped reading
+                    continue
+                if self._closing:
+                    events.write_event(orjson.dumps(complete_result(self.subscription_id)))
+                    return
+                self._wake.clear()
+                await self._wake.wait()
+        finally:
+            self._events = None
 
 
 class StreamHub:
@@ -164,6 +199,11 @@ class StreamHub:
         self._by_key: dict[WatchKey, set[SignalSink]] = {}
         self._streams: set[ListenStream] = set()
         self._closing = False
+        self._dirty: dict[ListenStream, None] = {}
+        """Streams with pending signals, in the order they got them, for the next fan-out pass."""
+        self._flush_scheduled = False
+        self._notified: dict[str, Any] = {}
+        self._keepalive = KeepAliveTicker(config.keepalive_s, lambda: self._streams, metrics.keepalives.inc)
         self._unsubscribe: Callable[[], None] = bus.subscribe(self._on_change)
         registry.on_auth_failure(self._on_auth_failure)
 
@@ -188,6 +228,34 @@ class StreamHub:
         for stream in self._by_key.get(event.key, ()):
             stream.signal(event.key.notification_method, event.key.uri, event.detected_at)
 
+    # -- fan-out: signals become pending at once; a pass over the streams then writes them ------------------
+
+    def _pending(self, stream: ListenStream) -> None:
+        self._dirty[stream] = None
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        # Written into each stream's send buffer in one pass, no task or await per stream; a slice at a time,
+        # so that ten thousand streams do not hold the event loop for the whole pass.
+        dirty = self._dirty
+        for _ in range(min(len(dirty), _FLUSH_SLICE)):
+            stream = next(iter(dirty))
+            del dirty[stream]
+            stream.flush()
+        if dirty:
+            asyncio.get_running_loop().call_soon(self._flush)
+        else:
+            self._flush_scheduled = False
+
+    def _written(self, method: str, detected_at: float) -> None:
+        counter = self._notified.get(method)
+        if counter is None:
+            counter = self._notified[method] = self._metrics.notifications.labels(method)
+        counter.inc()
+        self._metrics.delivery_latency.observe(max(0.0, time.time() - detected_at))
+
     def _on_auth_failure(self, key: WatchKey, context: str) -> None:
         # The credential was refused: that context's sinks on this key stop getting it (a listen stream ends, so
         # its client re-authenticates; a legacy session drops the subscription).
@@ -207,27 +275,34 @@ class StreamHub:
         if len(self._streams) >= self._config.max_streams:
             self._metrics.limit_rejections.labels("max_streams").inc()
             raise Overloaded(f"this sidecar already serves {self._config.max_streams} listen streams; retry later")
-        stream = ListenStream(message.id, self._metrics)
+        stream = ListenStream(message.id, self._metrics, self._pending, self._written)
         self._streams.add(stream)
         self._metrics.listen_streams.inc()
-        response = _EventStream(self._metrics, self._config.keepalive_s)
+        self._keepalive.start()
+        events = EventStream(
+            request, high_water=self._config.write_buffer_bytes, stall_timeout_s=self._config.stall_timeout_s
+        )
         try:
             honoured = await self._subscribe(stream, wanted, identity)
-            await response.prepare(request)
-            await response.send(orjson.dumps(ack_notification(message.id, honoured)).decode())
-            logger.info("listen stream opened", extra={"subscription_id": message.id, "watches": len(stream.handles)})
-            await stream.pump(response)
-            await response.write_eof()
+            del message, wanted  # a stream may live for hours: keep only what it needs
+            await events.open()
+            events.write_event(orjson.dumps(ack_notification(stream.subscription_id, honoured)))
+            logger.info(
+                "listen stream opened",
+                extra={"subscription_id": stream.subscription_id, "watches": len(stream.handles)},
+            )
+            del honoured
+            await stream.serve(events)
+        except StreamStalled:
+            stream.end_reason = "stalled"
         except ConnectionResetError:
             stream.end_reason = "client"  # gone mid-write: an ordinary end, nothing to answer
         finally:
-            # Interest first, so nothing below can leave this stream counted and its watches held. A client gone
-            # while the headers were written leaves a prepared response without a keep-alive task, where
-            # stop_streaming() raises: ask is_connected() instead of prepared.
+            # Interest first, so nothing below can leave this stream counted and its watches held.
             self._end(stream)
-            if response.is_connected():
-                response.stop_streaming()  # the keep-alive task must not outlive the stream
-        return response
+            self._dirty.pop(stream, None)
+        await events.close()
+        return events.response
 
     async def _subscribe(self, stream: ListenStream, wanted: SubscriptionFilter, identity: Identity) -> dict[str, Any]:
         uris = wanted.uris[: self._config.max_uris_per_stream]
@@ -303,5 +378,6 @@ class StreamHub:
         for stream in list(self._streams):
             stream.close(reason)
 
-    def aclose(self) -> None:
+    async def aclose(self) -> None:
         self._unsubscribe()
+        await self._keepalive.stop()

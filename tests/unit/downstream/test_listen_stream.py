@@ -12,12 +12,14 @@ from sidecar.protocol.errors import InvalidParams
 @pytest.mark.invariant(11)
 def test_ten_thousand_changes_leave_one_pending_signal_per_subscription() -> None:
     metrics = Metrics()
-    stream = ListenStream("l-1", metrics)
+    woken: list[ListenStream] = []
+    stream = ListenStream("l-1", metrics, on_pending=woken.append, on_written=lambda method, at: None)
     for i in range(10_000):
         stream.signal("notifications/resources/updated", f"x://{i % 3}", 0.0)
         stream.signal("notifications/tools/list_changed", None, 0.0)
     assert stream.pending_count == 4
     assert metrics.coalesced._value.get() == 20_000 - 4
+    assert woken == [stream], "the fan-out is asked to visit the stream once, when its first signal pends"
 
 
 def test_filter_keeps_uris_in_order_without_duplicates() -> None:
