@@ -31,6 +31,7 @@ from bench.common import (
 )
 from bench.report import Results, fmt
 from bench.services import (
+    LOOP_ENV,
     LoadClient,
     Service,
     Sidecar,
@@ -39,6 +40,7 @@ from bench.services import (
     redis_missing,
     start_fast_upstream,
     start_loadgen,
+    start_naive_proxy,
     start_nginx,
     start_peer_proxy,
     start_redis,
@@ -47,6 +49,7 @@ from bench.services import (
     start_supergateway,
     stdio_upstream_argv,
     supergateway_missing,
+    uvloop_missing,
 )
 
 __all__ = ["SCENARIOS", "Context", "Profile"]
@@ -68,7 +71,8 @@ class Profile:
     coalesce_window_s: float
     oob_changes: int
     tool_changes: int
-    fanout_streams: int
+    fanout_streams: tuple[int, ...]
+    """Listen streams on one URI, one fan-out measurement per size (issue 17: first-to-last at 2,000 and 10,000)."""
     fanout_changes: int
     storm_streams: int
     storm_changes: int
@@ -79,12 +83,12 @@ class Profile:
 
 FULL = Profile(
     forward_s=10, warmup_s=1, single_s=3, peer_default=True, coalesce_window_s=15, oob_changes=20, tool_changes=20,
-    fanout_streams=10_000, fanout_changes=3, storm_streams=1000, storm_changes=5, idle_streams=2000,
+    fanout_streams=(2_000, 10_000), fanout_changes=3, storm_streams=1000, storm_changes=5, idle_streams=2000,
     watch_uris=2000, cpu_window_s=20,
 )  # fmt: skip
 QUICK = Profile(
     forward_s=2, warmup_s=0.3, single_s=0.5, peer_default=False, coalesce_window_s=3, oob_changes=2,
-    tool_changes=3, fanout_streams=1000, fanout_changes=1, storm_streams=300, storm_changes=1, idle_streams=300,
+    tool_changes=3, fanout_streams=(300, 1000), fanout_changes=1, storm_streams=300, storm_changes=1, idle_streams=300,
     watch_uris=2000, cpu_window_s=3,
 )  # fmt: skip
 
@@ -122,6 +126,9 @@ async def _gather_started(starts: dict[str, Awaitable[Service]], results: Result
     return started
 
 
+NAIVE = "naive aiohttp proxy"
+"""bench/naive_proxy.py: read, parse, post upstream on one shared session, return; the floor of a Python hop."""
+SIDECAR_UVLOOP = "mcp-sidecar (uvloop)"
 PEER_DEFAULT = "Python peer (fastmcp, default)"
 PEER_SHARED = "Python peer (fastmcp, shared session)"
 
@@ -143,7 +150,15 @@ async def forward(ctx: Context) -> None:
         upstream = await start_fast_upstream(stack, ctx.workdir)
         starts: dict[str, Awaitable[Service]] = {
             "mcp-sidecar": start_sidecar(stack, ctx.workdir, "sidecar-forward", upstream.url),
+            NAIVE: start_naive_proxy(stack, ctx.workdir, upstream.url),
         }
+        if os.environ.get(LOOP_ENV, "asyncio") == "asyncio":
+            if (missing := uvloop_missing()) is None:
+                starts[SIDECAR_UVLOOP] = start_sidecar(
+                    stack, ctx.workdir, "sidecar-forward-uvloop", upstream.url, event_loop="uvloop"
+                )
+            else:
+                r.note(f"the sidecar on uvloop is left out: {missing}")
         if (missing := nginx_missing()) is None:
             starts["nginx"] = start_nginx(stack, ctx.workdir, upstream.port)
         else:
@@ -158,9 +173,8 @@ async def forward(ctx: Context) -> None:
         if "mcp-sidecar" not in started:
             raise RuntimeError("the sidecar did not start; see the note")
         load = await start_loadgen(stack, ctx.workdir, "loadgen-forward")
-        targets = [("direct", upstream.url)] + [
-            (name, started[name].url) for name in ("nginx", PEER_DEFAULT, PEER_SHARED, "mcp-sidecar") if name in started
-        ]
+        order = ("nginx", NAIVE, PEER_DEFAULT, PEER_SHARED, "mcp-sidecar", SIDECAR_UVLOOP)
+        targets = [("direct", upstream.url)] + [(name, started[name].url) for name in order if name in started]
         many: dict[str, dict[str, Any]] = {}
         one: dict[str, dict[str, Any]] = {}
         for name, url in targets:
@@ -208,6 +222,12 @@ async def forward(ctx: Context) -> None:
         r.add(scenario, "mcp-sidecar / nginx hop throughput", f"{share:.0%}", ">= 25%", share >= 0.25)
     else:
         r.add(scenario, "mcp-sidecar / nginx hop throughput", "n/a (no nginx)", ">= 25%")
+    naive = many.get(NAIVE)
+    if naive is not None and naive["rps"] > 0:
+        r.add(scenario, "mcp-sidecar / naive aiohttp proxy throughput", f"{sidecar / naive['rps']:.2f}x")
+    uvloop = many.get(SIDECAR_UVLOOP)
+    if uvloop is not None and sidecar > 0:
+        r.add(scenario, "mcp-sidecar on uvloop / on asyncio throughput", f"{uvloop['rps'] / sidecar:.2f}x")
     added = _diff(_sec(one["mcp-sidecar"], "p50_ms"), _sec(direct_one, "p50_ms"))
     r.add(
         "forward c=1", "mcp-sidecar added p50 latency", _ms(added), "<= 0.5 ms", added is not None and added <= 0.0005
@@ -216,7 +236,11 @@ async def forward(ctx: Context) -> None:
         f"Forwarding: each request reads a different URI (`bench://items/<n>`), so no two identical requests are in "
         f"flight and the sidecar's single-flight cannot merge them; the fast upstream answers ttlMs 0, so nothing "
         f"is cached. {p.forward_s:g} s per target at concurrency {CONCURRENCY} after {p.warmup_s:g} s of warm-up, "
-        f"then {p.single_s:g} s at concurrency 1; throughput counts the answers completed inside the window. nginx "
+        f"then {p.single_s:g} s at concurrency 1; throughput counts the answers completed inside the window. The "
+        f"naive aiohttp proxy (bench/naive_proxy.py) reads the body, parses it, posts it upstream on one shared "
+        f"aiohttp session and returns the answer: what a Python hop costs without the sidecar's own work. "
+        f"`mcp-sidecar (uvloop)` is the same sidecar started with uvloop's event loop policy "
+        f"(bench/services.py; ${LOOP_ENV}=uvloop runs every sidecar of the bench so). nginx "
         f"runs one worker with keep-alive to the upstream. The load generator, the upstream and the proxy share the "
         f"machine's cores, so every throughput is bounded by the slowest of them."
     )
@@ -481,40 +505,43 @@ async def _change_latency(ctx: Context, load: LoadClient, upstream: Service, mai
 
 async def _fanout(ctx: Context, load: LoadClient, sidecar: Sidecar) -> None:
     p, r = ctx.profile, ctx.results
-    n = p.fanout_streams
-    opened = await load.call(
-        "open", group="fanout", url=sidecar.url, uris=["bench://values/fanout"], count=n, concurrency=64
-    )
-    if opened["opened"] != n:
-        raise RuntimeError(f"only {opened['opened']} of {n} listen streams opened: {opened['reasons']}")
-    await asyncio.sleep(1.0)
-    _, answers = await _changes(
-        load, "fanout", p.fanout_changes, lambda: _tool_trigger(sidecar, "fanout"), pause=(0.5, 1.0), timeout_s=30
-    )
-    await load.call("close", group="fanout")
-    ctx.results.cdf[f"fan-out, {n:,} streams (tools/call, defaults)"] = [t for a in answers for t in a["latencies"]]
-    last = [a["latencies"][-1] for a in answers if a["latencies"]]
-    spread = [a["latencies"][-1] - a["latencies"][0] for a in answers if a["latencies"]]
-    missing = sum(a["missing"] for a in answers)
-    scenario = f"fan-out, {n:,} streams on one URI"
-    worst = max(last) if last else None
-    r.add(
-        scenario,
-        "tools/call sent to last stream notified (worst of changes)",
-        _ms(worst) + (f" ({missing} missed)" if missing else ""),
-        "<= 1 s",
-        worst is not None and worst <= 1.0 and not missing,
-    )
-    r.add(
-        scenario,
-        "first to last stream notified (median of changes)",
-        _ms(statistics.median(spread) if spread else None),
-    )
-    r.add(scenario, "streams opened per second", fmt(n / opened["seconds"], "/s", 0))
+    for n in p.fanout_streams:
+        group = f"fanout-{n}"
+        opened = await load.call(
+            "open", group=group, url=sidecar.url, uris=["bench://values/fanout"], count=n, concurrency=64
+        )
+        if opened["opened"] != n:
+            raise RuntimeError(f"only {opened['opened']} of {n} listen streams opened: {opened['reasons']}")
+        await asyncio.sleep(1.0)
+        _, answers = await _changes(
+            load, group, p.fanout_changes, lambda: _tool_trigger(sidecar, "fanout"), pause=(0.5, 1.0), timeout_s=30
+        )
+        await load.call("close", group=group)
+        ctx.results.cdf[f"fan-out, {n:,} streams (tools/call, defaults)"] = [t for a in answers for t in a["latencies"]]
+        last = [a["latencies"][-1] for a in answers if a["latencies"]]
+        spread = [a["latencies"][-1] - a["latencies"][0] for a in answers if a["latencies"]]
+        missing = sum(a["missing"] for a in answers)
+        scenario = f"fan-out, {n:,} streams on one URI"
+        worst = max(last) if last else None
+        big = n == max(p.fanout_streams)
+        r.add(
+            scenario,
+            "tools/call sent to last stream notified (worst of changes)",
+            _ms(worst) + (f" ({missing} missed)" if missing else ""),
+            "<= 1 s" if big else "",
+            (worst is not None and worst <= 1.0 and not missing) if big else None,
+        )
+        r.add(
+            scenario,
+            "first to last stream notified (median of changes)",
+            _ms(statistics.median(spread) if spread else None),
+        )
+        r.add(scenario, "streams opened per second", fmt(n / opened["seconds"], "/s", 0))
+    sizes = " and ".join(f"{n:,}" for n in p.fanout_streams)
     r.note(
-        f"Fan-out: {n:,} listen streams held by one load-generator process; {p.fanout_changes} change(s) through "
-        f"`tools/call` (defaults: 10 ms debounce) and the time until every stream has read its notification. "
-        f"The client's own reading of {n:,} sockets is part of the figure."
+        f"Fan-out: {sizes} listen streams on one URI held by one load-generator process (one size at a time); "
+        f"{p.fanout_changes} change(s) through `tools/call` (defaults: 10 ms debounce) and the time until every "
+        f"stream has read its notification. The client's own reading of that many sockets is part of the figure."
     )
 
 

@@ -36,6 +36,7 @@ from tests.procs import (
 __all__ = [
     "ALL",
     "CONFIGS",
+    "LOOP_ENV",
     "LoadClient",
     "Service",
     "Sidecar",
@@ -44,6 +45,7 @@ __all__ = [
     "redis_missing",
     "start_fast_upstream",
     "start_loadgen",
+    "start_naive_proxy",
     "start_nginx",
     "start_peer_proxy",
     "start_redis",
@@ -52,6 +54,7 @@ __all__ = [
     "start_supergateway",
     "stdio_upstream_argv",
     "supergateway_missing",
+    "uvloop_missing",
 ]
 
 ALL: list[ServerProcess] = []
@@ -90,6 +93,17 @@ class Sidecar(Service):
 
 START_TIMEOUT_S = 30.0
 """The bench starts servers while others are loaded: a generous bound."""
+LOOP_ENV = "BENCH_SIDECAR_LOOP"
+"""`uvloop` runs every sidecar the bench starts on uvloop (unless a scenario asks for a loop itself)."""
+_UVLOOP_BOOT = "import sys, uvloop; uvloop.install(); from sidecar.cli import main; sys.exit(main(sys.argv[1:]))"
+"""The sidecar's own CLI on uvloop: the policy is installed before `asyncio.run` makes the loop. Run with
+`-c`, so the `sidecar` package comes from the working directory, as with `-m`."""
+
+
+def uvloop_missing() -> str | None:
+    if importlib.util.find_spec("uvloop") is None:
+        return "uvloop is not installed (pip install uvloop)"
+    return None
 
 
 async def _start(
@@ -139,16 +153,30 @@ async def start_sidecar(
     upstream_url: str,
     sections: dict[str, dict[str, Any]] | None = None,
     workers: int = 1,
+    *,
+    event_loop: str | None = None,
+    tree: Path = REPO_ROOT,
 ) -> Sidecar:
-    """`python -m sidecar.cli run --config FILE [--workers N]`, ready when /readyz answers 200."""
+    """`python -m sidecar.cli run --config FILE [--workers N]`, ready when /readyz answers 200.
+
+    `event_loop`: `asyncio` or `uvloop` (default: $BENCH_SIDECAR_LOOP, else asyncio). `tree`: the checkout whose
+    `sidecar` package runs (its working directory), so two versions can be measured side by side in one run.
+    """
     port = free_port()
     config = sidecar_config(upstream_url, port, sections or {})
     path = workdir / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config), encoding="utf-8")
-    argv = python_argv("sidecar.cli", "run", "--config", str(path))
+    loop = event_loop or os.environ.get(LOOP_ENV) or "asyncio"
+    args = ["run", "--config", str(path)]
     if workers > 1:
-        argv += ["--workers", str(workers)]
-    proc = ServerProcess(name, argv, workdir / f"{name}.log")
+        args += ["--workers", str(workers)]
+    if loop == "uvloop":
+        argv = [sys.executable, "-c", _UVLOOP_BOOT, *args]
+    elif loop == "asyncio":
+        argv = python_argv("sidecar.cli", *args)
+    else:
+        raise ValueError(f"unknown event loop {loop!r} (asyncio or uvloop)")
+    proc = ServerProcess(name, argv, workdir / f"{name}.log", cwd=tree)
     sidecar = Sidecar(name, port, proc, config)
     CONFIGS[name] = config
     await _start(stack, proc, f"{sidecar.base_url}/readyz")
@@ -253,6 +281,19 @@ async def start_supergateway(stack: contextlib.AsyncExitStack, workdir: Path, st
     proc = ServerProcess("supergateway", argv, workdir / "supergateway.log")
     service = Service("supergateway", port, proc)
     await _start(stack, proc, f"{service.base_url}/admin/health")
+    return service
+
+
+async def start_naive_proxy(
+    stack: contextlib.AsyncExitStack, workdir: Path, upstream_url: str, *, event_loop: str = "asyncio"
+) -> Service:
+    """bench/naive_proxy.py: read, parse, post upstream on one shared session, return (the floor of a Python hop)."""
+    port = free_port()
+    name = "naive-proxy" if event_loop == "asyncio" else f"naive-proxy-{event_loop}"
+    argv = python_argv("bench.naive_proxy", "--port", str(port), "--upstream", upstream_url, "--loop", event_loop)
+    proc = ServerProcess(name, argv, workdir / f"{name}.log")
+    service = Service(name, port, proc)
+    await _start(stack, proc, f"{service.base_url}/healthz")
     return service
 
 
