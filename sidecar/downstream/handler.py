@@ -127,6 +127,8 @@ class McpEndpoint:
         self._listen = listen
         self._observer = observer
         self._readthrough = readthrough
+        self._series: dict[tuple[str, str], tuple[Any, Any]] = {}
+        """(method label, outcome) -> the labelled request counter and duration histogram, resolved once."""
 
     async def handle_post(self, request: web.Request) -> web.StreamResponse:
         started = time.monotonic()
@@ -142,9 +144,21 @@ class McpEndpoint:
                 outcome = "ok" if method == "subscriptions/listen" else "cancelled"
             else:
                 outcome = request.get(_OUTCOME_KEY) or ("ok" if status < 400 else "error")
-            self._metrics.requests.labels(method, outcome).inc()
+            counter, duration = self._request_series(method, outcome)
+            counter.inc()
             if method != "subscriptions/listen":  # a stream's life is not a request's latency
-                self._metrics.request_duration.labels(method).observe(time.monotonic() - started)
+                duration.observe(time.monotonic() - started)
+
+    def _request_series(self, method: str, outcome: str) -> tuple[Any, Any]:
+        # Resolving labelled children costs more than the observation itself (labels come from small fixed sets).
+        key = (method, outcome)
+        series = self._series.get(key)
+        if series is None:
+            series = self._series[key] = (
+                self._metrics.requests.labels(method, outcome),
+                self._metrics.request_duration.labels(method),
+            )
+        return series
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         request_id: RequestId | None = None

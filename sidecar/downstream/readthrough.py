@@ -59,6 +59,12 @@ def is_shareable(method: str, params: JsonObject) -> bool:
 
 
 def _params_key(params: JsonObject) -> bytes:
+    # The common read, {"uri": ..., "_meta": ...}: the URI itself. JSON text always starts with "{", so a key that
+    # starts with "u" can never equal one of the serialised keys below.
+    if len(params) <= 2:
+        uri = params.get("uri")
+        if isinstance(uri, str) and len(params) == 1 + ("_meta" in params) and uri.isascii():
+            return b"u" + uri.encode("ascii")
     try:
         return orjson.dumps({k: v for k, v in params.items() if k != "_meta"}, option=orjson.OPT_SORT_KEYS)
     except TypeError:
@@ -141,6 +147,9 @@ class ReadThrough:
     def lookup(self, method: str, params: JsonObject, context: str) -> JsonObject | None:
         """A fresh cached result: the public entry, else this context's own."""
         if not self._config.max_entries:
+            return None
+        if not self._cache:  # nothing cached (an upstream that answers ttlMs 0): no key to build, nothing to expire
+            self._metrics.cache_misses.inc()
             return None
         params_key = _params_key(params)
         for partition in (PUBLIC, context):

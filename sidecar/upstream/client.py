@@ -60,6 +60,9 @@ _READY_FRESH_S = 2.0
 """A readiness check trusts an answer this recent; older, it probes the upstream again."""
 
 _PASSTHROUGH_RESPONSE_HEADERS = ("Content-Type", "WWW-Authenticate")
+_MCP_REQUEST_HEADERS = frozenset(name.lower() for name in (HEADER_PROTOCOL_VERSION, HEADER_METHOD, HEADER_NAME))
+"""The client's 2026-07-28 headers that go upstream as they came (validated equal to the body's values), and
+its `Mcp-Param-*` headers."""
 
 
 class UpstreamClient(UpstreamState):
@@ -217,9 +220,10 @@ class UpstreamClient(UpstreamState):
 
     async def _forward_modern(self, message: Message, client_headers: Headers, headers: dict[str, str]) -> Reply:
         for name, value in client_headers.items():
-            lower = name.lower()
-            if lower in ("mcp-protocol-version", "mcp-method", "mcp-name") or lower.startswith("mcp-param-"):
-                headers[name] = value
+            if name[:4].lower() == "mcp-":
+                lower = name.lower()
+                if lower in _MCP_REQUEST_HEADERS or lower.startswith("mcp-param-"):
+                    headers[name] = value
         return await self._relay_post(orjson.dumps(message.raw), headers, request_id=message.id)
 
     async def relay(
