@@ -616,7 +616,9 @@ async def watches(ctx: Context) -> None:
             "sidecar-watches",
             upstream.url,
             {
-                "polling": {"default_interval_ms": int(INTERVAL_S * 1000)},
+                # One load generator is one client: its 2,000 first reads in a burst need more than the
+                # per-client polling.max_baselines_per_s a production default allows.
+                "polling": {"default_interval_ms": int(INTERVAL_S * 1000), "max_baselines_per_s": 100_000},
                 "streams": {"max_streams": 20_000, "max_uris_per_stream": 1000},
             },
         )
