@@ -289,10 +289,11 @@ class Watch:
 
     def _fire(self) -> None:
         self._timer = None
+        # In flight from now, not from the task's first step a loop turn later: a hint in between must find it.
+        self._polling = True
         self._task = asyncio.get_running_loop().create_task(self._cycle())
 
     async def _cycle(self) -> None:
-        self._polling = True
         try:
             if self._coordinator.may_poll(self.key):
                 await self.poll_once(self._due)

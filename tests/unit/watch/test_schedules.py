@@ -75,6 +75,15 @@ class ManualClock:
             await _settle()
         self._now = until
 
+    def fire_next(self) -> None:
+        """Fire the next timer now, and return before anything it started has run."""
+        while self._timers:
+            when, _, timer = heapq.heappop(self._timers)
+            if not timer.cancelled:
+                self._now = max(self._now, when)
+                timer.callback()
+                return
+
 
 async def _settle() -> None:
     """Wait until every task but this one has finished or is blocked on something the test controls."""
@@ -101,11 +110,18 @@ class Upstream:
         self.failing = False
         self.polled_at: list[float] = []
         self.held: asyncio.Event | None = None
+        self.in_flight = 0
+        self.most_in_flight = 0
 
     async def read(self, _: Watch) -> Observation:
         self.polled_at.append(self.clock.now())
-        if self.held is not None:
-            await self.held.wait()
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            if self.held is not None:
+                await self.held.wait()
+        finally:
+            self.in_flight -= 1
         if self.failing:
             raise UpstreamUnavailable("test", "connection refused")
         return Observation(self.fingerprint, 2000, True)
@@ -203,6 +219,26 @@ async def test_a_hint_during_a_poll_adds_exactly_one_poll_after_it(clock: Manual
     upstream.held = None
     await clock.advance(0.5)
     assert upstream.polled_at == [2.0, pytest.approx(2.25 + HINT_SPREAD_S)]
+    await watch.stop()
+
+
+async def test_a_hint_between_the_timer_firing_and_its_poll_starting_adds_no_second_poll_beside_it(
+    clock: ManualClock, upstream: Upstream
+) -> None:
+    # The timer's callback starts the poll as a task, which runs a loop turn later; a burst of writes whose
+    # hints land in that turn found neither a timer nor a poll in flight, and armed a second poll beside it.
+    watch = _watch(clock, upstream, [])
+    upstream.held = asyncio.Event()
+    await clock.advance(1.9)
+    clock.fire_next()  # the regular poll at 2.0, not yet running
+    watch.hint()
+    await clock.advance(1.0)
+    assert upstream.polled_at == [2.0] and upstream.most_in_flight == 1
+    upstream.held.set()
+    upstream.held = None
+    await clock.advance(0.5)
+    assert upstream.polled_at == [2.0, pytest.approx(3.0 + HINT_SPREAD_S)], "the hint is one poll after it"
+    assert upstream.most_in_flight == 1
     await watch.stop()
 
 
