@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from sidecar.protocol.envelope import Era
 
-__all__ = ["ByteStream", "Reply", "UpstreamInfo"]
+__all__ = ["ByteStream", "ReleasingStream", "Reply", "UpstreamInfo"]
 
 JsonObject = dict[str, Any]
 
@@ -40,3 +40,32 @@ class Reply:
     message: JsonObject | None = None
     body: bytes | None = None
     stream: ByteStream | None = None
+
+
+class ReleasingStream:
+    """A live answer that calls `release` once when it ends, however it ends: read to its end, broken off, or
+    closed before its first read (which an async generator's `finally` would miss)."""
+
+    def __init__(self, stream: ByteStream, release: Callable[[], None]) -> None:
+        self._stream = stream
+        self._iterator = stream.__aiter__()
+        self._release: Callable[[], None] | None = release
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self
+
+    async def __anext__(self) -> bytes:
+        try:
+            return await anext(self._iterator)
+        except BaseException:
+            self._done()
+            raise
+
+    async def aclose(self) -> None:
+        self._done()
+        await self._stream.aclose()
+
+    def _done(self) -> None:
+        release, self._release = self._release, None
+        if release is not None:
+            release()

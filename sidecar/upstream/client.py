@@ -11,7 +11,6 @@ from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-import aiohttp
 import orjson
 from multidict import CIMultiDictProxy
 
@@ -25,6 +24,7 @@ from sidecar.protocol.constants import (
     HEADER_SESSION_ID,
     MODERN_VERSION,
     NAMED_METHODS,
+    READ_ONLY_METHODS,
 )
 from sidecar.protocol.envelope import Message, RequestId, encode_header_value
 from sidecar.protocol.errors import (
@@ -32,10 +32,9 @@ from sidecar.protocol.errors import (
     UpstreamError,
     UpstreamHTTPError,
     UpstreamRpcError,
-    UpstreamTimeout,
 )
 from sidecar.protocol.frames import modern_request_meta
-from sidecar.upstream.answers import Reply, UpstreamInfo
+from sidecar.upstream.answers import ReleasingStream, Reply, UpstreamInfo
 from sidecar.upstream.auth import metadata_paths, rewrite_challenge, rewrite_metadata
 from sidecar.upstream.http import (
     SSE_CONTENT_TYPE,
@@ -46,8 +45,9 @@ from sidecar.upstream.http import (
 )
 from sidecar.upstream.legacy import LegacyBridge
 from sidecar.upstream.limits import InFlightLimit
-from sidecar.upstream.relay import leave_exchange, relay_answer, relay_events, request_id_of
+from sidecar.upstream.relay import relay_answer, relay_events, request_id_of
 from sidecar.upstream.state import UpstreamState
+from sidecar.upstream.wire import Answer
 
 __all__ = ["UpstreamClient"]
 
@@ -224,7 +224,8 @@ class UpstreamClient(UpstreamState):
                 lower = name.lower()
                 if lower in _MCP_REQUEST_HEADERS or lower.startswith("mcp-param-"):
                     headers[name] = value
-        return await self._relay_post(orjson.dumps(message.raw), headers, request_id=message.id)
+        idempotent = message.method in READ_ONLY_METHODS
+        return await self._relay_post(orjson.dumps(message.raw), headers, request_id=message.id, idempotent=idempotent)
 
     async def relay(
         self,
@@ -272,32 +273,28 @@ class UpstreamClient(UpstreamState):
         pass_session: bool = False,
         http_method: str = "POST",
         request_id: RequestId | None = None,
+        idempotent: bool = False,
     ) -> Reply:
         if body is not None:
             headers["Content-Type"] = "application/json"
         headers["Accept"] = "application/json, text/event-stream" if http_method == "POST" else SSE_CONTENT_TYPE
         names = (*_PASSTHROUGH_RESPONSE_HEADERS, HEADER_SESSION_ID) if pass_session else _PASSTHROUGH_RESPONSE_HEADERS
-        stack = contextlib.AsyncExitStack()
+        # The whole answer within timeout_s (a body dripping a byte at a time must not hold a client and a
+        # pooled connection for ever); an SSE answer, once it starts, is bounded by silence and max_stream_s.
+        response = await self._http.open(http_method, body, headers, idempotent=idempotent)
         try:
-            # The whole answer within timeout_s (a body dripping a byte at a time must not hold a client and a
-            # pooled connection for ever); an SSE answer, once it starts, is bounded by silence and max_stream_s.
-            async with asyncio.timeout(self._config.timeout_s) as whole:
-                response = await stack.enter_async_context(self._http.send(http_method, body, headers, streaming=True))
-                try:
-                    passthrough = self.public_headers(
-                        {name: response.headers[name] for name in names if name in response.headers}
-                    )
-                    if response.headers.get("Content-Type", "").startswith(SSE_CONTENT_TYPE) and response.status < 300:
-                        whole.reschedule(None)
-                        return Reply(response.status, passthrough, stream=self._relay(response, stack, request_id))
-                    body = await read_limited(response, self._http.max_response_bytes, self.url)
-                except BaseException as exc:
-                    # Through the exchange, not around it: a timeout or the shutdown's abort becomes an UpstreamError.
-                    await leave_exchange(stack, exc)
-        except TimeoutError as exc:
-            await stack.aclose()
-            raise UpstreamTimeout(self.url, f"no complete answer within {self._config.timeout_s:g} s") from exc
-        await stack.aclose()
+            passthrough = self.public_headers(
+                {name: response.headers[name] for name in names if name in response.headers}
+            )
+            if response.headers.get("Content-Type", "").startswith(SSE_CONTENT_TYPE) and response.status < 300:
+                response.unbounded(self._config.timeout_s)
+                stream = ReleasingStream(self._relay(response, request_id), response.release)
+                return Reply(response.status, passthrough, stream=stream)
+            body = await read_limited(response, self._http.max_response_bytes, self.url)
+        except BaseException:
+            response.release()
+            raise
+        response.release()
         decoded = _try_json(body)
         if http_method != "POST" and response.status < 500:
             return Reply(response.status, passthrough, message=decoded, body=body)
@@ -307,16 +304,14 @@ class UpstreamClient(UpstreamState):
             raise UpstreamBadResponse(self.url, "answer is not JSON")
         raise UpstreamHTTPError(self.url, response.status, response.reason or "")
 
-    def _relay(
-        self, response: aiohttp.ClientResponse, stack: contextlib.AsyncExitStack, request_id: RequestId | None
-    ) -> AsyncGenerator[bytes, None]:
+    def _relay(self, response: Answer, request_id: RequestId | None) -> AsyncGenerator[bytes, None]:
         # Relayed as it arrives (buffering would hold back progress); a stream that breaks off ends with a
         # JSON-RPC error event for its request rather than as a cut stream (see upstream/relay.py).
         limit = self._http.max_response_bytes
         if request_id is None:
-            return relay_events(response.content, stack, upstream=self.url, limit=limit)
+            return relay_events(response, upstream=self.url, limit=limit)
         max_s = self._config.max_stream_s
-        return relay_answer(response.content, stack, request_id, upstream=self.url, limit=limit, max_s=max_s)
+        return relay_answer(response, request_id, upstream=self.url, limit=limit, max_s=max_s)
 
     # -- the sidecar's own calls ---------------------------------------------------------------------------
 
@@ -378,7 +373,7 @@ class UpstreamClient(UpstreamState):
 
     async def _modern_call(self, method: str, params: JsonObject, headers: Mapping[str, str]) -> JsonObject:
         request_id, body, sent = self._modern_request(method, params, headers)
-        async with self._http.post(body, sent) as response:
+        async with self._http.post(body, sent, idempotent=method in READ_ONLY_METHODS) as response:
             await raise_for_status(response, self._http)
             async for reply in iter_messages(response, self._http.max_response_bytes, self.url):
                 if reply.get("id") != request_id:

@@ -1,4 +1,5 @@
-"""The HTTP leg to the upstream: one pooled aiohttp session, error translation, reading JSON or SSE answers."""
+"""The HTTP leg to the upstream: exchanges with its endpoint on the wire pool (`wire.py`), reading JSON or SSE
+answers, and the shutdown's abort."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ import orjson
 
 from sidecar.config import UpstreamConfig
 from sidecar.protocol.errors import (
-    ShuttingDown,
     UpstreamBadResponse,
     UpstreamError,
     UpstreamHTTPError,
@@ -22,6 +22,7 @@ from sidecar.protocol.errors import (
     UpstreamUnavailable,
 )
 from sidecar.upstream.sse import SSEDecoder, SSETooLarge
+from sidecar.upstream.wire import Answer, WirePool
 
 __all__ = ["UpstreamHTTP", "iter_messages", "raise_for_status", "read_limited", "translate_errors"]
 
@@ -58,39 +59,75 @@ def translate_errors(upstream: str) -> Iterator[None]:
         raise UpstreamBadResponse(upstream, f"{type(exc).__name__}") from exc
 
 
+class _Exchange:
+    """`UpstreamHTTP.send`'s block: the answer inside it, released when it ends (a plain class: entered on every
+    forwarded request and poll, where a generator-based context manager costs more than the rest of the glue)."""
+
+    __slots__ = ("_answer", "_body", "_headers", "_idempotent", "_method", "_pool", "_within_s")
+
+    def __init__(
+        self,
+        pool: WirePool,
+        method: str,
+        body: bytes | None,
+        headers: Mapping[str, str],
+        within_s: float | None,
+        idempotent: bool,
+    ) -> None:
+        self._pool = pool
+        self._method = method
+        self._body = body
+        self._headers = headers
+        self._within_s = within_s
+        self._idempotent = idempotent
+        self._answer: Answer | None = None
+
+    async def __aenter__(self) -> Answer:
+        self._answer = await self._pool.exchange(
+            self._method, self._body, self._headers, within_s=self._within_s, idempotent=self._idempotent
+        )
+        return self._answer
+
+    async def __aexit__(self, *_: object) -> None:
+        if self._answer is not None:
+            self._answer.release()
+
+
 class UpstreamHTTP:
-    """Owns the connection pool; every request to the upstream goes through `post`."""
+    """Owns the connections to the upstream; every exchange with its endpoint goes through `send`."""
 
     def __init__(self, config: UpstreamConfig) -> None:
         self.url = config.display_url
         """The upstream as it may be shown (credentials masked); requests go to the configured URL."""
-        self._target = config.url
         self._config = config
         self._timeout = aiohttp.ClientTimeout(total=config.timeout_s, connect=config.connect_timeout_s)
-        self._stream_timeout = aiohttp.ClientTimeout(
-            total=None, connect=config.connect_timeout_s, sock_read=config.timeout_s
-        )
-        # A notification stream may rightly stay silent for hours: only connecting is bounded.
-        self._long_lived_timeout = aiohttp.ClientTimeout(total=None, connect=config.connect_timeout_s)
         self._static_headers = {name: value.get_secret_value() for name, value in config.headers.items()}
+        self._pool: WirePool | None = None
         self._session: aiohttp.ClientSession | None = None
-        self._exchanges: set[asyncio.Timeout] = set()
-        """The deadline of every exchange in flight (none, until `abort_all` brings them forward to now)."""
-        self._aborted = False
+        """For `get` only (another URL of the upstream's host, rarely): the endpoint's exchanges use the pool."""
         self._drain_timer: asyncio.TimerHandle | None = None
 
     @property
     def max_response_bytes(self) -> int:
         return self._config.max_response_bytes
 
+    @property
+    def timeout_s(self) -> float:
+        return self._config.timeout_s
+
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(limit=self._config.max_connections, enable_cleanup_closed=True)
-        # auto_decompress stays on: the body we relay is re-framed, never byte-copied with its encoding.
-        self._session = aiohttp.ClientSession(connector=connector, skip_auto_headers=("User-Agent",))
+        config = self._config
+        self._pool = WirePool(
+            config.url, self.url, max_connections=config.max_connections, connect_timeout_s=config.connect_timeout_s
+        )
+        self._session = aiohttp.ClientSession(skip_auto_headers=("User-Agent",))
 
     async def aclose(self) -> None:
         if self._drain_timer is not None:
             self._drain_timer.cancel()
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -104,59 +141,42 @@ class UpstreamHTTP:
     def abort_all(self) -> None:
         """End every exchange in flight now, and refuse new ones (shutdown): each fails with ShuttingDown, which
         its caller answers as a JSON-RPC error, instead of being cut when the process exits."""
-        self._aborted = True
-        now = asyncio.get_running_loop().time()
-        for deadline in list(self._exchanges):
-            deadline.reschedule(now)
+        if self._pool is not None:
+            self._pool.abort_all()
 
-    def post(
-        self, body: bytes, headers: Mapping[str, str], *, streaming: bool = False
-    ) -> contextlib.AbstractAsyncContextManager[aiohttp.ClientResponse]:
-        """POST to the upstream; the response is released when the block ends."""
-        return self.send("POST", body, headers, streaming=streaming)
+    async def open(
+        self, method: str, body: bytes | None, headers: Mapping[str, str], *, idempotent: bool = False
+    ) -> Answer:
+        """`send` without the block: the caller releases the answer (or hands it on to something that will)."""
+        if self._pool is None:
+            raise RuntimeError("UpstreamHTTP.open() called before start() or after aclose()")
+        merged = {**headers, **self._static_headers} if self._static_headers else headers
+        return await self._pool.exchange(method, body, merged, within_s=self._config.timeout_s, idempotent=idempotent)
 
-    @contextlib.asynccontextmanager
-    async def send(
+    def post(self, body: bytes, headers: Mapping[str, str], *, idempotent: bool = False) -> _Exchange:
+        """POST to the upstream, the whole answer within `timeout_s`; released when the block ends."""
+        return self.send("POST", body, headers, idempotent=idempotent)
+
+    def send(
         self,
         method: str,
         body: bytes | None,
         headers: Mapping[str, str],
         *,
-        streaming: bool = False,
         long_lived: bool = False,
-    ) -> AsyncIterator[aiohttp.ClientResponse]:
-        """One HTTP exchange with the upstream endpoint; the response is released when the block ends.
+        idempotent: bool = False,
+    ) -> _Exchange:
+        """One HTTP exchange with the upstream endpoint; the answer is released when the block ends.
 
-        `streaming`: the answer may be a stream, each read bounded by `timeout_s`; `long_lived`: a notification
-        stream, unbounded once connected.
+        The whole answer must arrive within `timeout_s` unless the caller declares it a stream
+        (`Answer.unbounded`); `long_lived`: a notification stream, unbounded once connected. `idempotent`: a
+        request that may be sent again when a kept-alive connection turns out closed before it was answered.
         """
-        if self._session is None:
+        if self._pool is None:
             raise RuntimeError("UpstreamHTTP.send() called before start() or after aclose()")
-        if self._aborted:
-            raise ShuttingDown(self.url, "the sidecar is shutting down")
-        merged = {**headers, **self._static_headers}
-        timeout = self._long_lived_timeout if long_lived else self._stream_timeout if streaming else self._timeout
-        with translate_errors(self.url):
-            deadline = asyncio.timeout(None)
-            try:
-                async with deadline:
-                    self._exchanges.add(deadline)
-                    try:
-                        async with self._session.request(
-                            method,
-                            self._target,
-                            data=body,
-                            headers=merged,
-                            timeout=timeout,
-                            allow_redirects=False,
-                        ) as response:
-                            yield response
-                    finally:
-                        self._exchanges.discard(deadline)
-            except TimeoutError as exc:
-                if deadline.expired():  # only abort_all sets a deadline
-                    raise ShuttingDown(self.url, "the sidecar is shutting down") from exc
-                raise
+        merged = {**headers, **self._static_headers} if self._static_headers else headers
+        within_s = None if long_lived else self._config.timeout_s
+        return _Exchange(self._pool, method, body, merged, within_s, idempotent)
 
     async def get(self, url: str, limit: int) -> tuple[int, bytes]:
         """A plain GET of another URL on the upstream's host (its OAuth metadata); (status, body)."""
@@ -164,7 +184,12 @@ class UpstreamHTTP:
             raise RuntimeError("UpstreamHTTP.get() called before start() or after aclose()")
         with translate_errors(self.url):
             async with self._session.get(url, headers=self._static_headers, timeout=self._timeout) as response:
-                return response.status, await read_limited(response, limit, self.url)
+                if response.content_length is not None and response.content_length > limit:
+                    raise UpstreamBadResponse(self.url, f"response larger than {limit} bytes")
+                body = await response.content.read(limit + 1)
+                if len(body) > limit:
+                    raise UpstreamBadResponse(self.url, f"response larger than {limit} bytes")
+                return response.status, body
 
     async def send_quietly(self, body: bytes, headers: Mapping[str, str]) -> None:
         """Fire a message upstream and drop the answer (a notification, a reply to a server request)."""
@@ -173,22 +198,21 @@ class UpstreamHTTP:
                 await response.read()
 
 
-async def read_limited(response: aiohttp.ClientResponse, limit: int, upstream: str) -> bytes:
+async def read_limited(response: Answer, limit: int, upstream: str) -> bytes:
     """The whole body, or UpstreamBadResponse when it exceeds `limit` bytes."""
     if response.content_length is not None and response.content_length > limit:
         raise UpstreamBadResponse(upstream, f"response larger than {limit} bytes")
     chunks: list[bytes] = []
     size = 0
-    with translate_errors(upstream):
-        async for chunk in response.content.iter_chunked(65536):
-            size += len(chunk)
-            if size > limit:
-                raise UpstreamBadResponse(upstream, f"response larger than {limit} bytes")
-            chunks.append(chunk)
+    async for chunk in response.iter_any():
+        size += len(chunk)
+        if size > limit:
+            raise UpstreamBadResponse(upstream, f"response larger than {limit} bytes")
+        chunks.append(chunk)
     return b"".join(chunks)
 
 
-async def iter_messages(response: aiohttp.ClientResponse, limit: int, upstream: str) -> AsyncIterator[JsonObject]:
+async def iter_messages(response: Answer, limit: int, upstream: str) -> AsyncIterator[JsonObject]:
     """JSON-RPC messages of an upstream answer, whether it is one JSON body or an SSE stream (events without
     data, such as a resumable server's priming event, carry no message)."""
     content_type = response.headers.get("Content-Type", "")
@@ -197,17 +221,16 @@ async def iter_messages(response: aiohttp.ClientResponse, limit: int, upstream: 
         yield _decode(body, upstream)
         return
     decoder = SSEDecoder(min(limit, _MAX_SSE_EVENT_BYTES))
-    with translate_errors(upstream):
-        async for chunk in response.content.iter_any():
-            try:
-                events = decoder.feed(chunk)
-            except SSETooLarge as exc:
-                raise UpstreamBadResponse(upstream, str(exc)) from exc
-            for event in events:
-                yield _decode(event.data.encode(), upstream)
+    async for chunk in response.iter_any():
+        try:
+            events = decoder.feed(chunk)
+        except SSETooLarge as exc:
+            raise UpstreamBadResponse(upstream, str(exc)) from exc
+        for event in events:
+            yield _decode(event.data.encode(), upstream)
 
 
-async def raise_for_status(response: aiohttp.ClientResponse, http: UpstreamHTTP) -> None:
+async def raise_for_status(response: Answer, http: UpstreamHTTP) -> None:
     """Non-2xx: a JSON-RPC error body passes through as UpstreamRpcError, anything else is an HTTP error."""
     if 200 <= response.status < 300:
         return

@@ -23,6 +23,7 @@ from sidecar.protocol.constants import (
     META_CLIENT_INFO,
     META_LOG_LEVEL,
     META_PROTOCOL_VERSION,
+    READ_ONLY_METHODS,
 )
 from sidecar.protocol.errors import UpstreamBadResponse, UpstreamRpcError
 from sidecar.protocol.frames import SERVER_INFO, stamp_result
@@ -144,9 +145,14 @@ class LegacyBridge:
             session = await self.initialize(partition, headers)
             request_id = f"sidecar-{next(self._ids)}"
             body = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": strip_modern_meta(params)}
+            idempotent = method in READ_ONLY_METHODS
             async with self._http.post(
-                orjson.dumps(body), self._session_headers(headers, session), streaming=on_notification is not None
+                orjson.dumps(body), self._session_headers(headers, session), idempotent=idempotent
             ) as response:
+                if on_notification is not None and response.headers.get("Content-Type", "").startswith(
+                    SSE_CONTENT_TYPE
+                ):
+                    response.unbounded(self._http.timeout_s)  # progress may go on: only silence ends it
                 if response.status == 404 and attempt == 1:
                     self._drop(partition, session)
                     logger.info("upstream session expired; initializing again")

@@ -3,12 +3,12 @@ slot until it ends, however it ends."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from sidecar.identity import Identity
 from sidecar.observability.metrics import Metrics
 from sidecar.protocol.errors import TooManyRequests
-from sidecar.upstream.answers import Reply
+from sidecar.upstream.answers import ReleasingStream, Reply
 
 __all__ = ["InFlightLimit"]
 
@@ -43,36 +43,8 @@ class InFlightLimit:
         except BaseException:
             release()
             raise
-        if isinstance(reply.stream, AsyncGenerator):
-            reply.stream = _Releasing(reply.stream, release)
+        if reply.stream is not None:
+            reply.stream = ReleasingStream(reply.stream, release)
         else:
             release()
         return reply
-
-
-class _Releasing:
-    """A live answer that gives back its client's in-flight slot when it ends, however it ends (also when it
-    is closed before its first read, which an async generator's `finally` would miss)."""
-
-    def __init__(self, stream: AsyncGenerator[bytes, None], release: Callable[[], None]) -> None:
-        self._stream = stream
-        self._release: Callable[[], None] | None = release
-
-    def __aiter__(self) -> AsyncIterator[bytes]:
-        return self
-
-    async def __anext__(self) -> bytes:
-        try:
-            return await anext(self._stream)
-        except BaseException:
-            self._done()
-            raise
-
-    async def aclose(self) -> None:
-        self._done()
-        await self._stream.aclose()
-
-    def _done(self) -> None:
-        release, self._release = self._release, None
-        if release is not None:
-            release()

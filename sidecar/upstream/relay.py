@@ -12,10 +12,9 @@ and `retry:` fields of a resumption the sidecar does not offer never reach it ei
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import AsyncGenerator
-from typing import Any, NoReturn
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Protocol
 
 import orjson
 
@@ -24,16 +23,9 @@ from sidecar.protocol.errors import UpstreamBadResponse, UpstreamError, Upstream
 from sidecar.protocol.frames import error_response
 from sidecar.upstream.sse import SSEDecoder, SSEEvent, SSETooLarge, frame
 
-__all__ = ["leave_exchange", "relay_answer", "relay_events", "request_id_of"]
+__all__ = ["BodyChunks", "relay_answer", "relay_events", "request_id_of"]
 
 logger = logging.getLogger(__name__)
-
-
-async def leave_exchange(stack: contextlib.AsyncExitStack, exc: BaseException) -> NoReturn:
-    """Leave the upstream exchange with `exc` passing through it: the connection is released, and what broke
-    it (a cut body, a timeout, the sidecar's shutdown) comes back translated into an UpstreamError."""
-    await stack.__aexit__(type(exc), exc, exc.__traceback__)
-    raise exc
 
 
 def request_id_of(body: bytes | None) -> RequestId | None:
@@ -52,9 +44,14 @@ def request_id_of(body: bytes | None) -> RequestId | None:
     return None
 
 
+class BodyChunks(Protocol):
+    """An upstream answer's body as it arrives (the wire's `Answer`)."""
+
+    def iter_any(self) -> AsyncIterator[bytes]: ...
+
+
 async def relay_answer(
-    content: Any,
-    stack: contextlib.AsyncExitStack,
+    content: BodyChunks,
     request_id: RequestId,
     *,
     upstream: str,
@@ -69,16 +66,12 @@ async def relay_answer(
     loop = asyncio.get_running_loop()
     ends_at = None if max_s is None else loop.time() + max_s
     try:
-        try:
-            async for chunk in content.iter_any():
-                if ends_at is not None and loop.time() > ends_at and not answered:
-                    raise UpstreamTimeout(upstream, f"no answer within max_stream_s ({max_s:g} s)")
-                for event in _decode(decoder, chunk, upstream):
-                    answered = answered or _answers(event, request_id)
-                    yield frame(event)
-        except BaseException as exc:  # the exchange translates it; GeneratorExit (client gone) passes through
-            await leave_exchange(stack, exc)
-        await stack.aclose()
+        async for chunk in content.iter_any():
+            if ends_at is not None and loop.time() > ends_at and not answered:
+                raise UpstreamTimeout(upstream, f"no answer within max_stream_s ({max_s:g} s)")
+            for event in _decode(decoder, chunk, upstream):
+                answered = answered or _answers(event, request_id)
+                yield frame(event)
         if answered:
             return
         failure = UpstreamBadResponse(upstream, "stream ended without a response")
@@ -91,20 +84,14 @@ async def relay_answer(
     yield frame(SSEEvent(orjson.dumps(error_response(request_id, failure.to_rpc())).decode()))
 
 
-async def relay_events(
-    content: Any, stack: contextlib.AsyncExitStack, *, upstream: str, limit: int
-) -> AsyncGenerator[bytes, None]:
+async def relay_events(content: BodyChunks, *, upstream: str, limit: int) -> AsyncGenerator[bytes, None]:
     """A stream that answers no one request (a legacy session's GET stream): events as they complete; a
     failure ends it quietly (the client reconnects), never as an exception in the middle of a response."""
     decoder = SSEDecoder(limit)
     try:
-        try:
-            async for chunk in content.iter_any():
-                for event in _decode(decoder, chunk, upstream):
-                    yield frame(event)
-        except BaseException as exc:  # see relay_answer
-            await leave_exchange(stack, exc)
-        await stack.aclose()
+        async for chunk in content.iter_any():
+            for event in _decode(decoder, chunk, upstream):
+                yield frame(event)
     except UpstreamError as exc:
         logger.info("upstream stream ended", extra={"upstream": upstream, "reason": exc.reason})
 

@@ -60,7 +60,7 @@ FAULTS: dict[Fault, tuple[int, str]] = {
 }
 """HTTP status and reason a client sees. An SSE answer has sent its 200 before it breaks off: its last event
 is then the JSON-RPC error."""
-POLL_FAULTS = [fault for fault in Fault if fault is not Fault.SESSION_404]
+POLL_FAULTS = [fault for fault in Fault if fault not in (Fault.SESSION_404, Fault.CLOSED_WHEN_REUSED)]
 
 
 @pytest.fixture
@@ -138,6 +138,28 @@ async def test_a_forwarded_request_hit_by_a_fault_gets_an_error_saying_what_happ
             assert leak not in raw, f"{leak!r} reached the client"
         await _bystanders(http, sidecar, "after")  # and the sidecar is fine afterwards
         assert [entry.fault for entry in up.reads("fault://x")] == [fault]  # one request upstream, no retries
+
+
+async def test_a_read_on_a_kept_alive_connection_the_upstream_closed_is_sent_again_and_a_tool_call_never_is(
+    up: FaultyUpstream, http: aiohttp.ClientSession
+) -> None:
+    # A server's idle timeout can cross the next request on a kept-alive connection: closed, not a byte of
+    # answer. A read may be sent again on a fresh connection (RFC 9112 section 9.3.1); a tool call may have run
+    # and must not run twice: its client gets the error instead.
+    async with serve_sidecar(up.url, upstream=UPSTREAM, polling=POLLING) as sidecar:
+        status, message = await rpc(http, sidecar.url, "tools/call", {"name": "echo", "arguments": {"text": "warm"}})
+        assert status == 200, message  # a connection now waits in the pool, and serves the next request
+        up.fail(Fault.CLOSED_WHEN_REUSED, uri="again://x")
+        status, message, raw = await _read(http, sidecar, "again://x", "read")
+        assert status == 200, raw
+        assert message["result"]["contents"][0]["text"] == "content of again://x"
+        assert [entry.fault for entry in up.reads("again://x")] == [Fault.CLOSED_WHEN_REUSED, None]
+
+        up.fail(Fault.CLOSED_WHEN_REUSED, methods=frozenset({"tools/call"}))
+        status, message = await rpc(http, sidecar.url, "tools/call", {"name": "echo", "arguments": {"text": "once"}})
+        assert status == 502, message
+        assert message["error"]["data"]["reason"] == "connection closed before the answer was complete"
+        assert len(up.seen(lambda entry: entry.method == "tools/call")) == 2, "the warm-up and this one, once"
 
 
 async def test_connection_refused_is_a_prompt_error_for_everyone_and_service_resumes_when_the_upstream_returns(

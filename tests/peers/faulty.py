@@ -66,6 +66,9 @@ class Fault(enum.Enum):
     """The same answer as one SSE event."""
     DRIP = "drip"
     """200 with a whole, valid answer's Content-Length, its body sent one byte every 0.1 s (a slow-loris upstream)."""
+    CLOSED_WHEN_REUSED = "closed-when-reused"
+    """On a connection that already served a request: read the request, close without a byte (a server's idle
+    timeout crossing the next request on a kept-alive connection). The first request on a connection is served."""
     SESSION_404 = "session-404"
     """Legacy era: every request on a session is answered 404, as if the upstream forgot the session at once."""
 
@@ -219,11 +222,11 @@ class FaultyUpstream:
         self._handlers.add(task)
         self._writers.add(writer)
         try:
-            while True:
+            for served in itertools.count():
                 request = await _read_request(reader)
                 if request is None:
                     return
-                await self._serve(request, writer)
+                await self._serve(request, writer, reused=served > 0)
         except (_Closed, ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
@@ -231,7 +234,7 @@ class FaultyUpstream:
             self._writers.discard(writer)
             writer.transport.abort()
 
-    async def _serve(self, request: _Request, writer: asyncio.StreamWriter) -> None:
+    async def _serve(self, request: _Request, writer: asyncio.StreamWriter, *, reused: bool) -> None:
         if request.method != "POST" or request.path.rstrip("/") != "/mcp":
             await _write(writer, 405, {"Allow": "POST"}, b"")
             return
@@ -251,6 +254,8 @@ class FaultyUpstream:
         seen = Seen(method, message.get("id"), uri, authorization, request.headers.get("mcp-session-id"), loop.time())
         self.requests.append(seen)
         rule = next((rule for rule in self.rules if rule.matches(method, uri, token)), None)
+        if rule is not None and rule.fault is Fault.CLOSED_WHEN_REUSED and not reused:
+            rule = None
         if rule is not None and not (rule.fault is Fault.SESSION_404 and method == "initialize"):
             seen.fault = rule.fault
             await self._inject(rule.fault, message, writer)
@@ -364,6 +369,8 @@ class FaultyUpstream:
             await writer.drain()
             sock = writer.get_extra_info("socket")
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = RST
+            raise _Closed
+        if fault is Fault.CLOSED_WHEN_REUSED:
             raise _Closed
         if fault is Fault.HANG:
             await self._pause(None)
