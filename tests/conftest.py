@@ -3,14 +3,17 @@
 Also the run's policy, chosen by the `CI` environment variable (`tests.prereqs.in_ci`):
 - a test skipped because a real peer is missing (its reason starts with `tests.prereqs.MISSING_PEER`) fails
   under CI, so a broken install step cannot pass green; locally it stays a skip (`pytest -rs` lists them);
+- `SIDECAR_TEST_LOOP=uvloop` runs the in-process sidecars on uvloop, the loop `mcp-sidecar run` picks on Linux
+  (the tests that start the command itself run on it anyway);
 - hypothesis runs derandomized under CI (the same examples every run, so a red run is reproducible) and
   randomly elsewhere (`HYPOTHESIS_PROFILE=ci` or `=dev` picks one explicitly).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
-from collections.abc import AsyncIterator, Generator
+from collections.abc import AsyncIterator, Callable, Generator, Mapping
 
 import aiohttp
 import pytest
@@ -35,6 +38,17 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             report.outcome = "failed"
             report.longrepr = f"{reason}\n(CI=true: a real peer that is missing fails the run instead of skipping)"
     return report
+
+
+def pytest_asyncio_loop_factories(
+    config: pytest.Config, item: pytest.Item
+) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
+    """The loop the tests (and the sidecars they start in-process) run on: see the module docstring."""
+    if os.environ.get("SIDECAR_TEST_LOOP") == "uvloop":
+        import uvloop
+
+        return {"uvloop": uvloop.new_event_loop}
+    return {"asyncio": asyncio.new_event_loop}
 
 
 @pytest.fixture

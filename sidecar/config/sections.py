@@ -72,6 +72,12 @@ class ListenConfig(Section):
         DEFAULT_MAX_CLIENT_CONNECTIONS, ge=1, description="Client connections at once; one more is closed at accept."
     )
 
+    event_loop: Literal["auto", "uvloop", "asyncio"] = Field(
+        "auto",
+        description="The event loop the process runs on: auto is uvloop on Linux when it is installed (asyncio's "
+        "own loop otherwise), uvloop requires it, asyncio never uses it.",
+    )
+
     @field_validator("path")
     @classmethod
     def _path_is_absolute(cls, value: str) -> str:

@@ -61,8 +61,9 @@ class EventStream:
             self.response.force_close()
         self._set_user_timeout()
         self._writer = await self.response.prepare(request)  # StreamResponse sends its headers here
+        # uvloop's transports are not asyncio.Transport subclasses, so this is a None check, not an isinstance one.
         transport = request.transport
-        if isinstance(transport, asyncio.Transport):
+        if transport is not None:
             # aiohttp's drain waits while the transport has paused the protocol, which it does past this mark:
             # the same mark as `writable`'s, so a stream that may not write always has something to wait for.
             transport.set_write_buffer_limits(high=self._high_water)

@@ -121,7 +121,9 @@ async def test_logs_are_json_with_the_instance_and_never_show_tokens_or_contents
 ) -> None:
     auth = {"Authorization": AUTHORIZATION}
     async with _run_cli(_config(tmp_path, fast_upstream)) as cli:
-        url = (await cli.wait_for_msg("mcp-sidecar listening"))["url"]
+        listening = await cli.wait_for_msg("mcp-sidecar listening")
+        url = listening["url"]
+        assert listening["event_loop"] == "uvloop", "listen.event_loop: auto runs on uvloop on Linux"
         status, profile = await rpc(http, url, "resources/read", {"uri": PROFILE}, extra_headers=auth)
         assert status == 200 and profile["result"]["contents"][0]["text"] == f"profile of {TOKEN} v1"
         status, price = await rpc(http, url, "resources/read", {"uri": PRICE}, extra_headers=auth)
