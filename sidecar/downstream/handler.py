@@ -178,6 +178,7 @@ class McpEndpoint:
             validate_modern(message, request.headers)
             if message.is_notification:
                 return web.Response(status=202)
+            del body  # a listen stream outlives its request by hours: the bytes it was parsed from are not kept
             return await self._route(request, message, identity)
         except RpcError as exc:
             return self._error(exc.request_id if exc.request_id is not None else request_id, exc)

@@ -111,7 +111,8 @@ class ListenStream:
         self._on_pending = on_pending
         self._on_written = on_written
         self._pending: dict[tuple[str, str | None], float] = {}
-        self._wake = asyncio.Event()
+        self._waiter: asyncio.Future[None] | None = None
+        """Set while the handler waits for work (an asyncio.Event would keep a deque per stream for ever)."""
         self._closing = False
         self._events: EventStream | None = None
         """Set from the ack until the complete result: only then may signals be written."""
@@ -139,7 +140,7 @@ class ListenStream:
         """Start a graceful end: pending signals flush, then the complete result, then the stream closes."""
         self._closing = True
         self.end_reason = reason
-        self._wake.set()
+        self._wake()
 
     def flush(self) -> None:
         """Write pending signals while the send buffer has room; wake the handler for the rest."""
@@ -153,7 +154,12 @@ class ListenStream:
             events.write_event(orjson.dumps(notification(self.subscription_id, key[0], key[1])))
             self._on_written(key[0], detected_at)
         if pending:
-            self._wake.set()
+            self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def keepalive(self) -> bool:
         """The shared ticker's visit: a comment if nothing was written since the last one."""
@@ -180,8 +186,11 @@ class ListenStream:
                 if self._closing:
                     events.write_event(orjson.dumps(complete_result(self.subscription_id)))
                     return
-                self._wake.clear()
-                await self._wake.wait()
+                self._waiter = asyncio.get_running_loop().create_future()
+                try:
+                    await self._waiter
+                finally:
+                    self._waiter = None
         finally:
             self._events = None
 
@@ -284,7 +293,11 @@ class StreamHub:
         )
         try:
             honoured = await self._subscribe(stream, wanted, identity)
-            del message, wanted  # a stream may live for hours: keep only what it needs
+            # A stream may live for hours: keep only what it needs. The callers' frames still hold `message` (its
+            # id was taken above; nothing reads it after a listen), so its parsed body is emptied, not just dropped.
+            message.raw.clear()
+            message.params.clear()
+            del message, wanted
             await events.open()
             events.write_event(orjson.dumps(ack_notification(stream.subscription_id, honoured)))
             logger.info(

@@ -93,6 +93,8 @@ class WatchRegistry:
             config.revalidate_debounce_ms, self._coordinator, self._hint_contexts, self._spawn, self._clock
         )
         self._coordinator.on_revalidate(self._hint_contexts)
+        self._release_handle = self._release
+        """One bound method for every Handle (each `self._release` would be a new object, kept per handle)."""
 
     # -- reading ---------------------------------------------------------------------------------------
 
@@ -254,7 +256,7 @@ class WatchRegistry:
             holder = holders[context] = Holder(identity)
             self._native.hold(identity, watch.key.kind, watch.key.uri)
         holder.handles += 1
-        return Handle(watch.key, context, self._release)
+        return Handle(watch.key, context, self._release_handle)
 
     def _release(self, handle: Handle) -> None:
         watch = self._watches.get(handle.key)
