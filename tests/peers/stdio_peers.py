@@ -15,10 +15,9 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from sidecar.config import SidecarConfig
 from tests.helpers import Sidecar, serve_config
+from tests.prereqs import skip_missing
 
 __all__ = [
     "REPO_ROOT",
@@ -44,7 +43,7 @@ _INSTALL = "run `bash .ci/install-peers` to install it under .tools/"
 
 def _require(path: Path, what: str) -> None:
     if not path.exists():
-        pytest.skip(f"{what} is not installed ({path} is missing); {_INSTALL}")
+        skip_missing(f"{what} is not installed ({path} is missing); {_INSTALL}")
 
 
 def everything_command() -> list[str]:
@@ -63,7 +62,7 @@ def time1_command() -> list[str]:
 def time2_command() -> list[str]:
     """`mcp-server-time` 2026.10.19 on the SDK 2.3 (the test extra): a 2026-07-28 stdio server."""
     if importlib.util.find_spec("mcp_server_time") is None:
-        pytest.skip("mcp-server-time 2026.10.19 is not installed (pip install -e '.[test]')")
+        skip_missing("mcp-server-time 2026.10.19 is not installed (pip install -e '.[test]')")
     return [sys.executable, "-m", "mcp_server_time"]
 
 
