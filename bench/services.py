@@ -94,10 +94,16 @@ class Sidecar(Service):
 START_TIMEOUT_S = 30.0
 """The bench starts servers while others are loaded: a generous bound."""
 LOOP_ENV = "BENCH_SIDECAR_LOOP"
-"""`uvloop` runs every sidecar the bench starts on uvloop (unless a scenario asks for a loop itself)."""
+"""`asyncio` or `uvloop` runs every sidecar the bench starts on that loop (unless a scenario asks for a loop
+itself); unset, each runs on the loop `listen.event_loop: auto` picks (uvloop on Linux, where installed)."""
 _UVLOOP_BOOT = "import sys, uvloop; uvloop.install(); from sidecar.cli import main; sys.exit(main(sys.argv[1:]))"
 """The sidecar's own CLI on uvloop: the policy is installed before `asyncio.run` makes the loop. Run with
 `-c`, so the `sidecar` package comes from the working directory, as with `-m`."""
+
+
+def _knows_event_loop(tree: Path) -> bool:
+    sections = tree / "sidecar" / "config" / "sections.py"
+    return sections.exists() and "event_loop" in sections.read_text(encoding="utf-8")
 
 
 def uvloop_missing() -> str | None:
@@ -159,20 +165,24 @@ async def start_sidecar(
 ) -> Sidecar:
     """`python -m sidecar.cli run --config FILE [--workers N]`, ready when /readyz answers 200.
 
-    `event_loop`: `asyncio` or `uvloop` (default: $BENCH_SIDECAR_LOOP, else asyncio). `tree`: the checkout whose
-    `sidecar` package runs (its working directory), so two versions can be measured side by side in one run.
+    `event_loop`: `asyncio` or `uvloop` (default: $BENCH_SIDECAR_LOOP, else the sidecar's own choice). `tree`: the
+    checkout whose `sidecar` package runs (its working directory), so two versions can be measured side by side.
     """
     port = free_port()
-    config = sidecar_config(upstream_url, port, sections or {})
+    loop = event_loop or os.environ.get(LOOP_ENV) or "default"
+    sections = dict(sections or {})
+    if loop == "asyncio" and _knows_event_loop(tree):
+        # Checkouts from before listen.event_loop ran on asyncio's loop anyway (and would refuse the key).
+        sections["listen"] = {**sections.get("listen", {}), "event_loop": "asyncio"}
+    config = sidecar_config(upstream_url, port, sections)
     path = workdir / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config), encoding="utf-8")
-    loop = event_loop or os.environ.get(LOOP_ENV) or "asyncio"
     args = ["run", "--config", str(path)]
     if workers > 1:
         args += ["--workers", str(workers)]
     if loop == "uvloop":
         argv = [sys.executable, "-c", _UVLOOP_BOOT, *args]
-    elif loop == "asyncio":
+    elif loop in ("asyncio", "default"):
         argv = python_argv("sidecar.cli", *args)
     else:
         raise ValueError(f"unknown event loop {loop!r} (asyncio or uvloop)")
