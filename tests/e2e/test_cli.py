@@ -74,6 +74,21 @@ def test_check_config_piped_into_a_reader_that_stops_early_exits_quietly() -> No
     assert writer.returncode == 0 and writer.stderr == ""
 
 
+def test_check_config_warns_when_a_header_declared_non_identifying_looks_like_an_identity(tmp_path: Path) -> None:
+    # Declared non-identifying, X-Tenant-Id would let clients of different tenants share cached answers and
+    # watches: the file is valid (the operator may mean it), but the warning names the key and the risk.
+    text = (
+        "upstream:\n  url: http://127.0.0.1:9/mcp\n"
+        "  forward_headers: [authorization, x-tenant-id, traceparent]\n"
+        "  non_identity_headers: [x-tenant-id, traceparent]\n"
+    )
+    done = _check_config(_write(tmp_path, text))
+    assert done.returncode == 0, done.stderr
+    warnings = [line for line in done.stderr.splitlines() if "warning" in line]
+    assert len(warnings) == 1, done.stderr
+    assert "upstream.non_identity_headers: 'x-tenant-id' looks like it identifies the client" in warnings[0]
+
+
 @pytest.mark.parametrize(
     ("text", "env", "named"),
     [

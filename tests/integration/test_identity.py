@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 from multidict import CIMultiDict
 
-from tests.helpers import headers, request, rpc, serve_sidecar
+from tests.helpers import LEGACY_HEADERS, LEGACY_INITIALIZE, headers, request, rpc, serve_sidecar, sse_messages
 from tests.observing import ListenStream
 from tests.peers import start_upstream
 
@@ -54,6 +54,35 @@ async def test_a_session_opened_for_one_user_never_carries_another_users_request
 
         status, message = await _read(http, sidecar.url, PROFILE, {"authorization": "Bearer bob"})
         assert status == 200 and _text(message) == "profile of bob v1"
+
+
+@pytest.mark.invariant(18)
+@pytest.mark.parametrize("era", ["legacy", "modern"])
+async def test_a_2025_session_answers_only_the_credential_that_opened_it(era: str, http: aiohttp.ClientSession) -> None:
+    # A 2025-11-25 client's session with the sidecar is Alice's: the same session id with Bob's token, or none,
+    # is a session nobody opened for them (404: the client initializes its own), never a ride on Alice's.
+    async with await start_upstream(era, session_auth=True) as upstream, serve_sidecar(upstream.url) as sidecar:
+        alice = {"Authorization": "Bearer alice"}
+        async with http.post(sidecar.url, json=LEGACY_INITIALIZE, headers={**LEGACY_HEADERS, **alice}) as resp:
+            assert resp.status == 200, await resp.text()
+            session = resp.headers["Mcp-Session-Id"]
+
+        async def read_on_session(extra: dict[str, str]) -> tuple[int, Any]:
+            sent = {**LEGACY_HEADERS, "Mcp-Session-Id": session, "MCP-Protocol-Version": "2025-11-25", **extra}
+            body = request("resources/read", {"uri": PROFILE}, 2)
+            async with http.post(sidecar.url, json=body, headers=sent) as resp:
+                if resp.headers.get("Content-Type", "").startswith("text/event-stream"):
+                    return resp.status, [message async for message in sse_messages(resp)][-1]
+                return resp.status, await resp.json(content_type=None)
+
+        status, message = await read_on_session(alice)
+        assert status == 200 and _text(message) == "profile of alice v1"
+        for other in ({"authorization": "Bearer bob"}, {}):
+            status, message = await read_on_session(other)
+            assert status == 404, message
+            assert _text(message) is None, "another credential was served on Alice's session"
+        status, message = await read_on_session({"AUTHORIZATION": "Bearer alice"})  # any spelling of hers
+        assert status == 200 and _text(message) == "profile of alice v1"
 
 
 @pytest.mark.invariant(18)
