@@ -5,15 +5,19 @@ Starting and stopping the processes it measures is `tests.procs`, shared with th
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import math
 import os
 import resource
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 __all__ = [
@@ -172,3 +176,20 @@ def percentile(values: Sequence[float], q: float) -> float:
     ordered = sorted(values)
     index = min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))
     return ordered[index]
+
+
+async def serve_until_signalled(app: web.Application, port: int) -> None:
+    """Serve `app` on 127.0.0.1:`port` (a deep accept backlog: the load generator connects in bursts) until
+    SIGTERM or SIGINT."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port, backlog=4096).start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        with contextlib.suppress(Exception):
+            await runner.cleanup()

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import signal
 
 import aiohttp
 import orjson
 from aiohttp import web
+
+from bench.common import serve_until_signalled
 
 __all__ = ["build_app", "main"]
 
@@ -58,19 +58,7 @@ def build_app(upstream: str) -> web.Application:
 
 
 async def _serve(port: int, upstream: str) -> None:
-    runner = web.AppRunner(build_app(upstream), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", port, backlog=4096)
-    await site.start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    try:
-        await stop.wait()
-    finally:
-        with contextlib.suppress(Exception):
-            await runner.cleanup()
+    await serve_until_signalled(build_app(upstream), port)
 
 
 def main(argv: list[str] | None = None) -> None:
