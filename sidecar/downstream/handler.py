@@ -198,14 +198,17 @@ class McpEndpoint:
         answer = await self._legacy.handle_post(request, body, identity)
         if isinstance(answer, web.StreamResponse):
             return answer  # served here (initialize, subscribe, ping): nothing went upstream
-        response = await self._write_reply(request, answer)
         if message is None:
             with contextlib.suppress(RpcError):
                 message = parse_message(body)
-        if self._observer is not None and message is not None and not message.is_notification and answer.status < 500:
-            # What a 2026-07-28 client's request teaches the watches, a 2025 client's teaches them too (a write).
-            self._observer.after_forward(message.method, message.params, identity, {}, ticket)
-        return response
+        try:
+            return await self._write_reply(request, answer)
+        finally:
+            # What a 2026-07-28 client's request teaches the watches, a 2025 client's teaches them too (a write),
+            # even when the client closes as soon as it has its result, before the relayed stream has ended.
+            if self._observer is not None and message is not None and not message.is_notification:
+                if answer.status < 500:
+                    self._observer.after_forward(message.method, message.params, identity, {}, ticket)
 
     async def handle_protected_resource_metadata(self, request: web.Request) -> web.Response:
         """GET /.well-known/oauth-protected-resource[/path]: the upstream's metadata, naming the sidecar."""
@@ -261,12 +264,15 @@ class McpEndpoint:
             raise
         if shared is not None:
             return json_response({**shared, "id": message.id})
-        response = await self._write_reply(request, reply)
-        if reply.status in (401, 403):
-            self._refused(message, identity)
-        elif self._observer is not None and reply.status < 500:
-            self._observer.after_forward(method, message.params, identity, reply.message or {}, ticket)
-        return response
+        try:
+            return await self._write_reply(request, reply)
+        finally:
+            # Also when the client leaves mid-answer (an SSE client may close once it has its result, and the
+            # handler is cancelled): the upstream did the work, so a write still revalidates the watches.
+            if reply.status in (401, 403):
+                self._refused(message, identity)
+            elif self._observer is not None and reply.status < 500:
+                self._observer.after_forward(method, message.params, identity, reply.message or {}, ticket)
 
     async def _forward(
         self, request: web.Request, message: Message, identity: Identity, ticket: int

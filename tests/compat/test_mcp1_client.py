@@ -2,7 +2,7 @@
 
 The client speaks 2025-11-25 only: through the sidecar it must see what it sees directly (lists, a read, a tool
 call, a prompt), get `resources.subscribe` and honoured subscriptions, hear an out-of-band change within one
-poll interval, and hear a change made by its own tools/call within 1 s while the sidecar polls every 5 s.
+poll interval, and hear a change made by its own tools/call while the sidecar polls only every 10 minutes.
 """
 
 from __future__ import annotations
@@ -92,9 +92,7 @@ async def test_the_1x_client_hears_an_out_of_band_change_within_one_poll_interva
 
 
 @pytest.mark.parametrize("upstream", TOOL_CHANGEABLE)
-async def test_the_1x_client_hears_its_own_tool_change_within_1s_while_polling_is_slow(
-    upstream: str, tmp_path: Path
-) -> None:
+async def test_the_1x_client_hears_its_own_tool_change_long_before_the_next_poll(upstream: str, tmp_path: Path) -> None:
     async with (
         open_upstream(upstream, tmp_path, read_ttl_ms=SLOW_POLL_MS) as up,
         serve_sidecar(up.url, polling=SLOW_POLLING) as sidecar,

@@ -3,7 +3,7 @@
 In its default mode the client must reach 2026-07-28 through the sidecar whatever the upstream speaks, and
 listen; in `legacy` mode it runs the 2025-11-25 handshake and subscribes. Either way it must see what it sees
 talking to the upstream directly, hear an out-of-band change within one poll interval, and hear a change made
-by its own tools/call within 1 s while the sidecar polls only every 5 s (so only revalidate-on-write can
+by its own tools/call while the sidecar polls only every 10 minutes (so only revalidate-on-write can
 deliver it; server-everything has no tool that changes a resource, see `TOOL_CHANGEABLE`). Each notification's
 latency is recorded (`tests/compat/conftest.py` prints them).
 """
@@ -78,7 +78,7 @@ async def test_the_sdk_client_hears_an_out_of_band_change_within_one_poll_interv
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("upstream", TOOL_CHANGEABLE)
-async def test_the_sdk_client_hears_its_own_tool_change_within_1s_while_polling_is_slow(
+async def test_the_sdk_client_hears_its_own_tool_change_long_before_the_next_poll(
     upstream: str, mode: SdkMode, tmp_path: Path
 ) -> None:
     async with (

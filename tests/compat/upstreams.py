@@ -55,11 +55,13 @@ POLL_INTERVAL_MS = 1000
 OUT_OF_BAND_POLLING = {"default_interval_ms": POLL_INTERVAL_MS, "min_interval_ms": 250}
 OUT_OF_BAND_WITHIN_S = 10.0
 """Generous: one poll interval (1 s) plus jitter, a busy machine, and the client's own round trips."""
-SLOW_POLL_MS = 5000
-SLOW_POLLING = {"default_interval_ms": SLOW_POLL_MS}
-"""For the tool-change tests: a poll comes only every 5 s, so a notification within 1 s is revalidate-on-write."""
-TOOL_CHANGE_WITHIN_S = 1.0
-"""What the tool-change tests allow: a change made through the sidecar is heard within 1 s."""
+SLOW_POLL_MS = 600_000
+SLOW_POLLING = {"default_interval_ms": SLOW_POLL_MS, "max_interval_ms": SLOW_POLL_MS}
+"""For the tool-change tests: a poll comes only every 10 minutes, so a notification at all is revalidate-on-write
+(the test waits for the event; how long it took is recorded in the latency report, not asserted)."""
+TOOL_CHANGE_WITHIN_S = 30.0
+"""How long the tool-change tests wait for the notification: far below the poll interval, far above the
+hundreds of milliseconds it takes (the report prints each figure)."""
 
 LATENCIES: list[tuple[str, float]] = []
 """(what was measured, seconds) for every notification the suite waited for, in the order measured."""
