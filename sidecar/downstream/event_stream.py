@@ -154,7 +154,7 @@ class KeepAliveTicker:
 
     def __init__(
         self, interval_s: float, streams: Callable[[], Iterable[KeepAliveTarget]], on_sent: Callable[[int], None]
-    ):
+    ) -> None:
         self._interval_s = interval_s
         self._streams = streams
         self._on_sent = on_sent

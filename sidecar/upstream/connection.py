@@ -100,7 +100,7 @@ class Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         exchange = self._exchange
         if exchange is None or exchange.complete:
-            self._close()  # bytes nobody asked for: this connection can no longer be trusted
+            self.close()  # bytes nobody asked for: this connection can no longer be trusted
             return
         self.got_bytes = True
         self._last_data = self._loop.time()
@@ -256,7 +256,7 @@ class Connection(asyncio.Protocol):
             and self._keep_alive
         )
         if not reusable:
-            self._close()
+            self.close()
         self.idle_since = self._loop.time()
         return reusable
 
@@ -265,7 +265,7 @@ class Connection(asyncio.Protocol):
         exchange = self._exchange
         if exchange is not None:
             exchange.failure = exchange.failure or failure
-        self._close()
+        self.close()
 
     def _finish_body(self, exchange: _Exchange) -> None:
         if exchange.decoder is not None:
@@ -286,10 +286,7 @@ class Connection(asyncio.Protocol):
                 exchange.head.set_exception(failure)
             self._wake(exchange)
         self._cancel_timer()
-        if self._transport is not None:
-            self._transport.abort()  # nothing more is wanted from it, and a hung peer must not hold it
-        self.closed = True
-        self.pool.discard(self)
+        self.close(abort=True)  # nothing more is wanted from it, and a hung peer must not hold it
 
     def _whole_timeout(self, within_s: float) -> None:
         self._timer = None
@@ -317,11 +314,15 @@ class Connection(asyncio.Protocol):
             self._timer.cancel()
             self._timer = None
 
-    def _close(self) -> None:
+    def close(self, *, abort: bool = False) -> None:
+        """Never to be used again: closed (after what is written), or `abort`ed (at once)."""
         self.closed = True
         self.pool.discard(self)
         if self._transport is not None:
-            self._transport.close()
+            if abort:
+                self._transport.abort()
+            else:
+                self._transport.close()
 
 
 class Answer:

@@ -24,7 +24,7 @@ from sidecar.protocol.errors import (
 from sidecar.upstream.sse import SSEDecoder, SSETooLarge
 from sidecar.upstream.wire import Answer, WirePool
 
-__all__ = ["UpstreamHTTP", "iter_messages", "raise_for_status", "read_limited", "translate_errors"]
+__all__ = ["UpstreamHTTP", "iter_messages", "raise_for_status", "read_limited"]
 
 logger = logging.getLogger(__name__)
 
@@ -37,8 +37,9 @@ _MAX_SSE_EVENT_BYTES = 16 * 1_048_576
 
 
 @contextlib.contextmanager
-def translate_errors(upstream: str) -> Iterator[None]:
-    """Map aiohttp and asyncio failures to the UpstreamError subtree, most specific first."""
+def _translate_errors(upstream: str) -> Iterator[None]:
+    """Map aiohttp and asyncio failures to the UpstreamError subtree, most specific first (`get` only: the
+    endpoint's exchanges go through the wire pool, which raises UpstreamErrors itself)."""
     try:
         yield
     except UpstreamError:
@@ -148,10 +149,9 @@ class UpstreamHTTP:
         self, method: str, body: bytes | None, headers: Mapping[str, str], *, idempotent: bool = False
     ) -> Answer:
         """`send` without the block: the caller releases the answer (or hands it on to something that will)."""
-        if self._pool is None:
-            raise RuntimeError("UpstreamHTTP.open() called before start() or after aclose()")
-        merged = {**headers, **self._static_headers} if self._static_headers else headers
-        return await self._pool.exchange(method, body, merged, within_s=self._config.timeout_s, idempotent=idempotent)
+        pool = self._started("open")
+        within_s = self._config.timeout_s
+        return await pool.exchange(method, body, self._with_static(headers), within_s=within_s, idempotent=idempotent)
 
     def post(self, body: bytes, headers: Mapping[str, str], *, idempotent: bool = False) -> _Exchange:
         """POST to the upstream, the whole answer within `timeout_s`; released when the block ends."""
@@ -172,23 +172,26 @@ class UpstreamHTTP:
         (`Answer.unbounded`); `long_lived`: a notification stream, unbounded once connected. `idempotent`: a
         request that may be sent again when a kept-alive connection turns out closed before it was answered.
         """
-        if self._pool is None:
-            raise RuntimeError("UpstreamHTTP.send() called before start() or after aclose()")
-        merged = {**headers, **self._static_headers} if self._static_headers else headers
+        pool = self._started("send")
         within_s = None if long_lived else self._config.timeout_s
-        return _Exchange(self._pool, method, body, merged, within_s, idempotent)
+        return _Exchange(pool, method, body, self._with_static(headers), within_s, idempotent)
+
+    def _started(self, caller: str) -> WirePool:
+        if self._pool is None:
+            raise RuntimeError(f"UpstreamHTTP.{caller}() called before start() or after aclose()")
+        return self._pool
+
+    def _with_static(self, headers: Mapping[str, str]) -> Mapping[str, str]:
+        """The request's headers with `upstream.headers` over them (no copy when there are none)."""
+        return {**headers, **self._static_headers} if self._static_headers else headers
 
     async def get(self, url: str, limit: int) -> tuple[int, bytes]:
         """A plain GET of another URL on the upstream's host (its OAuth metadata); (status, body)."""
         if self._session is None:
             raise RuntimeError("UpstreamHTTP.get() called before start() or after aclose()")
-        with translate_errors(self.url):
+        with _translate_errors(self.url):
             async with self._session.get(url, headers=self._static_headers, timeout=self._timeout) as response:
-                if response.content_length is not None and response.content_length > limit:
-                    raise UpstreamBadResponse(self.url, f"response larger than {limit} bytes")
-                body = await response.content.read(limit + 1)
-                if len(body) > limit:
-                    raise UpstreamBadResponse(self.url, f"response larger than {limit} bytes")
+                body = await _read_within(response.content.iter_any(), response.content_length, limit, self.url)
                 return response.status, body
 
     async def send_quietly(self, body: bytes, headers: Mapping[str, str]) -> None:
@@ -200,11 +203,15 @@ class UpstreamHTTP:
 
 async def read_limited(response: Answer, limit: int, upstream: str) -> bytes:
     """The whole body, or UpstreamBadResponse when it exceeds `limit` bytes."""
-    if response.content_length is not None and response.content_length > limit:
+    return await _read_within(response.iter_any(), response.content_length, limit, upstream)
+
+
+async def _read_within(body: AsyncIterator[bytes], content_length: int | None, limit: int, upstream: str) -> bytes:
+    if content_length is not None and content_length > limit:
         raise UpstreamBadResponse(upstream, f"response larger than {limit} bytes")
     chunks: list[bytes] = []
     size = 0
-    async for chunk in response.iter_any():
+    async for chunk in body:
         size += len(chunk)
         if size > limit:
             raise UpstreamBadResponse(upstream, f"response larger than {limit} bytes")

@@ -82,18 +82,16 @@ class WirePool:
                 connection.start(request, head, within_s)
                 try:
                     return await head
-                except UpstreamUnavailable:
-                    retry = idempotent and attempt == 1 and connection.exchanges > 1 and not connection.got_bytes
+                except BaseException as exc:
+                    if not isinstance(exc, UpstreamError):  # cancelled: the answer would arrive for nobody
+                        connection.fail_head(UpstreamUnavailable(self.url, "exchange abandoned"))
                     self.release(connection, slot=False)
-                    if retry and self._aborted is None:
+                    # A kept-alive connection the upstream had closed before this request reached it:
+                    stale = (
+                        isinstance(exc, UpstreamUnavailable) and connection.exchanges > 1 and not connection.got_bytes
+                    )
+                    if idempotent and attempt == 1 and stale and self._aborted is None:
                         continue
-                    raise
-                except UpstreamError:
-                    self.release(connection, slot=False)
-                    raise
-                except BaseException:  # cancelled while waiting: the answer would arrive for nobody
-                    connection.fail_head(UpstreamUnavailable(self.url, "exchange abandoned"))
-                    self.release(connection, slot=False)
                     raise
             raise AssertionError("unreachable")
         except BaseException:
@@ -121,7 +119,7 @@ class WirePool:
     def close(self) -> None:
         for connection in [*self._idle, *self._busy]:
             connection.abort(ShuttingDown(self.url, "the sidecar is shutting down"))
-            connection.finish()
+            connection.close()
         self._idle.clear()
         self._busy.clear()
 
@@ -131,7 +129,7 @@ class WirePool:
             connection = self._idle.pop()
             if not connection.closed and now - connection.idle_since < _IDLE_KEEP_S:
                 return connection
-            connection.finish()  # closes it
+            connection.close()
         return None
 
     async def _connect(self) -> Connection:
