@@ -5,12 +5,10 @@ Starting and stopping the processes it measures is `tests.procs`, shared with th
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import math
 import os
 import resource
-import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,6 +17,8 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
+
+from sidecar.serving import stop_signals
 
 __all__ = [
     "MODERN",
@@ -184,12 +184,9 @@ async def serve_until_signalled(app: web.Application, port: int) -> None:
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", port, backlog=4096).start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
     try:
-        await stop.wait()
+        with stop_signals() as stop:
+            await stop.wait()
     finally:
         with contextlib.suppress(Exception):
             await runner.cleanup()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import os
 import signal
@@ -20,7 +19,7 @@ from sidecar.app import ADMIN, METRICS, build_app
 from sidecar.bus.redis import RedisUnavailable
 from sidecar.config import ConfigError, SidecarConfig, load_config
 from sidecar.observability.logs import configure_logging
-from sidecar.serving import GuardedRunner, install_quiet_errors, raise_open_files_limit
+from sidecar.serving import GuardedRunner, install_quiet_errors, raise_open_files_limit, stop_signals
 from sidecar.upstream.stdio_process import StdioStartError
 
 __all__ = ["main", "run_workers", "serve"]
@@ -218,18 +217,13 @@ async def serve(config: SidecarConfig, ready: asyncio.Event | None = None, *, re
             "upstream": config.upstream.display_url,
         },
     )
-    stop = asyncio.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    if ready is not None:
-        ready.set()
     try:
-        await stop.wait()
+        with stop_signals() as stop:
+            if ready is not None:
+                ready.set()
+            await stop.wait()
     finally:
         logger.info("shutting down")
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            with contextlib.suppress(Exception):
-                loop.remove_signal_handler(signum)
         await runner.cleanup()
         await admin_runner.cleanup()
     return 0

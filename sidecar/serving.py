@@ -14,9 +14,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import resource
+import signal
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from aiohttp import web
@@ -25,7 +28,7 @@ from aiohttp.web_protocol import RequestHandler
 from sidecar.config import ListenConfig
 from sidecar.observability.metrics import Metrics
 
-__all__ = ["GuardedRunner", "QuietErrors", "install_quiet_errors", "raise_open_files_limit"]
+__all__ = ["GuardedRunner", "QuietErrors", "install_quiet_errors", "raise_open_files_limit", "stop_signals"]
 
 logger = logging.getLogger(__name__)
 
@@ -131,3 +134,19 @@ def raise_open_files_limit(wanted: int) -> int:
             extra={"limit": soft, "max_connections": wanted},
         )
     return soft
+
+
+@contextlib.contextmanager
+def stop_signals() -> Iterator[asyncio.Event]:
+    """An event SIGTERM and SIGINT set while the block runs; after it, they act as usual again (a second Ctrl-C
+    during the cleanup that follows interrupts it)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        yield stop
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(Exception):
+                loop.remove_signal_handler(signum)

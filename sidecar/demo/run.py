@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-import signal
 
 from aiohttp import web
 
@@ -13,6 +10,7 @@ from sidecar.app import build_app
 from sidecar.config import SidecarConfig
 from sidecar.demo.upstream import DemoUpstream
 from sidecar.protocol.constants import MODERN_VERSION
+from sidecar.serving import stop_signals
 
 __all__ = ["run_demo"]
 
@@ -65,16 +63,10 @@ async def run_demo(config: SidecarConfig) -> int:
     print("\nAnd in another terminal, re-read it after each notification:\n", flush=True)
     print(_CURL_READ.format(url=url, version=MODERN_VERSION), flush=True)
     print("\nCtrl-C to stop.", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
     try:
-        await stop.wait()
+        with stop_signals() as stop:
+            await stop.wait()
     finally:
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            with contextlib.suppress(Exception):
-                loop.remove_signal_handler(signum)
         await runner.cleanup()
         await upstream.aclose()
     return 0
