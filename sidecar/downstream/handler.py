@@ -195,12 +195,12 @@ class McpEndpoint:
     ) -> web.StreamResponse:
         # Legacy sessions are served by the sidecar, riding on an upstream session of their own.
         ticket = self._observer.ticket() if self._observer is not None else 0
-        answer = await self._legacy.handle_post(request, body, identity)
-        if isinstance(answer, web.StreamResponse):
-            return answer  # served here (initialize, subscribe, ping): nothing went upstream
-        if message is None:
+        if message is None:  # a session's request: `_handle` left parsing it to here (a bad body is relayed)
             with contextlib.suppress(RpcError):
                 message = parse_message(body)
+        answer = await self._legacy.handle_post(request, body, message, identity)
+        if isinstance(answer, web.StreamResponse):
+            return answer  # served here (initialize, subscribe, ping): nothing went upstream
         try:
             return await self._write_reply(request, answer)
         finally:

@@ -27,7 +27,7 @@ from sidecar.downstream.listen import StreamHub
 from sidecar.identity import Identity
 from sidecar.observability.metrics import Metrics
 from sidecar.protocol.constants import HEADER_SESSION_ID
-from sidecar.protocol.envelope import Message, parse_message
+from sidecar.protocol.envelope import Message
 from sidecar.protocol.errors import (
     InvalidParams,
     InvalidRequest,
@@ -100,9 +100,11 @@ class LegacySessions:
 
     # -- POST --------------------------------------------------------------------------------------------
 
-    async def handle_post(self, request: web.Request, body: bytes, identity: Identity) -> web.StreamResponse | Reply:
-        """A legacy-era POST; returns either our own response or the upstream's reply to relay."""
-        message = _try_parse(body)
+    async def handle_post(
+        self, request: web.Request, body: bytes, message: Message | None, identity: Identity
+    ) -> web.StreamResponse | Reply:
+        """A legacy-era POST (`message`: its body parsed, None when it is no JSON-RPC request or notification);
+        returns either our own response or the upstream's reply to relay."""
         if request.headers.get(HEADER_SESSION_ID) is None:
             if message is not None and message.method == "initialize":
                 return await self._initialize(request, body, message, identity)
@@ -340,13 +342,6 @@ class LegacySessions:
 
 def _session_not_found() -> InvalidRequest:
     return InvalidRequest("Session not found", http_status=404)
-
-
-def _try_parse(body: bytes) -> Message | None:
-    try:
-        return parse_message(body)
-    except RpcError:
-        return None
 
 
 def _dumps(value: Any) -> str:
