@@ -17,6 +17,7 @@ from sidecar.downstream.legacy import LegacySessions
 from sidecar.downstream.listen import StreamHub
 from sidecar.downstream.readthrough import ReadThrough
 from sidecar.downstream.shared_context import ignore_authorization
+from sidecar.fair_share import FairShare
 from sidecar.identity import IdentityRule
 from sidecar.observability.health import healthz, make_readyz
 from sidecar.observability.logs import INSTANCE_ID
@@ -31,6 +32,7 @@ __all__ = [
     "ADMIN",
     "CLUSTER",
     "CONFIG",
+    "FAIR_SHARE",
     "HUB",
     "IDENTITIES",
     "LEGACY",
@@ -50,6 +52,7 @@ HUB = web.AppKey("hub", StreamHub)
 IDENTITIES = web.AppKey("identities", IdentityRule)
 CLUSTER = web.AppKey("cluster", RedisCluster)
 LEGACY = web.AppKey("legacy", LegacySessions)
+FAIR_SHARE = web.AppKey("fair_share", FairShare)
 ADMIN = web.AppKey("admin", web.Application)
 """The admin listener's application (/metrics, /status): served by the caller on `config.admin`."""
 
@@ -96,10 +99,14 @@ def build_app(config: SidecarConfig) -> web.Application:
     readthrough = ReadThrough(config.cache, metrics)
     # Subscribed before the streams: a change drops stale cache entries before anyone is told to re-read.
     bus.subscribe(readthrough.on_change)
-    registry = WatchRegistry(upstream, config.polling, bus, metrics, coordinator=cluster)
+    fair_share = _fair_share_of(config, metrics)
+    app[FAIR_SHARE] = fair_share
+    registry = WatchRegistry(upstream, config.polling, bus, metrics, fair_share, coordinator=cluster)
     registry.on_observation(readthrough.observed)  # the cache drops what a watch's look contradicts
     hub = StreamHub(registry, upstream, bus, config.streams, metrics)
-    legacy = LegacySessions(upstream, registry, hub, config.streams, metrics)
+    legacy = LegacySessions(
+        upstream, registry, hub, config.streams, metrics, fair_share, queue_wait_s=config.upstream.timeout_s
+    )
     app[REGISTRY] = registry
     app[HUB] = hub
     app[LEGACY] = legacy
@@ -115,6 +122,7 @@ def build_app(config: SidecarConfig) -> web.Application:
         readthrough=readthrough,
         metrics=metrics,
         legacy=legacy,
+        fair_share=fair_share,
     )
     path = config.listen.path
     app.router.add_post(path, endpoint.handle_post)
@@ -133,9 +141,24 @@ def build_app(config: SidecarConfig) -> web.Application:
     admin.router.add_get("/healthz", healthz)
     admin.router.add_get("/readyz", readyz)
     admin.router.add_get(config.metrics.path, _metrics_handler)
-    admin.router.add_get("/status", make_status(upstream, registry, hub))
+    admin.router.add_get("/status", make_status(upstream, registry, hub, fair_share))
     app[ADMIN] = admin
     return app
+
+
+def _fair_share_of(config: SidecarConfig, metrics: Metrics) -> FairShare:
+    """The upstream's capacity for client requests, shared between clients: the HTTP pool's connections, or for a
+    stdio server the requests it may have in flight less those the polls may take (past it, it refuses)."""
+    upstream = config.upstream
+    if upstream.is_stdio:
+        capacity = max(1, upstream.max_in_flight - config.polling.max_concurrency)
+    else:
+        capacity = upstream.max_connections
+    # Three quarters by default: one client's slow requests always leave a quarter of the slots to the others.
+    per_client = upstream.max_requests_per_client or max(1, capacity * 3 // 4)
+    return FairShare(
+        capacity=capacity, per_client=per_client, max_queued_per_client=upstream.max_queued_per_client, metrics=metrics
+    )
 
 
 async def _upstream_context(app: web.Application) -> AsyncIterator[None]:

@@ -195,7 +195,8 @@ async def serve(config: SidecarConfig, ready: asyncio.Event | None = None, *, re
         ("admin", admin_runner, config.admin.host, config.admin.port),
     ):
         try:
-            await web.TCPSite(site_runner, host, port, reuse_port=reuse_port or None).start()
+            site = web.TCPSite(site_runner, host, port, reuse_port=reuse_port or None, backlog=config.listen.backlog)
+            await site.start()
         except OSError as exc:
             await admin_runner.cleanup()
             await runner.cleanup()

@@ -1,10 +1,15 @@
-"""Authorization contexts: who a request is from, as the upstream could tell, named by a keyed hash.
+"""Authorization contexts: who a request is from, as the upstream could tell, named by a keyed hash; and the
+client a request counts against for fair share.
 
 One rule (invariant 18): a request's context is derived once, from every forwarded header that is not
 declared non-identifying (`upstream.non_identity_headers`), names compared case-insensitively, and a
 request carrying an identity header twice is refused, since the sidecar and the upstream could read
 different values. Upstream sessions, cache entries, watches and the credentials the sidecar polls with
 all hang off that one context, so adding a forwarded header can never merge two users.
+
+The context is the unit of *isolation*. The unit of *fairness* is the client (invariant 20): a request with
+identifying headers counts against its context, one without them against its address, so the many anonymous
+clients of an unauthenticated upstream do not share one fair share (they still share one context).
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import hashlib
 import hmac
 import secrets
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
@@ -33,10 +38,13 @@ Headers = CIMultiDictProxy[str] | CIMultiDict[str] | Mapping[str, str]
 @dataclass(frozen=True, slots=True)
 class Identity:
     """A request's authorization context and the identifying headers that make it (lower-case names, sorted),
-    which are what the sidecar sends when it acts for that context. Never logged; `context` is safe to log."""
+    which are what the sidecar sends when it acts for that context, and the client it counts against for fair
+    share (not part of its equality: two addresses of one context are one identity). Never logged; `context` is
+    safe to log."""
 
     context: str
     headers: tuple[tuple[str, str], ...] = ()
+    client: str = field(default=ANONYMOUS, compare=False)
 
     @property
     def is_anonymous(self) -> bool:
@@ -65,8 +73,9 @@ class IdentityRule:
         """Name contexts with a key shared by every replica (from Redis): one identity, one context cluster-wide."""
         self._key = key
 
-    def of(self, headers: Headers) -> Identity:
-        """The identity of a request with these headers; InvalidRequest (400) when an identity header repeats."""
+    def of(self, headers: Headers, address: str | None = None) -> Identity:
+        """The identity of a request with these headers from the client at `address` (what an anonymous request
+        counts against for fair share); InvalidRequest (400) when an identity header repeats."""
         found = []
         for name in self.identity_headers:
             values = _values(headers, name)
@@ -74,6 +83,8 @@ class IdentityRule:
                 raise InvalidRequest(f"the {name} header appears more than once", http_status=400)
             if values:
                 found.append((name, values[0]))
+        if not found and address is not None:
+            return Identity(ANONYMOUS, client=f"addr-{address}")
         return self.identity(tuple(found))
 
     def identity(self, headers: tuple[tuple[str, str], ...]) -> Identity:
@@ -82,7 +93,8 @@ class IdentityRule:
         digest = hmac.new(self._key, digestmod=hashlib.sha256)
         for name, value in headers:
             digest.update(name.encode() + b"\0" + value.encode("utf-8", "surrogateescape") + b"\0")
-        return Identity(f"ctx-{digest.hexdigest()[:20]}", headers)
+        context = f"ctx-{digest.hexdigest()[:20]}"
+        return Identity(context, headers, client=context)
 
     def forwarded(self, headers: Headers) -> dict[str, str]:
         """The allowlisted client headers as they go upstream: the first value of each (identity headers were

@@ -70,7 +70,7 @@ async def serve_config(config: SidecarConfig) -> AsyncIterator[Sidecar]:
     await runner.setup()
     try:
         await admin.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        await web.TCPSite(runner, "127.0.0.1", 0, backlog=config.listen.backlog).start()
         await web.TCPSite(admin, "127.0.0.1", 0).start()
         host, port = runner.addresses[0][:2]
         base = f"http://{host}:{port}"
@@ -79,6 +79,12 @@ async def serve_config(config: SidecarConfig) -> AsyncIterator[Sidecar]:
     finally:
         await runner.cleanup()
         await admin.cleanup()
+
+
+def waits(sidecar: Sidecar, limit: str) -> int:
+    """How many times work waited its turn under `limit` (`mcp_sidecar_queue_wait_seconds{limit}`'s count)."""
+    child = sidecar.app[METRICS].queue_wait.labels(limit)
+    return int(sum(bucket.get() for bucket in child._buckets))
 
 
 def context_of(sidecar: Sidecar, authorization: str) -> str:

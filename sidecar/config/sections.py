@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
@@ -37,13 +38,15 @@ DEFAULT_LINGER_MS = 5_000
 DEFAULT_MAX_NATIVE_STREAMS = 100
 DEFAULT_MAX_HINTED_POLLS_PER_S = 200.0  # a write hinting 2,000 watches costs one extra round over ten seconds
 DEFAULT_MAX_BASELINES_PER_S = 200.0
+DEFAULT_BASELINE_WAIT_S = 10.0
+DEFAULT_BACKLOG = 2_048  # a burst of 1,024 connects waits in the kernel instead of being dropped
 DEFAULT_REVALIDATE_DEBOUNCE_MS = 10  # batches a burst of writes; short enough that a write is seen at once
 DEFAULT_CACHE_ENTRIES = 10_000
 DEFAULT_CACHE_BYTES = 64 * 1_048_576
 DEFAULT_LEASE_MS = 5_000
 DEFAULT_SESSION_IDLE_S = 1_800.0
 DEFAULT_MAX_SESSIONS = 10_000
-DEFAULT_MAX_SESSIONS_PER_CONTEXT = 1_000
+DEFAULT_MAX_SESSIONS_PER_CLIENT = 1_000
 DEFAULT_SESSION_UNUSED_S = 60.0
 DEFAULT_KEEPALIVE_S = 15.0  # aiohttp-sse's default; well under common 60 s proxy idle timeouts
 DEFAULT_MAX_STREAMS = 10_000
@@ -71,12 +74,33 @@ class ListenConfig(Section):
     max_connections: int = Field(
         DEFAULT_MAX_CLIENT_CONNECTIONS, ge=1, description="Client connections at once; one more is closed at accept."
     )
+    backlog: int = Field(
+        DEFAULT_BACKLOG,
+        ge=1,
+        description="Connections the kernel holds before they are accepted (capped by net.core.somaxconn).",
+    )
+    trusted_proxies: list[str] = Field(
+        default_factory=list,
+        description="Addresses or networks (CIDR) of proxies in front of the sidecar: from their connections, an "
+        "anonymous client is known by the first address not in this list in Forwarded / X-Forwarded-For (its "
+        "fair share). Empty: every client is its connection's peer address; those headers are ignored.",
+    )
 
     event_loop: Literal["auto", "uvloop", "asyncio"] = Field(
         "auto",
         description="The event loop the process runs on: auto is uvloop on Linux when it is installed (asyncio's "
         "own loop otherwise), uvloop requires it, asyncio never uses it.",
     )
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _networks(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                raise ValueError(f"{entry!r} is not an IP address or network (CIDR)") from None
+        return value
 
     @field_validator("path")
     @classmethod
@@ -122,8 +146,15 @@ class PollingConfig(Section):
     max_baselines_per_s: float = Field(
         DEFAULT_MAX_BASELINES_PER_S,
         gt=0,
-        description="First reads of new subscriptions one client (context) may cause a second; more are left out "
-        "of the ack (a resource found missing is not read again for default_interval_ms).",
+        description="First reads of new subscriptions one client may start a second beside the polls; more wait "
+        "their turn among the client's requests upstream (a resource found missing is not read again for "
+        "default_interval_ms).",
+    )
+    baseline_wait_s: float = Field(
+        DEFAULT_BASELINE_WAIT_S,
+        gt=0,
+        description="How long an ack waits for a first read over max_baselines_per_s to start; a URI whose read "
+        "could not start by then is left out of the ack.",
     )
 
     @model_validator(mode="after")
@@ -157,6 +188,8 @@ class CacheConfig(Section):
 
 
 class StreamsConfig(Section):
+    renamed = {"max_sessions_per_context": "max_sessions_per_client"}
+
     keepalive_s: float = Field(DEFAULT_KEEPALIVE_S, gt=0, description="Comment line on quiet listen streams.")
     max_streams: int = Field(DEFAULT_MAX_STREAMS, ge=1, description="Listen streams per process.")
     write_buffer_bytes: int = Field(
@@ -177,11 +210,11 @@ class StreamsConfig(Section):
     session_idle_s: float = Field(
         DEFAULT_SESSION_IDLE_S, gt=0, description="A 2025-11-25 session idle this long (no GET stream) ends."
     )
-    max_sessions_per_context: int = Field(
-        DEFAULT_MAX_SESSIONS_PER_CONTEXT,
+    max_sessions_per_client: int = Field(
+        DEFAULT_MAX_SESSIONS_PER_CLIENT,
         ge=1,
-        description="2025-11-25 sessions one client (authorization context; every anonymous client shares one) may "
-        "hold; more get 429.",
+        description="2025-11-25 sessions one client (its authorization context, or for anonymous clients its "
+        "address) may hold; more get 429.",
     )
     session_unused_s: float = Field(
         DEFAULT_SESSION_UNUSED_S,

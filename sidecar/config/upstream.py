@@ -17,7 +17,7 @@ DEFAULT_UPSTREAM_TIMEOUT_S = 30.0
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
 DEFAULT_MAX_CONNECTIONS = 100
 DEFAULT_MAX_STREAM_S = 900.0
-DEFAULT_MAX_REQUESTS_PER_CONTEXT = 32  # a third of the pool: two busy clients still leave room for a third
+DEFAULT_MAX_QUEUED_PER_CLIENT = 1_024  # 1,000 requests at once from one client on an idle sidecar wait, none fail
 DEFAULT_MAX_RESPONSE_BYTES = 16 * 1_048_576
 DEFAULT_MAX_IN_FLIGHT = 256
 DEFAULT_STOP_GRACE_S = 5.0
@@ -30,6 +30,8 @@ _IDENTITY_WORDS = ("auth", "token", "key", "cookie", "session", "user", "account
 
 
 class UpstreamConfig(Section):
+    renamed = {"max_requests_per_context": "max_requests_per_client"}
+
     url: str = Field("", description="The upstream MCP endpoint (HTTP); set this or `command`. Empty: not set.")
     command: list[str] | None = Field(
         None,
@@ -53,11 +55,18 @@ class UpstreamConfig(Section):
     max_stream_s: float = Field(
         DEFAULT_MAX_STREAM_S, gt=0, description="An SSE answer (a long tool call with progress) ends after this."
     )
-    max_requests_per_context: int = Field(
-        DEFAULT_MAX_REQUESTS_PER_CONTEXT,
+    max_requests_per_client: int | None = Field(
+        None,
         ge=1,
-        description="Requests one client (authorization context) may have in flight upstream; more get 429, so "
-        "one client cannot take the whole connection pool.",
+        description="Requests one client may have in flight upstream; more wait their turn, so one client's slow "
+        "requests cannot take the whole pool. Absent: three quarters of the upstream's capacity (max_connections; "
+        "for `command`, max_in_flight less polling.max_concurrency).",
+    )
+    max_queued_per_client: int = Field(
+        DEFAULT_MAX_QUEUED_PER_CLIENT,
+        ge=0,
+        description="Requests one client may have waiting for a free slot; one more gets 429 with Retry-After (a "
+        "request that waits longer than timeout_s does too).",
     )
     connect_timeout_s: float = Field(
         DEFAULT_CONNECT_TIMEOUT_S, gt=0, description="TCP connect timeout; for `command`, the liveness probe's."

@@ -12,9 +12,11 @@ import orjson
 from aiohttp import web
 
 from sidecar.config import SidecarConfig
+from sidecar.downstream.client_address import ClientAddresses
 from sidecar.downstream.guards import check_host_and_origin, read_body
 from sidecar.downstream.legacy import LegacySessions
 from sidecar.downstream.readthrough import ReadThrough, is_shareable
+from sidecar.fair_share import FairShare
 from sidecar.identity import Identity, IdentityRule
 from sidecar.observability.metrics import Metrics, method_label
 from sidecar.protocol.constants import (
@@ -25,7 +27,14 @@ from sidecar.protocol.constants import (
     REMOVED_METHODS,
 )
 from sidecar.protocol.envelope import Message, RequestId, detect_era, parse_message, validate_modern
-from sidecar.protocol.errors import InternalError, MethodNotFound, RpcError, UpstreamError, UpstreamHTTPError
+from sidecar.protocol.errors import (
+    InternalError,
+    MethodNotFound,
+    RpcError,
+    TooManyRequests,
+    UpstreamError,
+    UpstreamHTTPError,
+)
 from sidecar.protocol.frames import SERVER_INFO, error_response, result_response
 from sidecar.upstream.answers import Reply, UpstreamInfo
 from sidecar.upstream.base import Upstream
@@ -118,8 +127,13 @@ class McpEndpoint:
         readthrough: ReadThrough | None = None,
         metrics: Metrics | None = None,
         legacy: LegacySessions,
+        fair_share: FairShare,
     ) -> None:
         self._legacy = legacy
+        self._fair_share = fair_share
+        self._addresses = ClientAddresses(config.listen.trusted_proxies)
+        self._queue_wait_s = config.upstream.timeout_s
+        """A request's own deadline bounds its wait for a slot too."""
         self._identities = identities
         self._metrics = metrics or Metrics()
         self._config = config
@@ -166,7 +180,8 @@ class McpEndpoint:
             refused = check_host_and_origin(request, self._config.listen)
             if refused is not None:
                 raise refused
-            identity = self._identities.of(request.headers)  # once per request; a repeated identity header: 400
+            # Once per request; a repeated identity header: 400.
+            identity = self._identities.of(request.headers, self._addresses.of(request))
             body = await read_body(request, self._config.listen.max_body_bytes, self._config.listen.body_timeout_s)
             message: Message | None = None
             if HEADER_SESSION_ID not in request.headers:
@@ -237,7 +252,7 @@ class McpEndpoint:
         try:
             if refused is not None:
                 raise refused
-            return await call(request, self._identities.of(request.headers))
+            return await call(request, self._identities.of(request.headers, self._addresses.of(request)))
         except RpcError as exc:
             return self._error(None, exc)
         except UpstreamError as exc:
@@ -279,21 +294,26 @@ class McpEndpoint:
     ) -> tuple[Reply, JsonObject | None]:
         """The upstream's reply to this request, or a ready answer: a cached one, or the one an identical request
         in flight got (its id is replaced by this request's)."""
+
+        def send() -> Awaitable[Reply]:
+            # In the client's turn: over its fair share it waits in its own queue (invariant 20).
+            return self._fair_share.run(
+                identity.client,
+                lambda: self._upstream.forward(message, request.headers, identity),
+                within_s=self._queue_wait_s,
+            )
+
         if self._readthrough is None or not is_shareable(message.method, message.params):
-            return await self._upstream.forward(message, request.headers, identity), None
+            return await send(), None
         cached = self._readthrough.lookup(message.method, message.params, identity.context)
         if cached is not None:
             # Answered as it is: an older answer is no evidence for the watches (see `after_forward`'s ticket).
             return Reply(200), result_response(message.id, cached)
         reply, shared = await self._readthrough.fetch(
-            message.method,
-            message.params,
-            identity.context,
-            lambda: self._upstream.forward(message, request.headers, identity),
-            ticket,
+            message.method, message.params, identity.context, send, ticket, identity.client
         )
         if reply is None and shared is None:
-            reply = await self._upstream.forward(message, request.headers, identity)
+            reply = await send()
         return (reply, None) if reply is not None else (Reply(200), shared)
 
     def _refused(self, message: Message, identity: Identity) -> None:
@@ -332,6 +352,8 @@ class McpEndpoint:
     ) -> web.Response:
         if error.status >= 500:
             logger.warning("request failed: %s", error.message)
+        if isinstance(error, TooManyRequests):
+            headers = {**(headers or {}), "Retry-After": str(error.retry_after_s)}
         return json_response(error_response(request_id, error), error.status, headers)
 
 

@@ -15,6 +15,7 @@ import logging
 import secrets
 import time
 from collections import Counter
+from collections.abc import Awaitable
 from typing import Any
 
 import orjson
@@ -24,6 +25,7 @@ from sidecar.changes import WatchKind
 from sidecar.config import StreamsConfig
 from sidecar.downstream.legacy_session import LegacySession
 from sidecar.downstream.listen import StreamHub
+from sidecar.fair_share import FairShare
 from sidecar.identity import Identity
 from sidecar.observability.metrics import Metrics
 from sidecar.protocol.constants import HEADER_SESSION_ID
@@ -70,8 +72,13 @@ class LegacySessions:
         hub: StreamHub,
         config: StreamsConfig,
         metrics: Metrics,
+        fair_share: FairShare,
+        queue_wait_s: float,
     ) -> None:
         self._upstream = upstream
+        self._fair_share = fair_share
+        self._queue_wait_s = queue_wait_s
+        """A request's own deadline (upstream.timeout_s) bounds its wait for a slot too."""
         self._registry = registry
         self._hub = hub
         self._config = config
@@ -79,8 +86,8 @@ class LegacySessions:
         self._sessions: dict[str, LegacySession] = {}
         self._opening = 0
         """Initializes in flight: each holds a slot under streams.max_sessions."""
-        self._per_context: Counter[str] = Counter()
-        """Sessions open or opening, by authorization context."""
+        self._per_client: Counter[str] = Counter()
+        """Sessions open or opening, by client (the unit of fair share)."""
         self._reaper: asyncio.Task[None] | None = None
 
     @property
@@ -114,24 +121,35 @@ class LegacySessions:
             session.used = True  # `notifications/initialized` alone does not keep a session
         if message is not None and message.method in _LOCAL_METHODS and not message.is_notification:
             return await self._serve_locally(session, message)
-        return await self._upstream.relay(body, request.headers, identity, session_id=session.upstream_session)
+        return await self._relay_post(body, request, identity, session.upstream_session)
+
+    def _relay_post(
+        self, body: bytes, request: web.Request, identity: Identity, upstream_session: str | None
+    ) -> Awaitable[Reply]:
+        # In the client's turn: over its fair share it waits in its own queue (invariant 20). A session's GET
+        # stream is not counted (one per session, and sessions are capped).
+        return self._fair_share.run(
+            identity.client,
+            lambda: self._upstream.relay(body, request.headers, identity, session_id=upstream_session),
+            within_s=self._queue_wait_s,
+        )
 
     async def _initialize(
         self, request: web.Request, body: bytes, message: Message, identity: Identity
     ) -> web.StreamResponse:
-        context = identity.context
+        client = identity.client
         # Slots are taken before the first await: a thousand initializes at once cannot all pass the check.
         if len(self._sessions) + self._opening >= self._config.max_sessions:
             self._metrics.limit_rejections.labels("max_sessions").inc()
             raise Overloaded(f"this sidecar already holds {self._config.max_sessions} sessions; retry later")
-        if self._per_context[context] >= self._config.max_sessions_per_context:
-            self._metrics.limit_rejections.labels("max_sessions_per_context").inc()
-            raise TooManyRequests(f"this client already holds {self._config.max_sessions_per_context} sessions")
+        if self._per_client[client] >= self._config.max_sessions_per_client:
+            self._metrics.limit_rejections.labels("max_sessions_per_client").inc()
+            raise TooManyRequests(f"this client already holds {self._config.max_sessions_per_client} sessions")
         self._opening += 1
-        self._per_context[context] += 1
+        self._per_client[client] += 1
         opened = False
         try:
-            reply = await self._upstream.relay(body, request.headers, identity, session_id=None)
+            reply = await self._relay_post(body, request, identity, None)
             answer = await _first_response(reply)
             if answer is None or reply.status >= 300 or not isinstance(answer.get("result"), dict):
                 payload = answer or error_response(message.id, InvalidRequest("upstream refused initialize"))
@@ -141,7 +159,7 @@ class LegacySessions:
         finally:
             self._opening -= 1
             if not opened:
-                self._forget(context)
+                self._forget(client)
 
     def _opened(self, answer: JsonObject, reply: Reply, identity: Identity) -> web.StreamResponse:
         result = answer["result"]
@@ -320,14 +338,14 @@ class LegacySessions:
         session.subscriptions.clear()
         session.list_handles.clear()
         session.close("ended")
-        self._forget(session.identity.context)
+        self._forget(session.identity.client)
         self._metrics.legacy_sessions.set(len(self._sessions))
         logger.info("legacy session ended")
 
-    def _forget(self, context: str) -> None:
-        self._per_context[context] -= 1
-        if self._per_context[context] <= 0:
-            del self._per_context[context]
+    def _forget(self, client: str) -> None:
+        self._per_client[client] -= 1
+        if self._per_client[client] <= 0:
+            del self._per_client[client]
 
     async def _reap(self) -> None:
         idle_s, unused_s = self._config.session_idle_s, self._config.session_unused_s

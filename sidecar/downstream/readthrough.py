@@ -136,7 +136,7 @@ class ReadThrough:
         )
         self._cache.on_evict = metrics.cache_evictions.inc
         self._verify = config.public_requires_verified_context
-        self._flights: dict[tuple[str, bytes, str], _Flight] = {}
+        self._flights: dict[tuple[str, bytes, str, str], _Flight] = {}
         self._latest: LRUCache[tuple[Group, str], tuple[int, str]] = LRUCache(maxsize=_MAX_OBSERVATIONS)
         """(group, partition) -> the (ticket, fingerprint) of the latest look a watch applied."""
         self._index: dict[Group, set[CacheKey]] = {}
@@ -215,15 +215,18 @@ class ReadThrough:
         context: str,
         forward: Callable[[], Awaitable[Reply]],
         ticket: int = 0,
+        client: str = "",
     ) -> tuple[Reply | None, JsonObject | None]:
         """Forward once for everyone asking the same now (`ticket`: when this request started, on the watch
-        engine's clock, so an answer older than a watch's latest look is not kept).
+        engine's clock, so an answer older than a watch's latest look is not kept). Only requests of one
+        `client` share a flight: the first one's request may wait its turn in that client's fair-share queue,
+        and another client must not wait behind it (invariant 20).
 
         Returns (the leader's own reply, None) for the request that went upstream, or (None, shared
         answer) for one that joined; (None, None) means the leader's answer could not be shared (a
         stream) and the caller should forward on its own.
         """
-        flight_key = (method, _params_key(params), context)
+        flight_key = (method, _params_key(params), context, client)
         flight = self._flights.get(flight_key)
         if flight is not None:
             self._metrics.singleflight_joins.inc()

@@ -38,16 +38,16 @@ _LIMITS = (
     "max_streams",
     "max_uris_per_stream",
     "max_sessions",
-    "max_sessions_per_context",
-    "poll_concurrency",
+    "max_sessions_per_client",
     "native_streams",
     "max_connections",
-    "requests_per_context",
-    "baseline_rate",
-    "hinted_polls",
+    "queued_per_client",
+    "queue_wait",
+    "baseline_wait",
     "upstream_max_in_flight",
     "upstream_max_response_bytes",
 )
+_QUEUES = ("upstream_requests", "poll_concurrency", "hinted_polls")
 _RESTART_REASONS = ("exited", "unresponsive", "handshake_failed", "start_failed")
 _STDERR_OUTCOMES = ("logged", "dropped")
 _END_REASONS = ("client", "shutdown", "auth")
@@ -141,6 +141,22 @@ class Metrics:
         self.limit_rejections = Counter(
             "mcp_sidecar_limit_rejections", "Work refused by a configured limit", ["limit"], registry=r
         )
+        self.queue_depth = Gauge(
+            "mcp_sidecar_queue_depth", "Requests waiting their turn under a limit now", ["limit"], registry=r
+        )
+        self.queue_wait = Histogram(
+            "mcp_sidecar_queue_wait_seconds",
+            "How long work waited its turn under a limit: client requests for a slot upstream (0: one was free), "
+            "polls for polling.max_concurrency, hinted polls deferred by polling.max_hinted_polls_per_s",
+            ["limit"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.clients_active = Gauge(
+            "mcp_sidecar_clients_active",
+            "Distinct clients (the unit of fair share) with a request upstream in flight or waiting",
+            registry=r,
+        )
         self.keepalives = Counter("mcp_sidecar_keepalives", "Keep-alive comments sent", registry=r)
         self.streams_ended = Counter(
             "mcp_sidecar_streams_ended", "Listen streams ended, by reason", ["reason"], registry=r
@@ -191,6 +207,9 @@ class Metrics:
             self.upstream_notifications.labels(method)
         for limit in _LIMITS:
             self.limit_rejections.labels(limit)
+        for queue in _QUEUES:
+            self.queue_depth.labels(queue)
+            self.queue_wait.labels(queue)
         for reason in _END_REASONS:
             self.streams_ended.labels(reason)
         for reason in _RESTART_REASONS:

@@ -17,6 +17,7 @@ from sidecar.observability.logs import INSTANCE_ID
 
 __all__ = [
     "MAX_WATCHES_SHOWN",
+    "FairShareView",
     "StreamsView",
     "UpstreamView",
     "WatchView",
@@ -96,13 +97,27 @@ class StreamsView(Protocol):
     def stream_count(self) -> int: ...
 
 
+class FairShareView(Protocol):
+    """What the page shows of the upstream's capacity for client requests."""
+
+    capacity: int
+    per_client: int
+    in_flight: int
+    queued: int
+
+    @property
+    def active_clients(self) -> int: ...
+
+
 def _when(timestamp: float | None) -> str | None:
     if timestamp is None:
         return None
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(timestamp))
 
 
-def status_snapshot(upstream: UpstreamView, registry: WatchesView, hub: StreamsView) -> dict[str, Any]:
+def status_snapshot(
+    upstream: UpstreamView, registry: WatchesView, hub: StreamsView, fair_share: FairShareView | None = None
+) -> dict[str, Any]:
     """The status document; partitions appear only as a short hash, never as a credential."""
     watches = sorted(registry.watches(), key=lambda watch: watch.refs, reverse=True)
     shown = []
@@ -143,6 +158,15 @@ def status_snapshot(upstream: UpstreamView, registry: WatchesView, hub: StreamsV
         },
         "watches": shown,
         "watches_shown": len(shown),
+        "fair_share": None
+        if fair_share is None
+        else {
+            "capacity": fair_share.capacity,
+            "per_client": fair_share.per_client,
+            "in_flight": fair_share.in_flight,
+            "queued": fair_share.queued,
+            "active_clients": fair_share.active_clients,
+        },
     }
 
 
@@ -174,15 +198,23 @@ def _render_html(status: dict[str, Any]) -> str:
         f"{' — ' + html.escape(upstream['not_ready_reason']) if upstream['not_ready_reason'] else ''}</p>"
         f"<p>{counts['streams']} streams, {counts['watches']} watches, {counts['partitions']} partitions "
         f"(showing {status['watches_shown']})</p>"
-        "<table><tr>" + "".join(f"<th>{c}</th>" for c in columns) + f"</tr>{rows}</table></body></html>"
+        + (
+            f"<p>upstream requests: {share['in_flight']} of {share['capacity']} in flight, {share['queued']} waiting, "
+            f"{share['active_clients']} clients</p>"
+            if (share := status["fair_share"]) is not None
+            else ""
+        )
+        + "<table><tr>"
+        + "".join(f"<th>{c}</th>" for c in columns)
+        + f"</tr>{rows}</table></body></html>"
     )
 
 
 def make_status(
-    upstream: UpstreamView, registry: WatchesView, hub: StreamsView
+    upstream: UpstreamView, registry: WatchesView, hub: StreamsView, fair_share: FairShareView | None = None
 ) -> Callable[[web.Request], Awaitable[web.Response]]:
     async def status(request: web.Request) -> web.Response:
-        snapshot = status_snapshot(upstream, registry, hub)
+        snapshot = status_snapshot(upstream, registry, hub, fair_share)
         if "text/html" in request.headers.get("Accept", ""):
             return web.Response(text=_render_html(snapshot), content_type="text/html")
         return web.Response(body=orjson.dumps(snapshot), content_type="application/json")

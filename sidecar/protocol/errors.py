@@ -11,7 +11,7 @@ SidecarError
 │   ├── HeaderMismatch           -32020, 400: an MCP header is missing or disagrees with the body
 │   ├── UnsupportedVersion       -32022, 400
 │   ├── Overloaded               -32603, 503: a configured limit refuses new work
-│   │   └── TooManyRequests      -32603, 429: one client has its fill of requests in flight
+│   │   └── TooManyRequests      -32603, 429 (Retry-After): one client is over its own bound
 │   └── InternalError            -32603, 500
 └── UpstreamError                the upstream failed; `to_rpc()` says what the client sees
     ├── UpstreamUnavailable      connection refused or reset, DNS failure (502)
@@ -145,9 +145,11 @@ class Overloaded(RpcError):
 
 
 class TooManyRequests(Overloaded):
-    """One client (authorization context) has as many requests in flight as it may; others are served."""
+    """One client is over its own bound (its queue is full, its request waited out its deadline); others are
+    served. Answered with `Retry-After`."""
 
     http_status = 429
+    retry_after_s: ClassVar[int] = 1
 
 
 class InternalError(RpcError):

@@ -44,7 +44,6 @@ from sidecar.upstream.http import (
     read_limited,
 )
 from sidecar.upstream.legacy import LegacyBridge
-from sidecar.upstream.limits import InFlightLimit
 from sidecar.upstream.relay import relay_answer, relay_events, request_id_of
 from sidecar.upstream.state import UpstreamState
 from sidecar.upstream.wire import Answer
@@ -81,7 +80,6 @@ class UpstreamClient(UpstreamState):
         self._http = UpstreamHTTP(config)
         self._legacy = LegacyBridge(self._http, cache)
         self._probe_lock = asyncio.Lock()
-        self._limit = InFlightLimit(config.max_requests_per_context, self._metrics)
         self._ids = itertools.count(1)
 
     async def start(self) -> None:
@@ -206,9 +204,6 @@ class UpstreamClient(UpstreamState):
 
     async def forward(self, message: Message, client_headers: Headers, identity: Identity) -> Reply:
         """Send a client's request upstream and return the answer for the client, in the client's era."""
-        return await self._limit.run(identity, lambda: self._forward(message, client_headers, identity))
-
-    async def _forward(self, message: Message, client_headers: Headers, identity: Identity) -> Reply:
         headers = self._identities.forwarded(client_headers)
         info = await self.ensure_info(identity)
         with self._observe(message.method):
@@ -237,17 +232,7 @@ class UpstreamClient(UpstreamState):
         http_method: str = "POST",
     ) -> Reply:
         """Pass a legacy-era client's request through on the upstream session `session_id` (the upstream's
-        own id; the client's session header is replaced by it, or dropped when None). A POST counts towards the
-        client's requests in flight; its session's GET stream does not (one per session, sessions are capped)."""
-        if http_method == "POST":
-            return await self._limit.run(
-                identity, lambda: self._relay_session(body, client_headers, session_id, http_method)
-            )
-        return await self._relay_session(body, client_headers, session_id, http_method)
-
-    async def _relay_session(
-        self, body: bytes | None, client_headers: Headers, session_id: str | None, http_method: str
-    ) -> Reply:
+        own id; the client's session header is replaced by it, or dropped when None)."""
         headers = self._identities.forwarded(client_headers)
         for name, value in client_headers.items():
             if name.lower() == "mcp-protocol-version":

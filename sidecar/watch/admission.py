@@ -1,9 +1,10 @@
-"""Which first reads (baselines) go upstream: a brief memory of missing resources, and a rate per context.
+"""Which first reads (baselines) go upstream at once: a brief memory of missing resources, and a rate per client.
 
 Without it a listen naming 1,000 resources that do not exist costs 1,000 upstream reads, every time it is
 sent. A resource found missing is not read again for that context for `polling.default_interval_ms` (a
-watch would not poll it sooner either); a context may start `polling.max_baselines_per_s` reads a second
-(a bucket of as many tokens), the rest are refused and left out of the ack.
+watch would not poll it sooner either); a client may start `polling.max_baselines_per_s` reads a second
+(a bucket of as many tokens) beside the polls, and the rest wait their turn in its fair share (see
+`WatchRegistry`), so they cost others no more than its forwarded requests do.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from sidecar.changes import WatchKind
 __all__ = ["Admission"]
 
 _MAX_REMEMBERED = 10_000
-"""Missing resources and per-context buckets remembered at most (least recently used go first)."""
+"""Missing resources and per-client buckets remembered at most (least recently used go first)."""
 
 
 class _Bucket:
@@ -32,7 +33,7 @@ class _Bucket:
 
 
 class Admission:
-    """Answers "may this context read this URI for a baseline now?"."""
+    """Answers "may this client read this URI for a baseline now, without waiting its turn?"."""
 
     def __init__(self, *, absent_ttl_s: float, rate_per_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
@@ -56,12 +57,12 @@ class Admission:
         else:
             self._absent.pop(("resource", uri, context), None)
 
-    def take(self, context: str) -> bool:
-        """One baseline read for `context` now, if its rate allows."""
+    def take(self, client: str) -> bool:
+        """One baseline read for `client` now, if its rate allows."""
         now = self._clock()
-        bucket = self._buckets.get(context)
+        bucket = self._buckets.get(client)
         if bucket is None:
-            bucket = self._buckets[context] = _Bucket(self._rate, now)
+            bucket = self._buckets[client] = _Bucket(self._rate, now)
         bucket.tokens = min(self._rate, bucket.tokens + (now - bucket.updated) * self._rate)
         bucket.updated = now
         if bucket.tokens < 1:

@@ -253,7 +253,7 @@ class Watch:
             return
         slot = self._budget.slot(due) if self._budget is not None else due
         if slot > due:
-            self._metrics.limit_rejections.labels("hinted_polls").inc()  # deferred, not dropped
+            self._metrics.queue_wait.labels("hinted_polls").observe(slot - due)  # deferred, never dropped
         if scheduled is None or slot < scheduled:
             self._arm(slot)
 
@@ -317,10 +317,11 @@ class Watch:
             self._arm_hinted(self._last_start + delay)
 
     async def poll_once(self, due: float) -> None:
-        if self._gate.locked():
-            self._metrics.limit_rejections.labels("poll_concurrency").inc()
+        queued_at = self._clock.now() if self._gate.locked() else None
         async with self._gate:
             started = self._clock.now()
+            if queued_at is not None:  # waited for polling.max_concurrency: a wait, not a refusal
+                self._metrics.queue_wait.labels("poll_concurrency").observe(started - queued_at)
             self._last_start = started
             self._metrics.poll_lag.observe(max(0.0, started - due))
             ticket = self._next_ticket()

@@ -5,6 +5,8 @@ Guarantees:
   share one baseline read per (kind, URI, authorization context).
 - Baseline first: `acquire` returns only after the watch has a fingerprint, so a change after the
   caller's ack is never missed and the first poll never fires a spurious change.
+- Paced, not dropped: a client's first reads beyond `polling.max_baselines_per_s` wait their turn among
+  its requests upstream (the fair share), up to `polling.baseline_wait_s`.
 - Private stays private: a result that is not `public` is watched per authorization context, polled
   with that context's own credential, held only while one of its streams holds the watch.
 - Release is idempotent; the last release starts a short linger so a reconnecting client does not
@@ -23,10 +25,11 @@ from typing import Any
 
 from sidecar.changes import Bus, ChangeEvent, LocalCoordinator, PollCoordinator, WatchKey, WatchKind
 from sidecar.config import PollingConfig
+from sidecar.fair_share import FairShare
 from sidecar.identity import ANONYMOUS, PUBLIC, Identity
 from sidecar.observability.metrics import Metrics
 from sidecar.protocol.constants import READ_ONLY_METHODS
-from sidecar.protocol.errors import TooManyRequests, UpstreamHTTPError
+from sidecar.protocol.errors import UpstreamHTTPError
 from sidecar.upstream.base import Upstream
 from sidecar.watch.admission import Admission
 from sidecar.watch.clock import LOOP_CLOCK, Clock, Timer
@@ -57,10 +60,13 @@ class WatchRegistry:
         config: PollingConfig,
         bus: Bus,
         metrics: Metrics,
+        fair_share: FairShare,
         coordinator: PollCoordinator | None = None,
         clock: Clock = LOOP_CLOCK,
     ) -> None:
         self._upstream = upstream
+        self._fair_share = fair_share
+        """Where a client's first reads over its rate wait their turn, among its forwarded requests."""
         self._clock = clock
         self._coordinator: PollCoordinator = coordinator or LocalCoordinator()
         self._config = config
@@ -115,7 +121,8 @@ class WatchRegistry:
 
         Raises UpstreamError when the upstream could not answer that read (down, a bad answer, a refusal), so
         the caller can tell the client what happened rather than that the resource does not exist; and
-        TooManyRequests when the client starts more first reads a second than `polling.max_baselines_per_s`.
+        TooManyRequests when the client's first reads beyond `polling.max_baselines_per_s` could not start
+        within `polling.baseline_wait_s` (its own requests upstream held every slot of its fair share).
         """
         context = identity.context
         watch = self._joinable(kind, uri, context)
@@ -126,8 +133,8 @@ class WatchRegistry:
         if task is None:
             if self._admission.known_absent(kind, uri, context):
                 return None  # found missing a moment ago: not read again so soon
-            self._admit(context)
-            task = asyncio.get_running_loop().create_task(self._baseline(kind, uri, identity))
+            paced = not self._admission.take(identity.client)
+            task = asyncio.get_running_loop().create_task(self._baseline(kind, uri, identity, paced))
             self._baselines[flight] = task
             task.add_done_callback(lambda _: self._baselines.pop(flight, None))
         # Shielded: one caller giving up must not cancel the read the others are waiting for.
@@ -136,12 +143,12 @@ class WatchRegistry:
             return None
         return self._add_ref(watch, identity)
 
-    def _admit(self, context: str) -> None:
-        if not self._admission.take(context):
-            self._metrics.limit_rejections.labels("baseline_rate").inc()
-            raise TooManyRequests(
-                f"this client subscribes faster than {self._config.max_baselines_per_s:g} new reads a second"
-            )
+    def _turn(self, identity: Identity, paced: bool) -> contextlib.AbstractAsyncContextManager[None]:
+        """A first read within the client's rate goes at once (among the polls); one over it waits its turn in
+        the client's fair share, so a client subscribing to thousands of URIs delays only itself."""
+        if not paced:
+            return contextlib.nullcontext()
+        return self._fair_share.slot(identity.client, within_s=self._config.baseline_wait_s, limit="baseline_wait")
 
     async def _join(self, watch: Watch, identity: Identity) -> Handle | None:
         """Join a live or lingering watch: a sync point. The caller's ack waits for a look at the upstream that
@@ -151,9 +158,9 @@ class WatchRegistry:
         try:
             task = self._syncs.get(watch.key)
             if task is None:
-                self._admit(identity.context)
+                paced = not self._admission.take(identity.client)
                 key = watch.key
-                task = asyncio.get_running_loop().create_task(self._sync(watch, identity))
+                task = asyncio.get_running_loop().create_task(self._sync(watch, identity, paced))
                 self._syncs[key] = task
                 task.add_done_callback(lambda _: self._syncs.pop(key, None))
             found = await asyncio.shield(task)
@@ -165,8 +172,8 @@ class WatchRegistry:
             return None
         return handle
 
-    async def _sync(self, watch: Watch, identity: Identity) -> bool:
-        async with self._gate:
+    async def _sync(self, watch: Watch, identity: Identity, paced: bool) -> bool:
+        async with self._turn(identity, paced), self._gate:
             ticket = self.ticket()
             observation = await observe(self._upstream, watch.key.kind, watch.key.uri, identity)
         self._apply(watch, observation, ticket)
@@ -186,9 +193,9 @@ class WatchRegistry:
             return public
         return self._watches.get(WatchKey(kind, uri, context))
 
-    async def _baseline(self, kind: WatchKind, uri: str | None, identity: Identity) -> Watch | None:
+    async def _baseline(self, kind: WatchKind, uri: str | None, identity: Identity, paced: bool) -> Watch | None:
         context = identity.context
-        async with self._gate:
+        async with self._turn(identity, paced), self._gate:
             ticket = self.ticket()
             observation = await observe(self._upstream, kind, uri, identity)
         if not observation.found:

@@ -17,8 +17,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from sidecar.app import METRICS
-from tests.helpers import LEGACY_HEADERS, LEGACY_INITIALIZE, eventually, headers, request, rpc, serve_sidecar
+from sidecar.app import FAIR_SHARE, METRICS
+from tests.helpers import LEGACY_HEADERS, LEGACY_INITIALIZE, eventually, headers, request, rpc, serve_sidecar, waits
 from tests.observing import ListenStream
 from tests.peers import Upstream, start_upstream
 from tests.peers.faulty import Fault, FaultyUpstream
@@ -148,10 +148,15 @@ async def test_an_upstream_dripping_its_answer_is_cut_at_the_whole_request_timeo
         assert "no complete answer within 0.5 s" in message["error"]["message"]
 
 
-async def test_one_client_cannot_take_every_upstream_connection(http: aiohttp.ClientSession) -> None:
-    upstream = {"timeout_s": 30, "max_requests_per_context": 3}
+@pytest.mark.invariant(20)
+async def test_one_clients_hung_requests_leave_slots_to_others_and_its_next_one_waits_its_turn(
+    http: aiohttp.ClientSession,
+) -> None:
+    # Four slots upstream, three for any one client: alice's three hung reads cannot take bob's.
+    upstream = {"timeout_s": 30, "max_connections": 4, "max_requests_per_client": 3}
     async with FaultyUpstream() as up, serve_sidecar(up.url, upstream=upstream) as sidecar:
-        up.fail(Fault.HANG, token="alice")
+        for n in range(3):
+            up.fail(Fault.HANG, uri=f"hang://{n}")
         alice = {"Authorization": "Bearer alice"}
         hung = [  # three different reads: identical ones would share one upstream request
             asyncio.ensure_future(rpc(http, sidecar.url, "resources/read", {"uri": f"hang://{n}"}, extra_headers=alice))
@@ -159,15 +164,53 @@ async def test_one_client_cannot_take_every_upstream_connection(http: aiohttp.Cl
         ]
         try:
             await eventually(lambda: len(up.reads()) == 3)
-            status, message = await rpc(http, sidecar.url, "resources/read", {"uri": "ok://y"}, extra_headers=alice)
-            assert status == 429 and "in flight" in message["error"]["message"]
+            fourth = asyncio.ensure_future(
+                rpc(http, sidecar.url, "resources/read", {"uri": "ok://alice"}, extra_headers=alice)
+            )
+            await eventually(lambda: sidecar.app[FAIR_SHARE].queued == 1)  # waiting its turn, not refused
             bob = {"Authorization": "Bearer bob"}
-            status, message = await rpc(http, sidecar.url, "resources/read", {"uri": "ok://y"}, extra_headers=bob)
+            status, message = await rpc(http, sidecar.url, "resources/read", {"uri": "ok://bob"}, extra_headers=bob)
             assert status == 200, message
-            assert _limit(sidecar, "requests_per_context") == 1
+            assert not fourth.done()
+            hung[0].cancel()  # alice gives one up: her next request takes its slot
+            status, message = await fourth
+            assert status == 200, message
+            assert _limit(sidecar, "queued_per_client") == _limit(sidecar, "queue_wait") == 0
         finally:
             await up.stop()  # ends the hung reads
             await asyncio.gather(*hung, return_exceptions=True)
+
+
+@pytest.mark.invariant(20)
+async def test_a_client_over_its_own_queue_bound_gets_429_with_retry_after_and_no_one_else_does(
+    http: aiohttp.ClientSession,
+) -> None:
+    upstream = {"timeout_s": 30, "max_requests_per_client": 1, "max_queued_per_client": 1}
+    async with FaultyUpstream() as up, serve_sidecar(up.url, upstream=upstream) as sidecar:
+        up.fail(Fault.HANG, uri="hang://x")
+        alice = {"Authorization": "Bearer alice"}
+        held = [
+            asyncio.ensure_future(rpc(http, sidecar.url, "resources/read", {"uri": uri}, extra_headers=alice))
+            for uri in ("hang://x", "ok://queued")
+        ]
+        try:
+            await eventually(lambda: sidecar.app[FAIR_SHARE].queued == 1)
+            body = request("resources/read", {"uri": "ok://third"})
+            async with http.post(
+                sidecar.url, json=body, headers={**headers("resources/read", "ok://third"), **alice}
+            ) as resp:
+                assert resp.status == 429
+                assert resp.headers["Retry-After"] == "1"
+                message = await resp.json()
+            assert message["error"]["code"] == -32603 and "waiting" in message["error"]["message"], message
+            assert _limit(sidecar, "queued_per_client") == 1
+            for name in ("bob", None):  # another token, and an anonymous client, are served as usual
+                extra = {"Authorization": f"Bearer {name}"} if name else {}
+                status, message = await rpc(http, sidecar.url, "resources/read", {"uri": "ok://y"}, extra_headers=extra)
+                assert status == 200, message
+        finally:
+            await up.stop()
+            await asyncio.gather(*held, return_exceptions=True)
 
 
 # -- 2025-11-25 sessions -------------------------------------------------------------------------------------
@@ -188,7 +231,7 @@ async def test_concurrent_initializes_never_exceed_the_session_cap(shop: Upstrea
 
 
 async def test_one_client_cannot_hold_every_session(shop: Upstream, http: aiohttp.ClientSession) -> None:
-    async with serve_sidecar(shop.url, streams={"max_sessions_per_context": 3}) as sidecar:
+    async with serve_sidecar(shop.url, streams={"max_sessions_per_client": 3}) as sidecar:
         statuses = [(await _initialize(http, sidecar.url))[0] for _ in range(5)]
         assert statuses == [200, 200, 200, 429, 429]
         assert (await _initialize(http, sidecar.url, {"Authorization": "Bearer alice"}))[0] == 200
@@ -230,7 +273,8 @@ async def test_a_listen_naming_missing_resources_twice_costs_one_read_each(
         assert await shop.count("resources/read") == 100
 
 
-async def test_a_client_starting_reads_faster_than_its_rate_gets_the_rest_left_out(
+@pytest.mark.invariant(20)
+async def test_a_client_subscribing_faster_than_its_rate_waits_for_its_reads_and_gets_every_uri_acked(
     shop: Upstream, http: aiohttp.ClientSession
 ) -> None:
     items = [f"catalog://items/sku{n}" for n in range(200)]
@@ -238,10 +282,37 @@ async def test_a_client_starting_reads_faster_than_its_rate_gets_the_rest_left_o
         stream = ListenStream(http, sidecar.url, "many", items)
         ack = await stream.open()
         await stream.close()
-        honoured = ack["params"]["notifications"].get("resourceSubscriptions", [])
-        assert 50 <= len(honoured) < 200
-        assert _limit(sidecar, "baseline_rate") == 200 - len(honoured)
-        assert await shop.count("resources/read") == len(honoured)
+        assert ack["params"]["notifications"].get("resourceSubscriptions") == items
+        assert await shop.count("resources/read") == 200
+        # Past the rate, the reads went through the client's fair share (and waited there when it was full).
+        assert waits(sidecar, "upstream_requests") >= 200 - 50
+
+
+@pytest.mark.invariant(20)
+async def test_a_first_read_that_cannot_start_in_time_is_left_out_of_that_clients_ack_only(
+    http: aiohttp.ClientSession,
+) -> None:
+    polling = {"max_baselines_per_s": 1, "baseline_wait_s": 0.3}
+    upstream = {"max_requests_per_client": 1, "timeout_s": 30}
+    async with FaultyUpstream() as up, serve_sidecar(up.url, polling=polling, upstream=upstream) as sidecar:
+        up.fail(Fault.HANG, uri="hang://x")
+        alice = {"Authorization": "Bearer alice"}
+        hung = asyncio.ensure_future(rpc(http, sidecar.url, "resources/read", {"uri": "hang://x"}, extra_headers=alice))
+        try:
+            await eventually(lambda: len(up.reads()) == 1)  # alice's one slot is taken by her own hung read
+            # Her first read of a listen is within her rate and goes at once; the second must wait for her slot.
+            stream = ListenStream(http, sidecar.url, "a", ["ok://1", "ok://2"], authorization="Bearer alice")
+            ack = await stream.open()
+            await stream.close()
+            assert ack["params"]["notifications"]["resourceSubscriptions"] == ["ok://1"]
+            assert _limit(sidecar, "baseline_wait") == 1
+            stream = ListenStream(http, sidecar.url, "b", ["ok://1", "ok://2"], authorization="Bearer bob")
+            ack = await stream.open()
+            await stream.close()
+            assert ack["params"]["notifications"]["resourceSubscriptions"] == ["ok://1", "ok://2"]
+        finally:
+            await up.stop()
+            await asyncio.gather(hung, return_exceptions=True)
 
 
 # -- bad input that used to be a 500 -------------------------------------------------------------------------

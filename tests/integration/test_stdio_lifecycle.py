@@ -23,7 +23,7 @@ from aiohttp import web
 from mcp import Client
 from mcp.client.subscriptions import ResourceUpdated
 
-from sidecar.app import UPSTREAM, build_app
+from sidecar.app import FAIR_SHARE, UPSTREAM, build_app
 from sidecar.upstream.stdio_client import StdioUpstream
 from sidecar.upstream.stdio_process import StdioStartError
 from tests.helpers import eventually, headers, request, rpc, sse_messages
@@ -202,25 +202,31 @@ async def test_an_answer_over_max_response_bytes_fails_that_request_only(http: a
         assert metrics.value("mcp_sidecar_upstream_restarts_total", reason="exited") == 0
 
 
-async def test_requests_over_max_in_flight_are_refused_and_counted(http: aiohttp.ClientSession) -> None:
-    async with serve_stdio_sidecar(toy_command(), upstream={"max_in_flight": 2, "timeout_s": 30}) as sidecar:
+@pytest.mark.invariant(20)
+async def test_requests_over_the_childs_capacity_wait_their_turn_instead_of_being_refused(
+    http: aiohttp.ClientSession,
+) -> None:
+    # Client requests may have max_in_flight less the polls' max_concurrency at the child: two here.
+    upstream = {"max_in_flight": 4, "max_requests_per_client": 2, "timeout_s": 30}
+    async with serve_stdio_sidecar(toy_command(), upstream=upstream, polling={"max_concurrency": 2}) as sidecar:
         hanging = [
             asyncio.create_task(rpc(http, sidecar.url, "tools/call", {"name": "hang", "arguments": {}}))
             for _ in range(2)
         ]
         try:
             await eventually(lambda: _in_flight(sidecar) == 2, within_s=WAIT_S)
-            status, refused = await rpc(http, sidecar.url, "tools/list")
-            assert status == 503 and "2 requests already in flight" in refused["error"]["message"], refused
+            waiting = asyncio.create_task(_tool_text(http, sidecar.url, "echo", text="my turn"))
+            await eventually(lambda: sidecar.app[FAIR_SHARE].queued == 1, within_s=WAIT_S)
+            assert _in_flight(sidecar) == 2  # it waits here, not at the child
+            hanging[0].cancel()  # a client leaves: its request is cancelled at the child and its slot handed on
+            assert await waiting == "my turn"
         finally:
             for task in hanging:
                 task.cancel()
             await asyncio.gather(*hanging, return_exceptions=True)
-        # The clients left: their requests were cancelled at the child and freed their places.
         await eventually(lambda: _in_flight(sidecar) == 0, within_s=WAIT_S)
-        assert await _tool_text(http, sidecar.url, "echo", text="room again") == "room again"
         metrics = await scrape(http, sidecar.admin_url)
-        assert metrics.value("mcp_sidecar_limit_rejections_total", limit="upstream_max_in_flight") == 1
+        assert metrics.value("mcp_sidecar_limit_rejections_total", limit="upstream_max_in_flight") == 0
 
 
 def _in_flight(sidecar: Any) -> int:

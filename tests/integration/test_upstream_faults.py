@@ -21,7 +21,7 @@ import pytest
 
 from sidecar.app import METRICS, REGISTRY
 from sidecar.config import PollingConfig
-from tests.helpers import Sidecar, eventually, headers, request, rpc, serve_sidecar
+from tests.helpers import Sidecar, eventually, headers, request, rpc, serve_sidecar, waits
 from tests.observing import ListenStream
 from tests.peers.faulty import Fault, FaultyUpstream
 
@@ -360,7 +360,7 @@ async def test_with_a_slow_upstream_polls_never_overlap_per_key_and_stay_within_
             assert len(polls) >= 2 * concurrency
             assert up.max_inflight_per_uri == 1, "two polls of one key were in flight at once"
             assert up.max_inflight_total <= concurrency
-            assert sidecar.app[METRICS].limit_rejections.labels("poll_concurrency")._value.get() > 0
+            assert waits(sidecar, "poll_concurrency") > 0
         finally:
             for stream in streams:
                 await stream.close()
