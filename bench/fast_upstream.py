@@ -8,6 +8,7 @@ It answers `server/discover`, `resources/read` (any URI; `resultType: complete`,
 target of the forwarding scenario and the upstream of the scenarios that need many cheap polls.
 
 Admin routes: `GET /admin/health`, `GET /admin/stats` (reads in total), `POST /admin/bump {"uri"}`.
+`--read-delay-ms N` makes every read take N ms (a slow upstream, for the fair-share tests and bench).
 """
 
 from __future__ import annotations
@@ -61,9 +62,10 @@ _TOOLS: dict[str, Any] = {
 
 
 class State:
-    def __init__(self) -> None:
+    def __init__(self, read_delay_s: float = 0.0) -> None:
         self.reads = 0
         self.versions: dict[str, int] = {}
+        self.read_delay_s = read_delay_s
 
 
 STATE = web.AppKey("state", State)
@@ -98,6 +100,8 @@ async def handle_mcp(request: web.Request) -> web.Response:
         if not isinstance(uri, str):
             return _error(request_id, -32602, "uri required")
         state.reads += 1
+        if state.read_delay_s:
+            await asyncio.sleep(state.read_delay_s)
         text = f"{uri} v{state.versions.get(uri, 0)}"
         result = {
             "resultType": "complete",
@@ -137,9 +141,9 @@ async def handle_bump(request: web.Request) -> web.Response:
     return web.json_response({"uri": uri, "version": state.versions[uri]})
 
 
-def build_app() -> web.Application:
+def build_app(read_delay_s: float = 0.0) -> web.Application:
     app = web.Application()
-    app[STATE] = State()
+    app[STATE] = State(read_delay_s)
     app.router.add_post("/mcp", handle_mcp)
     app.router.add_get("/admin/health", handle_health)
     app.router.add_get("/admin/stats", handle_stats)
@@ -147,15 +151,16 @@ def build_app() -> web.Application:
     return app
 
 
-async def _serve(port: int) -> None:
-    await serve_until_signalled(build_app(), port)
+async def _serve(port: int, read_delay_s: float) -> None:
+    await serve_until_signalled(build_app(read_delay_s), port)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="bench: a fast minimal 2026-07-28 upstream")
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--read-delay-ms", type=float, default=0.0, help="every read takes this long")
     args = parser.parse_args(argv)
-    asyncio.run(_serve(args.port))
+    asyncio.run(_serve(args.port, args.read_delay_ms / 1000))
 
 
 if __name__ == "__main__":

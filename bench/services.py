@@ -121,11 +121,13 @@ async def _start(
     await proc.wait_ready(http_answers(probe_url), within_s)
 
 
-async def start_fast_upstream(stack: contextlib.AsyncExitStack, workdir: Path) -> Service:
+async def start_fast_upstream(
+    stack: contextlib.AsyncExitStack, workdir: Path, *, read_delay_ms: float = 0.0
+) -> Service:
+    """The fast upstream; with `read_delay_ms`, every read takes that long (a slow upstream)."""
     port = free_port()
-    proc = ServerProcess(
-        "fast-upstream", python_argv("bench.fast_upstream", "--port", str(port)), workdir / "fast-upstream.log"
-    )
+    argv = python_argv("bench.fast_upstream", "--port", str(port), "--read-delay-ms", str(read_delay_ms))
+    proc = ServerProcess("fast-upstream", argv, workdir / "fast-upstream.log")
     service = Service("fast-upstream", port, proc)
     await _start(stack, proc, f"{service.base_url}/admin/health")
     return service

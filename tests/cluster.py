@@ -285,6 +285,8 @@ http {{
             proxy_set_header Connection "";
             # The sidecar refuses a non-loopback Host (DNS rebinding); pass the client's on.
             proxy_set_header Host $http_host;
+            # Who the client is, for a sidecar that trusts this proxy (listen.trusted_proxies).
+            proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
             proxy_read_timeout {read_timeout_s}s;
             # proxy_buffering stays on (the default): the sidecar's X-Accel-Buffering: no turns it off per stream.
         }}
