@@ -259,6 +259,66 @@ async def forward(ctx: Context) -> None:
         )
 
 
+CLIENT_LEVELS = (32, 128, 512)
+"""Concurrent anonymous clients of the many-clients scenario (issue: fair share without refusal)."""
+
+
+async def clients(ctx: Context) -> None:
+    """Many anonymous clients from one address: c = 32, 128, 512 through mcp-sidecar and nginx, every request a
+    distinct read; throughput, the share of failed requests, p50/p99."""
+    p, r = ctx.profile, ctx.results
+    scenario = "many clients"
+    async with contextlib.AsyncExitStack() as stack:
+        upstream = await start_fast_upstream(stack, ctx.workdir)
+        starts: dict[str, Awaitable[Service]] = {
+            "mcp-sidecar": start_sidecar(stack, ctx.workdir, "sidecar-clients", upstream.url)
+        }
+        if (missing := nginx_missing()) is None:
+            starts["nginx"] = start_nginx(stack, ctx.workdir, upstream.port)
+        else:
+            r.note(f"nginx baseline of the many-clients scenario left out: {missing}")
+        started = await _gather_started(starts, r)
+        if "mcp-sidecar" not in started:
+            raise RuntimeError("the sidecar did not start; see the note")
+        load = await start_loadgen(stack, ctx.workdir, "loadgen-clients")
+        runs: dict[tuple[str, int], dict[str, Any]] = {}
+        for level in CLIENT_LEVELS:
+            for name in ("nginx", "mcp-sidecar"):
+                if name in started:
+                    runs[(name, level)] = await load.call(
+                        "forward",
+                        url=started[name].url,
+                        concurrency=level,
+                        duration_s=p.forward_s,
+                        warmup_s=p.warmup_s,
+                        uri_prefix=f"bench://clients/{level}/",
+                    )
+    for level in CLIENT_LEVELS:
+        for name in ("nginx", "mcp-sidecar"):
+            stats = runs.get((name, level))
+            if stats is None:
+                continue
+            failed = stats["errors"] / max(1, stats["requests"] + stats["errors"])
+            value = (
+                f"{fmt(stats['rps'], 'req/s', 0)}, {failed:.1%} failed, "
+                f"p50 {_ms(_sec(stats, 'p50_ms'))}, p99 {_ms(_sec(stats, 'p99_ms'))}"
+            )
+            if name == "mcp-sidecar":
+                r.add(scenario, f"{name} c={level}", value, "0% failed", stats["errors"] == 0)
+            else:
+                r.add(scenario, f"{name} c={level}", value)
+    low, high = runs[("mcp-sidecar", CLIENT_LEVELS[0])], runs[("mcp-sidecar", CLIENT_LEVELS[-1])]
+    kept = high["rps"] / low["rps"] if low["rps"] else 0.0
+    label = f"mcp-sidecar throughput c={CLIENT_LEVELS[-1]} / c={CLIENT_LEVELS[0]}"
+    r.add(scenario, label, f"{kept:.2f}x", ">= 0.8x", kept >= 0.8)
+    r.note(
+        f"Many clients: every load-generator connection is one anonymous client (no Authorization) from "
+        f"127.0.0.1, reading a distinct URI each request, {p.forward_s:g} s per level after {p.warmup_s:g} s of "
+        f"warm-up; the sidecar runs its defaults, so its fair share lets 75 of them at a time upstream and the "
+        f"rest wait their turn instead of being refused."
+    )
+
+
 async def workers(ctx: Context) -> None:
     """`run --workers 2` on the Redis bus against `--workers 1` on the Redis bus: forwarding throughput."""
     p, r = ctx.profile, ctx.results
@@ -786,6 +846,7 @@ def _supergateway_version() -> str:
 
 SCENARIOS: dict[str, Callable[[Context], Awaitable[None]]] = {
     "forward": forward,
+    "clients": clients,
     "workers": workers,
     "subscriptions": subscriptions,
     "watches": watches,
