@@ -32,7 +32,8 @@ COPY config/sidecar.example.yaml /etc/mcp-sidecar/sidecar.yaml
 
 USER 10001
 EXPOSE 8080 9464
+# The check asks the port MCP_SIDECAR__LISTEN__PORT names (8080 when unset), over loopback.
 HEALTHCHECK --interval=15s --timeout=3s --start-period=5s --retries=3 \
-    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8080/healthz', timeout=2)"]
+    CMD ["python", "-c", "import os, urllib.request; port = os.environ.get('MCP_SIDECAR__LISTEN__PORT', '8080'); urllib.request.urlopen(f'http://127.0.0.1:{port}/healthz', timeout=2)"]
 ENTRYPOINT ["mcp-sidecar"]
 CMD ["run", "--config", "/etc/mcp-sidecar/sidecar.yaml"]
