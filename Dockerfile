@@ -9,6 +9,8 @@
 #   ENV MCP_SIDECAR__UPSTREAM__COMMAND="python -m mcp_server_time"
 # (or `... run --config /etc/mcp-sidecar/sidecar.yaml --upstream "python -m mcp_server_time"`), and run it with
 # `docker run --init`: the sidecar ends its child's whole process group, but as PID 1 it reaps no orphan.
+# CI builds the recipe's indented lines as written, on this image (.ci/build-image), and runs both (tests/image).
+# With Podman or buildah, build with `--format docker`: the OCI format has no HEALTHCHECK, and it is dropped.
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
