@@ -88,6 +88,12 @@ def _cmdline(pid: int) -> list[str]:
     return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
 
 
+def _open_files(pid: int) -> int:
+    """The soft open-files limit of `pid`."""
+    line = next(line for line in Path(f"/proc/{pid}/limits").read_text().splitlines() if line.startswith("Max open"))
+    return int(line.split()[3])
+
+
 def _uids(pid: int) -> set[int]:
     line = next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("Uid:"))
     return {int(uid) for uid in line.split()[1:]}
@@ -119,6 +125,11 @@ class Sidecar:
                         return pid
             level = [child for pid in level for child in _children(pid)]
         raise AssertionError(f"no entrypoint process under buildah\n{self.service.log_tail()}")
+
+    def logged_config(self) -> dict[str, Any]:
+        """The effective configuration, as the sidecar logged it at start."""
+        config: dict[str, Any] = next(line for line in self.log_lines() if line.get("msg") == "configuration")["config"]
+        return config
 
     def log_lines(self) -> list[dict[str, Any]]:
         lines = []
@@ -204,9 +215,12 @@ async def test_it_runs_its_entrypoint_and_shipped_config_as_its_own_user_and_sta
         pid = sidecar.pid()
         _python, script, *args = _cmdline(pid)
         assert Path(script).name == config["Entrypoint"][0] and args == config["Cmd"]
-        assert _uids(pid) == {int(config["User"].split(":")[0])}
-        logged = next(line for line in sidecar.log_lines() if line.get("msg") == "configuration")["config"]
+        user = config["User"].split(":")[0]
+        assert 0 not in _uids(pid) and (not user.isdigit() or _uids(pid) == {int(user)}), _uids(pid)
+        logged = sidecar.logged_config()
         assert logged["upstream"]["url"] == up.url
+        # The client cap in force fits the open-files limit the runtime gave (1,024 under buildah).
+        assert logged["listen"]["max_connections"] < _open_files(pid)
     # Nothing to warn about under the runtime's defaults, the open-files limit (1,024 under buildah) included.
     assert [line for line in sidecar.log_lines() if line["level"] in ("warning", "error")] == []
 
@@ -257,7 +271,6 @@ async def test_sigterm_ends_streams_with_their_result_frame_and_exits_0_within_t
     tmp_path: Path, up: Upstream, http: aiohttp.ClientSession
 ) -> None:
     config = await image_config(IMAGE)
-    grace_s = 10.0  # listen.shutdown_grace_s in the shipped config
     async with (
         Container(IMAGE, tmp_path) as container,
         container.serving(config, {"MCP_SIDECAR__UPSTREAM__URL": up.url}) as sidecar,
@@ -265,6 +278,7 @@ async def test_sigterm_ends_streams_with_their_result_frame_and_exits_0_within_t
         streams = {
             request_id: await ListenStream.open(http, sidecar.url, request_id, [PRICE]) for request_id in (7, "l-2")
         }
+        grace_s = sidecar.logged_config()["listen"]["shutdown_grace_s"]  # the shipped config's
         try:
             assert await sidecar.terminate(within_s=grace_s + 5) == 0, sidecar.service.log_tail()
             for request_id, stream in streams.items():
