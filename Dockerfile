@@ -9,6 +9,8 @@
 #   ENV MCP_SIDECAR__UPSTREAM__COMMAND="python -m mcp_server_time"
 # (or `... run --config /etc/mcp-sidecar/sidecar.yaml --upstream "python -m mcp_server_time"`), and run it with
 # `docker run --init`: the sidecar ends its child's whole process group, but as PID 1 it reaps no orphan.
+# CI builds the recipe's indented lines as written, on this image (.ci/build-image), and runs both (tests/image).
+# With Podman or buildah, build with `--format docker`: the OCI format has no HEALTHCHECK, and it is dropped.
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -32,7 +34,8 @@ COPY config/sidecar.example.yaml /etc/mcp-sidecar/sidecar.yaml
 
 USER 10001
 EXPOSE 8080 9464
+# The check asks the port MCP_SIDECAR__LISTEN__PORT names (8080 when unset), over loopback.
 HEALTHCHECK --interval=15s --timeout=3s --start-period=5s --retries=3 \
-    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8080/healthz', timeout=2)"]
+    CMD ["python", "-c", "import os, urllib.request; port = os.environ.get('MCP_SIDECAR__LISTEN__PORT', '8080'); urllib.request.urlopen(f'http://127.0.0.1:{port}/healthz', timeout=2)"]
 ENTRYPOINT ["mcp-sidecar"]
 CMD ["run", "--config", "/etc/mcp-sidecar/sidecar.yaml"]

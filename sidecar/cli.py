@@ -165,7 +165,7 @@ async def serve(config: SidecarConfig, ready: asyncio.Event | None = None, *, re
     """Serve until SIGTERM or SIGINT, then shut down in order: streams end, requests drain, parts close."""
     loop = asyncio.get_running_loop()
     install_quiet_errors(loop)
-    raise_open_files_limit(config.listen.max_connections + _FILES_BESIDES_CLIENTS)
+    config = config.model_copy(update={"listen": raise_open_files_limit(config.listen, _FILES_BESIDES_CLIENTS)})
     app = build_app(config)
     metrics = app[METRICS]
     runner = GuardedRunner(

@@ -6,7 +6,8 @@
 - At most `listen.max_connections` connections at once: one more is closed as it is accepted, counted
   in `mcp_sidecar_limit_rejections_total{limit="max_connections"}`; established streams go on, and the
   admin listener (health, metrics) has its own.
-- The soft limit on open files is raised to the hard limit at start, so the cap, not the kernel, decides.
+- The soft limit on open files is raised to the hard limit at start, so the cap, not the kernel, decides; where
+  the hard limit is lower than the cap needs (1,024 under some runtimes), the cap is lowered to fit it.
 - asyncio's "accept() out of resources" and aiohttp's tracebacks for malformed HTTP are logged once per
   cause per interval at WARNING, not once per connection at ERROR.
 """
@@ -118,8 +119,10 @@ def install_quiet_errors(loop: asyncio.AbstractEventLoop) -> None:
     loop.set_exception_handler(handle)
 
 
-def raise_open_files_limit(wanted: int) -> int:
-    """Raise the soft open-files limit towards the hard one (at least `wanted` if allowed); the limit now."""
+def raise_open_files_limit(listen: ListenConfig, besides: int) -> ListenConfig:
+    """Raise the soft open-files limit towards the hard one, for `listen.max_connections` clients and `besides`
+    other files; `listen`, its cap lowered to what the limit leaves when it stays below (see `_fitted`)."""
+    wanted = listen.max_connections + besides
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     target = hard if hard != resource.RLIM_INFINITY else max(soft, wanted)
     if target > soft:
@@ -128,12 +131,21 @@ def raise_open_files_limit(wanted: int) -> int:
             soft = target
         except (ValueError, OSError) as exc:
             logger.warning("cannot raise the open-files limit", extra={"soft": soft, "hard": hard, "reason": str(exc)})
-    if soft < wanted:
-        logger.warning(
-            "the open-files limit is below listen.max_connections; the kernel will refuse connections first",
-            extra={"limit": soft, "max_connections": wanted},
-        )
-    return soft
+    if soft >= wanted:
+        return listen
+    fitted = _fitted(soft, besides)
+    logger.info(
+        "listen.max_connections lowered to fit the open-files limit (raise it: --ulimit nofile=N:N, LimitNOFILE)",
+        extra={"limit": soft, "max_connections": fitted, "configured": listen.max_connections},
+    )
+    return listen.model_copy(update={"max_connections": fitted})
+
+
+def _fitted(limit: int, besides: int) -> int:
+    """Client connections under an open-files `limit` that `besides` other files would not leave room for: what
+    remains after them, or after half the limit when they would take more (1,024 files: 512 clients), so the cap
+    closes excess connections at accept before the kernel refuses them."""
+    return max(1, limit - min(besides, limit // 2))
 
 
 @contextlib.contextmanager

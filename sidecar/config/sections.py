@@ -72,7 +72,10 @@ class ListenConfig(Section):
     )
     body_timeout_s: float = Field(DEFAULT_BODY_TIMEOUT_S, gt=0, description="A request body must arrive within this.")
     max_connections: int = Field(
-        DEFAULT_MAX_CLIENT_CONNECTIONS, ge=1, description="Client connections at once; one more is closed at accept."
+        DEFAULT_MAX_CLIENT_CONNECTIONS,
+        ge=1,
+        description="Client connections at once; one more is closed at accept. "
+        "Lowered at start to what the open-files limit leaves when it cannot be raised to fit.",
     )
     backlog: int = Field(
         DEFAULT_BACKLOG,
