@@ -76,3 +76,27 @@ async def upstream(request: pytest.FixtureRequest) -> AsyncIterator[Upstream]:
 async def http() -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession() as session:
         yield session
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--invariant",
+        type=int,
+        action="append",
+        default=[],
+        metavar="N",
+        help="run only the tests marked invariant(N) (repeatable): what tests/breaks/run.py runs against a break",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    wanted = set(config.getoption("invariant"))
+    if not wanted:
+        return
+    kept, dropped = [], []
+    for item in items:
+        pinned = {mark.args[0] for mark in item.iter_markers("invariant") if mark.args}
+        (kept if pinned & wanted else dropped).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept

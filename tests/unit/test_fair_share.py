@@ -98,6 +98,18 @@ async def test_turns_alternate_between_waiting_clients_one_request_each() -> Non
     await requests.finish_all()
 
 
+async def test_two_busy_clients_alternate_slot_by_slot() -> None:
+    share = _share(capacity=2)
+    requests = Requests(share)
+    await _sent(requests, ["a", "a"])
+    await _sent(requests, ["a"] * 4 + ["b"] * 4)
+    for _ in range(6):
+        await requests.finish(requests.order[len(requests.order) - 2])  # the older of the two in flight
+    # After b's first turn, each freed slot goes to the client that did not have the last one.
+    assert requests.order[2:] == ["b", "a", "b", "a", "b", "a"]
+    await requests.finish_all()
+
+
 async def test_one_client_never_holds_more_than_its_share_even_with_slots_free() -> None:
     share = _share(capacity=4, per_client=3)
     requests = Requests(share)
