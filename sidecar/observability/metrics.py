@@ -5,7 +5,7 @@ from __future__ import annotations
 import platform
 
 import aiohttp
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from sidecar import __version__
@@ -51,6 +51,10 @@ _QUEUES = ("upstream_requests", "poll_concurrency", "hinted_polls")
 _RESTART_REASONS = ("exited", "unresponsive", "handshake_failed", "start_failed")
 _STDERR_OUTCOMES = ("logged", "dropped")
 _END_REASONS = ("client", "shutdown", "auth")
+# No `_created` series beside every counter and histogram: Prometheus does not use them (it infers resets), and
+# they double the series an operator scrapes and stores. Process-wide, as prometheus_client keeps the switch.
+disable_created_metrics()  # type: ignore[no-untyped-call]
+
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
