@@ -4,22 +4,25 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from aiohttp import web
 
 from sidecar import __version__
-from sidecar.app import ADMIN, METRICS, build_app
+from sidecar.app import ADMIN, METRICS, UPSTREAM, build_app
 from sidecar.bus.redis import RedisUnavailable
 from sidecar.config import ConfigError, SidecarConfig, load_config
 from sidecar.observability.logs import configure_logging
 from sidecar.serving import GuardedRunner, install_quiet_errors, raise_open_files_limit, stop_signals
+from sidecar.tls import CertificateWatch, server_context
+from sidecar.upstream.client import UpstreamClient
 from sidecar.upstream.stdio_process import StdioStartError
 
 __all__ = ["main", "run_workers", "serve"]
@@ -30,6 +33,8 @@ _WORKER_ENV = "MCP_SIDECAR_WORKER"
 _FILES_BESIDES_CLIENTS = 1024
 """Open files the sidecar needs besides client connections: upstream pool, Redis, logs, the admin listener."""
 _ADMIN_CONNECTIONS = 64
+_CERTIFICATE_CHECK_S = 10.0
+"""How often the certificate files in use are looked at for a change."""
 """Scrapers and probes: a handful of connections; more is a client that should not be there."""
 _DEMO_PLACEHOLDER_URL = "http://127.0.0.1:9/mcp"
 """The demo starts its own upstream and points the sidecar at it (run_demo); until then, this stands in."""
@@ -190,12 +195,26 @@ async def serve(config: SidecarConfig, ready: asyncio.Event | None = None, *, re
         await runner.cleanup()
         return 1
     await admin_runner.setup()
-    for name, site_runner, host, port in (
-        ("listen", runner, config.listen.host, config.listen.port),
-        ("admin", admin_runner, config.admin.host, config.admin.port),
+    certificates = CertificateWatch()
+    upstream = app[UPSTREAM]
+    if isinstance(upstream, UpstreamClient) and config.upstream.url.startswith("https://"):
+        certificates.upstream(config.upstream.tls, upstream.use_tls)
+    for name, site_runner, host, port, tls in (
+        ("listen", runner, config.listen.host, config.listen.port, config.listen.tls),
+        ("admin", admin_runner, config.admin.host, config.admin.port, config.admin.tls),
     ):
+        context = server_context(tls)
+        if context is not None:
+            certificates.listener(name, context, tls)
         try:
-            site = web.TCPSite(site_runner, host, port, reuse_port=reuse_port or None, backlog=config.listen.backlog)
+            site = web.TCPSite(
+                site_runner,
+                host,
+                port,
+                reuse_port=reuse_port or None,
+                backlog=config.listen.backlog,
+                ssl_context=context,
+            )
             await site.start()
         except OSError as exc:
             await admin_runner.cleanup()
@@ -213,27 +232,48 @@ async def serve(config: SidecarConfig, ready: asyncio.Event | None = None, *, re
         "mcp-sidecar listening",
         extra={
             "event_loop": type(loop).__module__.split(".")[0],  # uvloop or asyncio
-            "url": _url(runner, config.listen.path),
-            "admin": _url(admin_runner, config.metrics.path),
+            "url": _url(runner, config.listen.path, config.listen.tls.enabled),
+            "admin": _url(admin_runner, config.metrics.path, config.admin.tls.enabled),
             "upstream": config.upstream.display_url,
         },
     )
+    watcher = loop.create_task(_watch_certificates(certificates)) if certificates.watching else None
     try:
-        with stop_signals() as stop:
+        with stop_signals() as stop, _reload_on_sighup(certificates):
             if ready is not None:
                 ready.set()
             await stop.wait()
     finally:
+        if watcher is not None:
+            watcher.cancel()
         logger.info("shutting down")
         await runner.cleanup()
         await admin_runner.cleanup()
     return 0
 
 
-def _url(runner: web.AppRunner, path: str) -> str:
+def _url(runner: web.AppRunner, path: str, tls: bool = False) -> str:
     host, port = runner.addresses[0][:2]
     url_host = f"[{host}]" if ":" in host else host  # an IPv6 address needs brackets in a URL
-    return f"http://{url_host}:{port}{path}"
+    return f"{'https' if tls else 'http'}://{url_host}:{port}{path}"
+
+
+async def _watch_certificates(certificates: CertificateWatch) -> None:
+    # Rotated certificate files (cert-manager, a mounted Secret) are picked up without a restart or a SIGHUP.
+    while True:
+        await asyncio.sleep(_CERTIFICATE_CHECK_S)
+        certificates.check()
+
+
+@contextlib.contextmanager
+def _reload_on_sighup(certificates: CertificateWatch) -> Iterator[None]:
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGHUP, certificates.reload)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(Exception):
+            loop.remove_signal_handler(signal.SIGHUP)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from aiohttp import web
 from sidecar.app import ADMIN, IDENTITIES, METRICS, build_app
 from sidecar.config import SidecarConfig
 from sidecar.serving import GuardedRunner, install_quiet_errors
+from sidecar.tls import server_context
 
 PV = "2026-07-28"
 META = {
@@ -70,12 +71,14 @@ async def serve_config(config: SidecarConfig) -> AsyncIterator[Sidecar]:
     await runner.setup()
     try:
         await admin.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0, backlog=config.listen.backlog).start()
-        await web.TCPSite(admin, "127.0.0.1", 0).start()
+        listen_tls, admin_tls = server_context(config.listen.tls), server_context(config.admin.tls)
+        await web.TCPSite(runner, "127.0.0.1", 0, backlog=config.listen.backlog, ssl_context=listen_tls).start()
+        await web.TCPSite(admin, "127.0.0.1", 0, ssl_context=admin_tls).start()
         host, port = runner.addresses[0][:2]
-        base = f"http://{host}:{port}"
+        base = f"{'https' if listen_tls else 'http'}://{host}:{port}"
         admin_host, admin_port = admin.addresses[0][:2]
-        yield Sidecar(f"{base}{config.listen.path}", base, app, runner, f"http://{admin_host}:{admin_port}")
+        admin_url = f"{'https' if admin_tls else 'http'}://{admin_host}:{admin_port}"
+        yield Sidecar(f"{base}{config.listen.path}", base, app, runner, admin_url)
     finally:
         await runner.cleanup()
         await admin.cleanup()

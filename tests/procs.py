@@ -25,6 +25,7 @@ import pwd
 import shutil
 import signal
 import socket
+import ssl as ssl_module
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -95,8 +96,15 @@ def child_env(overrides: Mapping[str, str] | None = None) -> dict[str, str]:
     return {**env, "PYTHONUNBUFFERED": "1", **(overrides or {})}
 
 
-def http_answers(url: str, *, timeout_s: float = 2.0, accept: Callable[[int], bool] | None = None) -> Probe:
-    """A probe: GET `url` on a fresh connection answers 200 (or a status `accept` likes)."""
+def http_answers(
+    url: str,
+    *,
+    timeout_s: float = 2.0,
+    accept: Callable[[int], bool] | None = None,
+    ssl: ssl_module.SSLContext | None = None,
+) -> Probe:
+    """A probe: GET `url` on a fresh connection answers 200 (or a status `accept` likes); `ssl`: the client
+    context for an https `url` whose certificate a private CA signed."""
     wanted = accept or (lambda status: status == 200)
     timeout = aiohttp.ClientTimeout(total=timeout_s)
 
@@ -105,7 +113,7 @@ def http_answers(url: str, *, timeout_s: float = 2.0, accept: Callable[[int], bo
         with contextlib.suppress(aiohttp.ClientError, TimeoutError, OSError):
             async with (
                 aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(force_close=True)) as http,
-                http.get(url) as resp,
+                http.get(url, ssl=ssl if ssl is not None else True) as resp,
             ):
                 return wanted(resp.status)
         return False

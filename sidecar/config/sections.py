@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 
 from sidecar.config.base import Section
+from sidecar.config.tls import ListenerTLS
 
 __all__ = [
     "AdminConfig",
@@ -88,6 +89,8 @@ class ListenConfig(Section):
         "anonymous client is known by the first address not in this list in Forwarded / X-Forwarded-For (its "
         "fair share). Empty: every client is its connection's peer address; those headers are ignored.",
     )
+
+    tls: ListenerTLS = Field(default_factory=ListenerTLS, description="HTTPS on the MCP port (and mTLS).")
 
     event_loop: Literal["auto", "uvloop", "asyncio"] = Field(
         "auto",
@@ -244,6 +247,7 @@ class AdminConfig(Section):
         "127.0.0.1", description="Address of the admin listener (/metrics, /status, /healthz, /readyz); loopback."
     )
     port: int = Field(DEFAULT_ADMIN_PORT, ge=0, le=65535, description="Its TCP port; 0 picks a free one.")
+    tls: ListenerTLS = Field(default_factory=ListenerTLS, description="HTTPS on the admin port, set apart.")
 
 
 class LoggingConfig(Section):

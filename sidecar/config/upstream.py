@@ -10,6 +10,7 @@ from urllib.parse import urlsplit, urlunsplit
 from pydantic import Field, SecretStr, field_validator, model_validator
 
 from sidecar.config.base import Section
+from sidecar.config.tls import UpstreamTLS
 
 __all__ = ["UpstreamConfig"]
 
@@ -97,6 +98,9 @@ class UpstreamConfig(Section):
         description="Forwarded headers that say nothing about who the client is; every other forwarded header "
         "is part of the client's authorization context (cache, watches, upstream sessions are kept per context).",
     )
+    tls: UpstreamTLS = Field(
+        default_factory=UpstreamTLS, description="For an https:// url: the CA to trust, a client certificate, SNI."
+    )
     public_url: str | None = Field(
         None,
         description="The MCP URL clients use to reach the sidecar; auth challenges and protected-resource "
@@ -164,6 +168,8 @@ class UpstreamConfig(Section):
                 )
         elif self.env or self.cwd is not None:
             raise ValueError("upstream.env and upstream.cwd are for upstream.command; an HTTP upstream has neither")
+        if self.tls.configured and not self.url.startswith("https://"):
+            raise ValueError("upstream.tls is for an https:// url")
         if self.restart_backoff_initial_ms > self.restart_backoff_max_ms:
             raise ValueError(
                 f"restart_backoff_initial_ms ({self.restart_backoff_initial_ms}) must not exceed "

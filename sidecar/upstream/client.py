@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import ssl
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from typing import Any
@@ -91,6 +92,10 @@ class UpstreamClient(UpstreamState):
     def drain(self, grace_s: float) -> None:
         """Shutdown has begun: see `UpstreamHTTP.drain`."""
         self._http.drain(grace_s)
+
+    def use_tls(self, context: ssl.SSLContext) -> None:
+        """New connections to an https upstream use `context` (its certificate files were read again)."""
+        self._http.use_tls(context)
 
     # -- era ---------------------------------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
@@ -21,6 +22,7 @@ from sidecar.protocol.errors import (
     UpstreamTimeout,
     UpstreamUnavailable,
 )
+from sidecar.tls import upstream_context
 from sidecar.upstream.sse import SSEDecoder, SSETooLarge
 from sidecar.upstream.wire import Answer, WirePool
 
@@ -107,6 +109,7 @@ class UpstreamHTTP:
         self._session: aiohttp.ClientSession | None = None
         """For `get` only (another URL of the upstream's host, rarely): the endpoint's exchanges use the pool."""
         self._drain_timer: asyncio.TimerHandle | None = None
+        self._tls: ssl.SSLContext | None = None
 
     @property
     def max_response_bytes(self) -> int:
@@ -118,10 +121,29 @@ class UpstreamHTTP:
 
     async def start(self) -> None:
         config = self._config
+        tls = upstream_context(config.tls) if config.url.startswith("https://") else None
+        if tls is not None and not config.tls.verify:
+            logger.warning(
+                "upstream.tls.verify is false: any certificate is accepted, so anyone on the way to the upstream "
+                "can read and change its traffic, credentials included",
+                extra={"upstream": self.url},
+            )
         self._pool = WirePool(
-            config.url, self.url, max_connections=config.max_connections, connect_timeout_s=config.connect_timeout_s
+            config.url,
+            self.url,
+            max_connections=config.max_connections,
+            connect_timeout_s=config.connect_timeout_s,
+            tls=tls,
+            server_name=config.tls.server_name,
         )
+        self._tls = tls
         self._session = aiohttp.ClientSession(skip_auto_headers=("User-Agent",))
+
+    def use_tls(self, context: ssl.SSLContext) -> None:
+        """New connections to the upstream use `context` (its certificate files were read again)."""
+        self._tls = context
+        if self._pool is not None:
+            self._pool.use_tls(context)
 
     async def aclose(self) -> None:
         if self._drain_timer is not None:
@@ -190,7 +212,9 @@ class UpstreamHTTP:
         if self._session is None:
             raise RuntimeError("UpstreamHTTP.get() called before start() or after aclose()")
         with _translate_errors(self.url):
-            async with self._session.get(url, headers=self._static_headers, timeout=self._timeout) as response:
+            async with self._session.get(
+                url, headers=self._static_headers, timeout=self._timeout, ssl=self._tls if self._tls else True
+            ) as response:
                 body = await _read_within(response.content.iter_any(), response.content_length, limit, self.url)
                 return response.status, body
 

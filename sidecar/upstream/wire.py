@@ -35,7 +35,16 @@ _IDLE_KEEP_S = 15.0
 class WirePool:
     """Connections to one origin: at most `max_connections`, the most recently used reused first."""
 
-    def __init__(self, url: str, display_url: str, *, max_connections: int, connect_timeout_s: float) -> None:
+    def __init__(
+        self,
+        url: str,
+        display_url: str,
+        *,
+        max_connections: int,
+        connect_timeout_s: float,
+        tls: ssl.SSLContext | None = None,
+        server_name: str | None = None,
+    ) -> None:
         parts = urlsplit(url)
         self.url = display_url
         self._host = parts.hostname or "localhost"
@@ -51,7 +60,8 @@ class WirePool:
         if parts.username is not None:
             secret = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
             self._basic = "Basic " + base64.b64encode(secret.encode()).decode("ascii")
-        self._ssl = ssl.create_default_context() if self._tls else None
+        self._ssl = (tls or ssl.create_default_context()) if self._tls else None
+        self._server_name = server_name or self._host
         self._connect_timeout_s = connect_timeout_s
         self._slots = asyncio.Semaphore(max_connections)
         self._idle: list[Connection] = []
@@ -98,6 +108,11 @@ class WirePool:
             self._slots.release()
             raise
 
+    def use_tls(self, context: ssl.SSLContext) -> None:
+        """Connections made from now on use `context`; those already open keep theirs until they close."""
+        if self._tls:
+            self._ssl = context
+
     def release(self, connection: Connection, *, slot: bool = True) -> None:
         self._busy.discard(connection)
         if connection.finish():
@@ -141,7 +156,7 @@ class WirePool:
                     self._host,
                     self._port,
                     ssl=self._ssl,
-                    server_hostname=self._host if self._ssl is not None else None,
+                    server_hostname=self._server_name if self._ssl is not None else None,
                 )
         except TimeoutError as exc:
             raise UpstreamTimeout(self.url, "no answer in time") from exc

@@ -21,8 +21,10 @@ official conformance suite's server scenarios call (dual era; only the log and h
 from __future__ import annotations
 
 import os
+import ssl
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
@@ -35,6 +37,7 @@ __all__ = [
     "BARE_SERVER",
     "CONFORMANCE_SERVER",
     "SHOP_SERVER",
+    "PeerTLS",
     "Upstream",
     "start_bare_upstream",
     "start_conformance_upstream",
@@ -52,6 +55,21 @@ BARE_SERVER = "tests.peers.bare_server"
 CONFORMANCE_SERVER = "tests.peers.conformance_server"
 
 
+@dataclass(frozen=True)
+class PeerTLS:
+    """HTTPS for a peer server: its certificate and key files, the CA whose client certificates it requires
+    (None: none required), and the client context the tests use to reach its admin routes."""
+
+    cert: Path
+    key: Path
+    client: ssl.SSLContext
+    client_ca: Path | None = None
+
+    def argv(self) -> list[str]:
+        args = ["--tls-cert", str(self.cert), "--tls-key", str(self.key)]
+        return [*args, "--tls-client-ca", str(self.client_ca)] if self.client_ca else args
+
+
 class Upstream(OnLoopback):
     """One peer-server subprocess (``module``, the shop server by default) on 127.0.0.1; admin calls go
     over HTTP to the same port."""
@@ -67,8 +85,10 @@ class Upstream(OnLoopback):
         auth: bool = False,
         native: bool = False,
         session_auth: bool = False,
+        tls: PeerTLS | None = None,
     ) -> None:
         self.era = era
+        self.tls = tls
         self.native = native
         self.session_auth = session_auth
         self.module = module
@@ -80,6 +100,10 @@ class Upstream(OnLoopback):
         os.close(fd)
         self.log_path = Path(path)
         self._process: ServerProcess | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
     @property
     def running(self) -> bool:
@@ -95,9 +119,13 @@ class Upstream(OnLoopback):
             *(["--auth"] if self.auth else []),
             *(["--native"] if self.native else []),
             *(["--session-auth"] if self.session_auth else []),
+            *(self.tls.argv() if self.tls else []),
         ]  # fmt: skip
         self._process = ServerProcess(f"{self.module}:{self.port}", args, self.log_path)
-        await self._process.start(http_answers(f"{self.base_url}/admin/health", timeout_s=1.0), READY_TIMEOUT_S)
+        ssl = self.tls.client if self.tls else None
+        await self._process.start(
+            http_answers(f"{self.base_url}/admin/health", timeout_s=1.0, ssl=ssl), READY_TIMEOUT_S
+        )
 
     def log_tail(self, lines: int = 40) -> str:
         """The last lines of the server's stdout/stderr."""
@@ -132,9 +160,10 @@ class Upstream(OnLoopback):
     # -- admin API ---------------------------------------------------------------------------
 
     async def _admin(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        ssl = self.tls.client if self.tls else True
         async with (
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session,
-            session.request(method, f"{self.base_url}/admin/{path}", json=body) as resp,
+            session.request(method, f"{self.base_url}/admin/{path}", json=body, ssl=ssl) as resp,
         ):
             resp.raise_for_status()
             return await resp.json()
@@ -191,10 +220,12 @@ async def start_upstream(
     auth: bool = False,
     native: bool = False,
     session_auth: bool = False,
+    tls: PeerTLS | None = None,
 ) -> Upstream:
     """Start a shop server of ``era`` on ``port`` (a free one if None) and wait until it is ready; ``auth``
     starts it OAuth-protected, ``native`` serving its own listen, ``session_auth`` binding each session to the
-    token that opened it (see ``shop_server``)."""
+    token that opened it (see ``shop_server``), ``tls`` serving HTTPS (requiring a client certificate when its
+    ``client_ca`` is set)."""
     upstream = Upstream(
         era,
         port or free_port(),
@@ -203,6 +234,7 @@ async def start_upstream(
         auth=auth,
         native=native,
         session_auth=session_auth,
+        tls=tls,
     )
     await upstream.start()
     return upstream

@@ -39,6 +39,7 @@ import argparse
 import contextvars
 import json
 import logging
+import ssl
 from collections.abc import Callable
 from typing import Any
 
@@ -504,6 +505,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--auth", action="store_true", help="require granted Bearer tokens (see the module doc)")
     parser.add_argument("--native", action="store_true", help="serve subscriptions/listen and announce changes")
     parser.add_argument("--session-auth", action="store_true", help="a session is its opener's (see the module doc)")
+    parser.add_argument("--tls-cert", help="serve HTTPS with this PEM certificate chain (and --tls-key)")
+    parser.add_argument("--tls-key", help="the PEM private key of --tls-cert")
+    parser.add_argument("--tls-client-ca", help="require a client certificate signed by this PEM CA")
     args = parser.parse_args(argv)
     app = build_app(
         args.era,
@@ -515,7 +519,14 @@ def main(argv: list[str] | None = None) -> None:
         session_auth=args.session_auth,
     )
     # uvicorn binds host/port itself: SO_REUSEADDR (restart on the same port) and TCP_NODELAY.
-    config = uvicorn.Config(app, host="127.0.0.1", port=args.port, log_level="warning", timeout_graceful_shutdown=1)
+    tls: dict[str, Any] = {}
+    if args.tls_cert:
+        tls = {"ssl_certfile": args.tls_cert, "ssl_keyfile": args.tls_key}
+        if args.tls_client_ca:
+            tls.update(ssl_ca_certs=args.tls_client_ca, ssl_cert_reqs=ssl.CERT_REQUIRED)
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=args.port, log_level="warning", timeout_graceful_shutdown=1, **tls
+    )
     uvicorn.Server(config).run()
 
 
