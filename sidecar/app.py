@@ -21,7 +21,7 @@ from sidecar.fair_share import FairShare
 from sidecar.identity import IdentityRule
 from sidecar.observability.health import healthz, make_readyz
 from sidecar.observability.logs import INSTANCE_ID
-from sidecar.observability.metrics import CONTENT_TYPE_LATEST, Metrics
+from sidecar.observability.metrics import Metrics
 from sidecar.observability.status import make_status
 from sidecar.upstream.base import Upstream
 from sidecar.upstream.client import UpstreamClient
@@ -196,5 +196,5 @@ async def _metrics_handler(request: web.Request) -> web.Response:
     metrics = request.app[METRICS]
     upstream = request.app[UPSTREAM]
     metrics.upstream_up.set(1 if upstream.up else 0)
-    body = metrics.render()
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+    body, content_type = metrics.render(request.headers.get("Accept"))
+    return web.Response(body=body, headers={"Content-Type": content_type})

@@ -20,6 +20,7 @@ from sidecar.app import ADMIN, METRICS, UPSTREAM, build_app
 from sidecar.bus.redis import RedisUnavailable
 from sidecar.config import ConfigError, SidecarConfig, load_config
 from sidecar.observability.logs import configure_logging
+from sidecar.observability.tracing import TracingUnavailable, configure_tracing, install, tracing
 from sidecar.serving import GuardedRunner, install_quiet_errors, raise_open_files_limit, stop_signals
 from sidecar.tls import CertificateWatch, server_context
 from sidecar.upstream.client import UpstreamClient
@@ -170,6 +171,21 @@ async def serve(config: SidecarConfig, ready: asyncio.Event | None = None, *, re
     """Serve until SIGTERM or SIGINT, then shut down in order: streams end, requests drain, parts close."""
     loop = asyncio.get_running_loop()
     install_quiet_errors(loop)
+    try:
+        traced = configure_tracing(config.tracing)
+    except TracingUnavailable as exc:
+        print(f"mcp-sidecar: tracing: {exc}", file=sys.stderr)
+        return 1
+    if traced is not None:
+        install(traced)
+    try:
+        return await _serve(config, ready, reuse_port=reuse_port)
+    finally:
+        tracing().shutdown()  # what is buffered goes to the collector before the exit
+
+
+async def _serve(config: SidecarConfig, ready: asyncio.Event | None, *, reuse_port: bool) -> int:
+    loop = asyncio.get_running_loop()
     config = config.model_copy(update={"listen": raise_open_files_limit(config.listen, _FILES_BESIDES_CLIENTS)})
     app = build_app(config)
     metrics = app[METRICS]

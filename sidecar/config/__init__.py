@@ -25,6 +25,7 @@ from sidecar.config.sections import (
     MetricsConfig,
     PollingConfig,
     StreamsConfig,
+    TracingConfig,
 )
 from sidecar.config.upstream import UpstreamConfig
 
@@ -39,6 +40,7 @@ __all__ = [
     "PollingConfig",
     "SidecarConfig",
     "StreamsConfig",
+    "TracingConfig",
     "UpstreamConfig",
     "load_config",
 ]
@@ -60,6 +62,7 @@ class SidecarConfig(Section):
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     admin: AdminConfig = Field(default_factory=AdminConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    tracing: TracingConfig = Field(default_factory=TracingConfig)
 
     @model_validator(mode="before")
     @classmethod

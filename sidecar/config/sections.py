@@ -19,6 +19,7 @@ __all__ = [
     "MetricsConfig",
     "PollingConfig",
     "StreamsConfig",
+    "TracingConfig",
 ]
 
 DEFAULT_PORT = 8080
@@ -248,6 +249,21 @@ class AdminConfig(Section):
     )
     port: int = Field(DEFAULT_ADMIN_PORT, ge=0, le=65535, description="Its TCP port; 0 picks a free one.")
     tls: ListenerTLS = Field(default_factory=ListenerTLS, description="HTTPS on the admin port, set apart.")
+
+
+class TracingConfig(Section):
+    enabled: bool = Field(
+        False,
+        description="Export OpenTelemetry traces over OTLP/HTTP (needs the otel extra). Also on with the standard "
+        "OTEL_TRACES_EXPORTER=otlp, the OTEL_EXPORTER_OTLP_* variables then saying where.",
+    )
+    endpoint: str | None = Field(
+        None, description="The OTLP/HTTP traces URL (http://collector:4318/v1/traces); absent: OTEL_EXPORTER_OTLP_*."
+    )
+    service_name: str = Field("mcp-sidecar", description="service.name of the spans (OTEL_SERVICE_NAME wins).")
+    sample_ratio: float = Field(
+        1.0, ge=0, le=1, description="Share of new traces recorded; a client's sampled trace is always continued."
+    )
 
 
 class LoggingConfig(Section):

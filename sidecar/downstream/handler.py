@@ -19,6 +19,7 @@ from sidecar.downstream.readthrough import ReadThrough, is_shareable
 from sidecar.fair_share import FairShare
 from sidecar.identity import Identity, IdentityRule
 from sidecar.observability.metrics import Metrics, method_label
+from sidecar.observability.tracing import tracing
 from sidecar.protocol.constants import (
     HEADER_SESSION_ID,
     META_SERVER_INFO,
@@ -56,6 +57,8 @@ ListenHandler = Callable[[web.Request, Message, Identity], Awaitable[web.StreamR
 # Typed keys: a plain string key makes aiohttp warn (NotAppKeyWarning), an error under our test settings.
 _METHOD_KEY = web.RequestKey("mcp_sidecar.method", str)
 _OUTCOME_KEY = web.RequestKey("mcp_sidecar.outcome", str)
+_TRACE_KEY = web.RequestKey("mcp_sidecar.trace_id", str)
+"""The request's trace id while tracing is on: its duration's exemplar."""
 
 DISCOVER_TTL_MS = 300_000
 """Capabilities change only when the upstream is replaced; clients may cache discover for five minutes."""
@@ -161,7 +164,9 @@ class McpEndpoint:
             counter, duration = self._request_series(method, outcome)
             counter.inc()
             if method != "subscriptions/listen":  # a stream's life is not a request's latency
-                duration.observe(time.monotonic() - started)
+                trace_id = request.get(_TRACE_KEY)
+                exemplar = {"trace_id": trace_id} if trace_id else None
+                duration.observe(time.monotonic() - started, exemplar)
 
     def _request_series(self, method: str, outcome: str) -> tuple[Any, Any]:
         # Resolving labelled children costs more than the observation itself (labels come from small fixed sets).
@@ -270,6 +275,16 @@ class McpEndpoint:
             if self._listen is None:
                 raise MethodNotFound("Method not found", method)
             return await self._listen(request, message, identity)
+        with tracing().request(method, request.headers, message.meta):
+            trace_id = tracing().trace_id()
+            if trace_id is not None:
+                request[_TRACE_KEY] = trace_id
+            return await self._forward_and_answer(request, message, identity)
+
+    async def _forward_and_answer(
+        self, request: web.Request, message: Message, identity: Identity
+    ) -> web.StreamResponse:
+        method = message.method
         ticket = self._observer.ticket() if self._observer is not None else 0
         try:
             reply, shared = await self._forward(request, message, identity, ticket)
@@ -295,13 +310,13 @@ class McpEndpoint:
         """The upstream's reply to this request, or a ready answer: a cached one, or the one an identical request
         in flight got (its id is replaced by this request's)."""
 
+        async def exchange() -> Reply:
+            with tracing().upstream(message.method):
+                return await self._upstream.forward(message, request.headers, identity)
+
         def send() -> Awaitable[Reply]:
             # In the client's turn: over its fair share it waits in its own queue (invariant 20).
-            return self._fair_share.run(
-                identity.client,
-                lambda: self._upstream.forward(message, request.headers, identity),
-                within_s=self._queue_wait_s,
-            )
+            return self._fair_share.run(identity.client, exchange, within_s=self._queue_wait_s)
 
         if self._readthrough is None or not is_shareable(message.method, message.params):
             return await send(), None

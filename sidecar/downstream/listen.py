@@ -22,6 +22,7 @@ from sidecar.config import StreamsConfig
 from sidecar.downstream.event_stream import EventStream, KeepAliveTicker, StreamStalled
 from sidecar.identity import Identity
 from sidecar.observability.metrics import Metrics
+from sidecar.observability.tracing import tracing
 from sidecar.protocol.envelope import Message, RequestId
 from sidecar.protocol.errors import InvalidParams, Overloaded, RpcError, UpstreamError, UpstreamHTTPError
 from sidecar.protocol.frames import ack_notification, complete_result, notification
@@ -234,8 +235,10 @@ class StreamHub:
     def _on_change(self, event: ChangeEvent) -> None:
         if event.baseline:
             return  # a watch's first look: nothing changed for anyone
-        for stream in self._by_key.get(event.key, ()):
-            stream.signal(event.key.notification_method, event.key.uri, event.detected_at)
+        streams = self._by_key.get(event.key, ())
+        with tracing().fanout(event.key.kind, event.key.short_hash, len(streams)):
+            for stream in streams:
+                stream.signal(event.key.notification_method, event.key.uri, event.detected_at)
 
     # -- fan-out: signals become pending at once; a pass over the streams then writes them ------------------
 

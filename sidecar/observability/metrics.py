@@ -5,8 +5,8 @@ from __future__ import annotations
 import platform
 
 import aiohttp
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, choose_encoder
 
 from sidecar import __version__
 from sidecar.protocol.constants import LIST_CHANGED_METHODS, RESOURCE_UPDATED_METHOD
@@ -223,5 +223,8 @@ class Metrics:
         build = Gauge("mcp_sidecar_build_info", "Build information", ["version", "python", "aiohttp"], registry=r)
         build.labels(__version__, platform.python_version(), aiohttp.__version__).set(1)
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    def render(self, accept: str | None = None) -> tuple[bytes, str]:
+        """The exposition and its content type: OpenMetrics (with the exemplars that carry trace ids) when
+        `accept` (the scraper's Accept header) asks for it, Prometheus text otherwise."""
+        encoder, content_type = choose_encoder(accept or "")
+        return encoder(self.registry), content_type

@@ -18,6 +18,7 @@ from multidict import CIMultiDictProxy
 from sidecar.config import CacheConfig, UpstreamConfig
 from sidecar.identity import ANONYMOUS_IDENTITY, Identity, IdentityRule
 from sidecar.observability.metrics import Metrics
+from sidecar.observability.tracing import tracing
 from sidecar.protocol.constants import (
     HEADER_METHOD,
     HEADER_NAME,
@@ -211,6 +212,8 @@ class UpstreamClient(UpstreamState):
         """Send a client's request upstream and return the answer for the client, in the client's era."""
         headers = self._identities.forwarded(client_headers)
         info = await self.ensure_info(identity)
+        # The client span's context goes upstream (in the headers; at 2026-07-28 in `_meta` too).
+        tracing().inject(headers, message.meta if info.era == "modern" else None)
         with self._observe(message.method):
             if info.era == "modern":
                 return await self._forward_modern(message, client_headers, headers)
@@ -343,12 +346,8 @@ class UpstreamClient(UpstreamState):
     ) -> tuple[str, bytes, dict[str, str]]:
         """Id, body and headers of a 2026-07-28 request made on the sidecar's own behalf."""
         request_id = f"sidecar-{next(self._ids)}"
-        body = {
-            "jsonrpc": "2.0",
-            "id": request_id,
-            "method": method,
-            "params": {**params, "_meta": modern_request_meta()},
-        }
+        meta = modern_request_meta()
+        body = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": {**params, "_meta": meta}}
         sent = {
             **headers,
             "Content-Type": "application/json",
@@ -359,6 +358,7 @@ class UpstreamClient(UpstreamState):
         named = NAMED_METHODS.get(method)
         if named is not None:
             sent[HEADER_NAME] = encode_header_value(str(params.get(named, "")))
+        tracing().inject(sent, meta)  # a poll's span, when tracing is on
         return request_id, orjson.dumps(body), sent
 
     async def _modern_call(self, method: str, params: JsonObject, headers: Mapping[str, str]) -> JsonObject:

@@ -13,14 +13,20 @@ import logging
 import os
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING
 
 from sidecar.changes import ChangeEvent, LocalCoordinator, PollCoordinator, WatchKey
 from sidecar.config import PollingConfig
+from sidecar.identity import PUBLIC
 from sidecar.observability.metrics import Metrics
+from sidecar.observability.tracing import tracing
 from sidecar.protocol.errors import UpstreamError, UpstreamHTTPError
 from sidecar.watch.clock import LOOP_CLOCK, Clock, Timer
 from sidecar.watch.observe import Observation
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Link
 
 __all__ = ["JITTER", "HintBudget", "ObservationListener", "Schedule", "Watch"]
 
@@ -46,6 +52,8 @@ async def _hold() -> None:
 JITTER = random.Random()
 """The sidecar's own source of jitter: the process-wide `random` state is left to whoever else uses it."""
 _MIN_BACKOFF_JITTER = 0.1
+_MAX_LINKS = 8
+"""Traced writes one poll links to at most."""
 _ERROR_LOG_INTERVAL_S = 10.0
 
 
@@ -178,6 +186,8 @@ class Watch:
         self._hinted = False
         self._recovery_retried = False
         self._stopped = False
+        self._links: list[Link] = []
+        """Traced writes whose hints the next poll answers (tracing on only)."""
         self._poll_ok = metrics.polls.labels(key.kind, "ok")
         self._poll_error = metrics.polls.labels(key.kind, "error")
         self._poll_duration = metrics.poll_duration.labels(key.kind)
@@ -229,9 +239,12 @@ class Watch:
             self.fingerprint = fingerprint
             self.generation += 1
 
-    def hint(self) -> None:
+    def hint(self, links: Sequence[Link] = ()) -> None:
         """Poll soon, but never sooner than min_interval_ms after the last poll, and never sooner than a backoff
-        allows; hints coalesce into at most one extra poll."""
+        allows; hints coalesce into at most one extra poll. `links`: the traced writes that asked for it, which
+        the next poll's span links to."""
+        if links and len(self._links) < _MAX_LINKS:
+            self._links.extend(links[: _MAX_LINKS - len(self._links)])
         if self.consecutive_errors:
             return  # backing off: the next poll is already as early as the failing upstream should see it
         self._poll_soon()
@@ -317,6 +330,13 @@ class Watch:
             self._arm_hinted(self._last_start + delay)
 
     async def poll_once(self, due: float) -> None:
+        links, self._links = self._links, []
+        key = self.key
+        uri = key.uri if key.partition == PUBLIC else None  # a private URI can name a person: only its hash
+        with tracing().poll(key.kind, key.short_hash, uri, links):
+            await self._poll_once(due)
+
+    async def _poll_once(self, due: float) -> None:
         queued_at = self._clock.now() if self._gate.locked() else None
         async with self._gate:
             started = self._clock.now()
@@ -342,7 +362,8 @@ class Watch:
         if event is not None:
             if _HOLD_BEFORE_PUBLISH:
                 await _hold()
-            await self._sink(event)
+            with tracing().change(self.key.kind, self.key.short_hash, event.generation):
+                await self._sink(event)
 
     def _failed(self, exc: UpstreamError) -> None:
         self.consecutive_errors += 1

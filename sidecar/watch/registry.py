@@ -368,10 +368,10 @@ class WatchRegistry:
         """Hint the public watches and this context's watches to poll soon (debounced: see Revalidator)."""
         self._revalidator.wrote(identity.context)
 
-    def _hint_contexts(self, contexts: frozenset[str]) -> None:
+    def _hint_contexts(self, contexts: frozenset[str], links: tuple[Any, ...] = ()) -> None:
         for watch in self._watches.values():
             if watch.key.partition == PUBLIC or watch.key.partition in contexts:
-                watch.hint()
+                watch.hint(links)
 
     def _on_change(self, event: ChangeEvent) -> None:
         if event.baseline:

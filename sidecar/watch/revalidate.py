@@ -11,9 +11,12 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from sidecar.changes import PollCoordinator
+from sidecar.observability.tracing import tracing
 from sidecar.watch.clock import LOOP_CLOCK, Clock, Timer
 
 __all__ = ["Revalidator"]
+
+_MAX_LINKS = 8
 
 
 class Revalidator:
@@ -23,7 +26,7 @@ class Revalidator:
         self,
         debounce_ms: int,
         coordinator: PollCoordinator,
-        hint: Callable[[frozenset[str]], None],
+        hint: Callable[[frozenset[str], tuple[Any, ...]], None],
         spawn: Callable[[Coroutine[Any, Any, None]], None],
         clock: Clock = LOOP_CLOCK,
     ) -> None:
@@ -33,19 +36,25 @@ class Revalidator:
         self._spawn = spawn
         self._clock = clock
         self._contexts: set[str] = set()
+        self._links: list[Any] = []
+        """Traced writes of this window (tracing on only): the polls they cause link to them."""
         self._timer: Timer | None = None
 
     def wrote(self, context: str) -> None:
-        """A request of `context` that may have written went through."""
+        """A request of `context` that may have written went through (its span, if traced, is current)."""
         self._contexts.add(context)
+        link = tracing().current_link()
+        if link is not None and len(self._links) < _MAX_LINKS:
+            self._links.append(link)
         if self._timer is None:
             self._timer = self._clock.call_at(self._clock.now() + self._debounce_s, self._fire)
 
     def _fire(self) -> None:
         contexts, self._contexts = frozenset(self._contexts), set()
+        links, self._links = tuple(self._links), []
         self._timer = None
         self._spawn(self._coordinator.announce_revalidate(contexts))
-        self._hint(contexts)
+        self._hint(contexts, links)
 
     def cancel(self) -> None:
         if self._timer is not None:

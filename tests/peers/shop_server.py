@@ -111,6 +111,8 @@ class AdminLog:
                 "authorization": headers.get("authorization"),
                 "session": headers.get("mcp-session-id"),
                 "protocol_version": headers.get("mcp-protocol-version"),
+                "traceparent": headers.get("traceparent"),
+                "meta_traceparent": (params.get("_meta") or {}).get("traceparent"),
             }
         )
 

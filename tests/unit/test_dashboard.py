@@ -87,7 +87,7 @@ def test_the_exported_names_follow_the_naming_rules(exported: dict[str, set[str]
     assert len(exported) > 40
     assert all(name.startswith("mcp_sidecar_") for name in exported)
     assert "mcp_sidecar_requests_total" in exported and "mcp_sidecar_change_delivery_seconds_bucket" in exported
-    rendered = Metrics().render().decode()
+    rendered = Metrics().render()[0].decode()
     for line in rendered.splitlines():
         if line.startswith("mcp_sidecar_") and "_created" not in line.split("{")[0]:
             assert line.split("{")[0].split(" ")[0] in exported, line

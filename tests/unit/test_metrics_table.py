@@ -27,7 +27,7 @@ def _served() -> dict[str, tuple[str, frozenset[str]]]:
     metrics = Metrics()
     # Every labelled family's children exist once they are used; the table names the labels, not the values.
     served = {}
-    for family in text_string_to_metric_families(metrics.render().decode()):
+    for family in text_string_to_metric_families(metrics.render()[0].decode()):
         name = family.name + ("_total" if family.type == "counter" else "")
         served[name] = (family.type, frozenset())
     for metric in metrics.registry._collector_to_names:  # the registered collectors, with their label names
@@ -46,4 +46,4 @@ def test_the_readme_table_lists_every_family_served_with_its_type_and_labels() -
 
 
 def test_no_created_series_is_served() -> None:
-    assert "_created" not in Metrics().render().decode()
+    assert "_created" not in Metrics().render()[0].decode()

@@ -273,7 +273,11 @@ async def test_writes_within_the_debounce_window_are_one_round_of_hints(clock: M
 
     tasks: list[asyncio.Task[None]] = []
     revalidator = Revalidator(
-        100, Coordinator(), hinted.append, lambda coro: tasks.append(asyncio.ensure_future(coro)), clock
+        100,
+        Coordinator(),
+        lambda contexts, links: hinted.append(contexts),
+        lambda coro: tasks.append(asyncio.ensure_future(coro)),
+        clock,
     )
     revalidator.wrote("alice")
     await clock.advance(0.05)
