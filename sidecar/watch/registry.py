@@ -20,8 +20,8 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable, Hashable, Iterable
+from typing import Any, TypeVar
 
 from sidecar.changes import Bus, ChangeEvent, LocalCoordinator, PollCoordinator, WatchKey, WatchKind
 from sidecar.config import PollingConfig
@@ -51,6 +51,24 @@ AuthFailureListener = Callable[[WatchKey, str], None]
 """Told that a context's credential was refused while polling a key (its streams should end)."""
 
 
+T = TypeVar("T")
+
+
+def _joinable_read(reads: dict[Hashable, asyncio.Task[T]], read: Hashable, client: str) -> asyncio.Task[T] | None:
+    """A read in flight that `client` may wait on: one that went at once (anyone's), or its own paced one. A read
+    paced in another client's fair share is never joined: that client's queue must not delay this one
+    (invariant 20); a read of its own costs one more upstream read, bounded by this client's rate."""
+    return reads.get(read) or reads.get((read, client))
+
+
+def _register_read(
+    reads: dict[Hashable, asyncio.Task[T]], read: Hashable, paced_for: str | None, task: asyncio.Task[T]
+) -> None:
+    key: Hashable = read if paced_for is None else (read, paced_for)
+    reads[key] = task
+    task.add_done_callback(lambda _: reads.pop(key, None) if reads.get(key) is task else None)
+
+
 class WatchRegistry:
     """WatchKey -> Watch, with credentials per context and the revalidate-on-write hints."""
 
@@ -77,9 +95,11 @@ class WatchRegistry:
         self._gate = asyncio.Semaphore(config.max_concurrency)
         self._tickets = itertools.count(1)
         self._watches: dict[WatchKey, Watch] = {}
-        self._baselines: dict[tuple[WatchKind, str | None, str], asyncio.Task[Watch | None]] = {}
-        self._syncs: dict[WatchKey, asyncio.Task[bool]] = {}
-        """Joiners' looks at live watches in flight, one per key (see `_join`)."""
+        self._baselines: dict[Hashable, asyncio.Task[Watch | None]] = {}
+        """First reads in flight, per (kind, URI, context); one paced for a client is its alone (see
+        `_joinable_read`)."""
+        self._syncs: dict[Hashable, asyncio.Task[bool]] = {}
+        """Joiners' looks at live watches in flight, one per key (see `_join`), paced ones per client too."""
         self._observation_listeners: list[ObservationListener] = []
         self._holders: dict[WatchKey, dict[str, Holder]] = {}
         """Per key, the contexts holding it: the only place the identities the sidecar polls with live."""
@@ -128,15 +148,14 @@ class WatchRegistry:
         watch = self._joinable(kind, uri, context)
         if watch is not None:
             return await self._join(watch, identity)
-        flight = (kind, uri, context)
-        task = self._baselines.get(flight)
+        read = (kind, uri, context)
+        task = _joinable_read(self._baselines, read, identity.client)
         if task is None:
             if self._admission.known_absent(kind, uri, context):
                 return None  # found missing a moment ago: not read again so soon
             paced = not self._admission.take(identity.client)
             task = asyncio.get_running_loop().create_task(self._baseline(kind, uri, identity, paced))
-            self._baselines[flight] = task
-            task.add_done_callback(lambda _: self._baselines.pop(flight, None))
+            _register_read(self._baselines, read, identity.client if paced else None, task)
         # Shielded: one caller giving up must not cancel the read the others are waiting for.
         watch = await asyncio.shield(task)
         if watch is None:
@@ -156,13 +175,11 @@ class WatchRegistry:
         read per key), so a read after the ack is never older than the subscription (invariant 16)."""
         handle = self._add_ref(watch, identity)  # first: a lingering watch must not expire while we look
         try:
-            task = self._syncs.get(watch.key)
+            task = _joinable_read(self._syncs, watch.key, identity.client)
             if task is None:
                 paced = not self._admission.take(identity.client)
-                key = watch.key
                 task = asyncio.get_running_loop().create_task(self._sync(watch, identity, paced))
-                self._syncs[key] = task
-                task.add_done_callback(lambda _: self._syncs.pop(key, None))
+                _register_read(self._syncs, watch.key, identity.client if paced else None, task)
             found = await asyncio.shield(task)
         except BaseException:
             handle.release()

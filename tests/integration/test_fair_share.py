@@ -263,3 +263,33 @@ async def test_behind_a_trusted_proxy_each_forwarded_client_has_its_own_share_an
         finally:
             await up.stop()
             await asyncio.gather(hung, return_exceptions=True)
+
+
+async def test_a_first_read_waiting_in_another_clients_queue_is_never_joined(tmp_path: Path) -> None:
+    # Both clients anonymous (one context), from two addresses (two clients): the greedy one's read of the URI
+    # waits in its own full queue; the polite one's listen on the same URI must not wait behind it.
+    polling = {"max_baselines_per_s": 1, "baseline_wait_s": 30}
+    upstream = {"max_requests_per_client": 1, "timeout_s": 60}
+    greedy = aiohttp.ClientSession(connector=aiohttp.TCPConnector(local_addr=("127.0.0.1", 0)))
+    polite = aiohttp.ClientSession(connector=aiohttp.TCPConnector(local_addr=("127.0.0.2", 0)))
+    async with (
+        FaultyUpstream() as up,
+        serve_sidecar(up.url, polling=polling, upstream=upstream) as sidecar,
+        greedy,
+        polite,
+    ):
+        up.fail(Fault.HANG, uri="hang://x")
+        hung = asyncio.ensure_future(_status_from(sidecar.url, "127.0.0.1", "hang://x"))
+        waiting: asyncio.Future[Any] | None = None
+        try:
+            await eventually(lambda: sidecar.app[FAIR_SHARE].in_flight == 1)
+            warm = await ListenStream.open(greedy, sidecar.url, "warm", ["ok://warm"])  # spends its one token
+            await warm.aclose()
+            waiting = asyncio.ensure_future(ListenStream.open(greedy, sidecar.url, "g", ["ok://shared"], within_s=60))
+            await eventually(lambda: sidecar.app[FAIR_SHARE].queued == 1)  # its first read waits its turn
+            stream = await ListenStream.open(polite, sidecar.url, "p", ["ok://shared"], within_s=10)
+            await stream.aclose()
+            assert not waiting.done()
+        finally:
+            await up.stop()
+            await asyncio.gather(hung, *([waiting] if waiting else []), return_exceptions=True)
