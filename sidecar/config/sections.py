@@ -87,8 +87,13 @@ class ListenConfig(Section):
     trusted_proxies: list[str] = Field(
         default_factory=list,
         description="Addresses or networks (CIDR) of proxies in front of the sidecar: from their connections, an "
-        "anonymous client is known by the first address not in this list in Forwarded / X-Forwarded-For (its "
-        "fair share). Empty: every client is its connection's peer address; those headers are ignored.",
+        "anonymous client is known by the first address not in this list in forwarded_header (its fair share). "
+        "Empty: every client is its connection's peer address; forwarding headers are ignored.",
+    )
+    forwarded_header: Literal["x-forwarded-for", "forwarded"] = Field(
+        "x-forwarded-for",
+        description="The header the trusted proxies write (nginx, most load balancers: X-Forwarded-For; RFC 7239 "
+        "Forwarded). Only that one is read: the other is whatever the client sent.",
     )
 
     tls: ListenerTLS = Field(default_factory=ListenerTLS, description="HTTPS on the MCP port (and mTLS).")

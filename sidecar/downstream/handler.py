@@ -134,7 +134,7 @@ class McpEndpoint:
     ) -> None:
         self._legacy = legacy
         self._fair_share = fair_share
-        self._addresses = ClientAddresses(config.listen.trusted_proxies)
+        self._addresses = ClientAddresses(config.listen.trusted_proxies, config.listen.forwarded_header)
         self._queue_wait_s = config.upstream.timeout_s
         """A request's own deadline bounds its wait for a slot too."""
         self._identities = identities

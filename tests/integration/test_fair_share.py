@@ -257,6 +257,8 @@ async def test_behind_a_trusted_proxy_each_forwarded_client_has_its_own_share_an
             assert await _status_from(lb.url, "127.0.0.2", "ok://again") == 429
             # Another client through the same nginx: refused too only when the sidecar cannot tell them apart.
             assert await _status_from(lb.url, "127.0.0.3", "ok://other") == (200 if trusted else 429)
+            # The first client again, naming another address in the header nginx passes on: not believed either.
+            assert await _status_from(lb.url, "127.0.0.2", "ok://forged", {"Forwarded": "for=192.0.2.9"}) == 429
             # A client straight to the sidecar claiming to be the first one: its header is not believed.
             spoofed = {"X-Forwarded-For": "127.0.0.2"}
             assert await _status_from(sidecar.url, "127.0.0.4", "ok://spoof", spoofed) == 200
