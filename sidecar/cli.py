@@ -151,7 +151,8 @@ def _check_workers(config: SidecarConfig, workers: int) -> None:
 
 
 def run_workers(count: int, argv: Sequence[str]) -> int:
-    """Start `count` worker processes on one port and forward SIGTERM/SIGINT to them until all exit."""
+    """Start `count` worker processes on one port and forward SIGTERM/SIGINT (stop) and SIGHUP (read the
+    certificate files again) to them until all exit."""
     env = {**os.environ, _WORKER_ENV: "1"}
     command = [sys.executable, "-m", "sidecar.cli", *argv]
     children = [subprocess.Popen(command, env=env) for _ in range(count)]
@@ -163,6 +164,7 @@ def run_workers(count: int, argv: Sequence[str]) -> int:
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
+    signal.signal(signal.SIGHUP, forward)  # its default action would end this process, and the workers with it
     codes = [child.wait() for child in children]
     return max(codes, default=0)
 
@@ -278,7 +280,10 @@ async def _watch_certificates(certificates: CertificateWatch) -> None:
     # Rotated certificate files (cert-manager, a mounted Secret) are picked up without a restart or a SIGHUP.
     while True:
         await asyncio.sleep(_CERTIFICATE_CHECK_S)
-        certificates.check()
+        try:
+            certificates.check()
+        except Exception:  # boundary: a surprise in one check must not stop every later one
+            logger.exception("checking the certificate files failed")
 
 
 @contextlib.contextmanager

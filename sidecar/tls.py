@@ -33,6 +33,12 @@ def server_context(tls: ListenerTLS) -> ssl.SSLContext | None:
 
 def _load_server_files(context: ssl.SSLContext, tls: ListenerTLS) -> None:
     assert tls.cert_file is not None and tls.key_file is not None
+    # Tried on a scratch context first: OpenSSL installs a new certificate before it finds that the key on disk
+    # does not match (a half-copied Secret), and the serving context would be left with no usable pair.
+    scratch = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    scratch.load_cert_chain(tls.cert_file, tls.key_file)
+    if tls.client_ca_file is not None:
+        scratch.load_verify_locations(cafile=tls.client_ca_file)
     context.load_cert_chain(tls.cert_file, tls.key_file)
     if tls.client_ca_file is not None:
         context.load_verify_locations(cafile=tls.client_ca_file)

@@ -23,7 +23,8 @@ from cryptography import x509
 from pydantic import ValidationError
 
 from sidecar.app import CONFIG, UPSTREAM
-from sidecar.tls import CertificateWatch
+from sidecar.config.tls import ListenerTLS
+from sidecar.tls import CertificateWatch, server_context
 from tests.cluster import ListenStream as RawListenStream
 from tests.cluster import Replica, free_port, sidecar_config
 from tests.helpers import eventually, make_config, rpc, serve_sidecar
@@ -270,3 +271,38 @@ def test_tls_settings_that_cannot_work_fail_at_start_naming_the_key(pki: Pki) ->
         with pytest.raises(ValidationError) as failed:
             make_config("http://127.0.0.1:9/mcp", **sections)
         assert message in str(failed.value), (sections, failed.value)
+
+
+async def test_a_half_written_certificate_pair_is_refused_and_the_one_in_use_keeps_serving(
+    pki: Pki, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cert, key = pki.issue_server(tmp_path)
+    tls = ListenerTLS(cert_file=str(cert), key_file=str(key))
+    context = server_context(tls)
+    assert context is not None
+    watch = CertificateWatch()
+    watch.listener("listen", context, tls)
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0, ssl=context)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        first = await _served_serial(port, pki.client_context())
+        old_key = key.read_bytes()
+        pki.issue_server(tmp_path)  # a new pair ...
+        renewed_key = key.read_bytes()
+        key.write_bytes(old_key)  # ... of which only the certificate has arrived
+        with caplog.at_level(logging.ERROR, logger="sidecar.tls"):
+            watch.reload()
+        assert [r.getMessage() for r in caplog.records] == [
+            "certificate files could not be loaded; the ones in use are kept"
+        ]
+        assert await _served_serial(port, pki.client_context()) == first  # still served, still the old one
+        key.write_bytes(renewed_key)  # the rest arrives
+        watch.reload()
+        assert await _served_serial(port, pki.client_context()) != first
+    finally:
+        server.close()
+        await server.wait_closed()
