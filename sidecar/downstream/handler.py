@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -10,6 +11,7 @@ from typing import Any, Protocol
 
 import orjson
 from aiohttp import web
+from cachetools import LRUCache
 
 from sidecar.config import SidecarConfig
 from sidecar.downstream.client_address import ClientAddresses
@@ -64,6 +66,8 @@ DISCOVER_TTL_MS = 300_000
 """Capabilities change only when the upstream is replaced; clients may cache discover for five minutes."""
 
 _PRIMITIVES = ("resources", "tools", "prompts")
+_ACCEPTED_CONTEXTS = 10_000
+"""Accepted credentials remembered (least recently used go first, and count against their address again)."""
 
 
 class ForwardObserver(Protocol):
@@ -137,6 +141,8 @@ class McpEndpoint:
         self._addresses = ClientAddresses(config.listen.trusted_proxies, config.listen.forwarded_header)
         self._queue_wait_s = config.upstream.timeout_s
         """A request's own deadline bounds its wait for a slot too."""
+        self._accepted: LRUCache[str, bool] = LRUCache(maxsize=_ACCEPTED_CONTEXTS)
+        """Contexts whose credential the upstream accepted (answered below 400): each is a client of its own."""
         self._identities = identities
         self._metrics = metrics or Metrics()
         self._config = config
@@ -168,6 +174,19 @@ class McpEndpoint:
                 exemplar = {"trace_id": trace_id} if trace_id else None
                 duration.observe(time.monotonic() - started, exemplar)
 
+    def _identity(self, request: web.Request) -> Identity:
+        address = self._addresses.of(request)
+        identity = self._identities.of(request.headers, address)
+        if not identity.is_anonymous and identity.context not in self._accepted:
+            # Until the upstream has accepted this credential once, it counts against its address: made-up
+            # tokens, one per request, would otherwise each bring a fair share of their own.
+            identity = dataclasses.replace(identity, client=f"addr-{address}")
+        return identity
+
+    def _accepted_by_upstream(self, identity: Identity, status: int) -> None:
+        if not identity.is_anonymous and status < 400:
+            self._accepted[identity.context] = True
+
     def _request_series(self, method: str, outcome: str) -> tuple[Any, Any]:
         # Resolving labelled children costs more than the observation itself (labels come from small fixed sets).
         key = (method, outcome)
@@ -185,8 +204,7 @@ class McpEndpoint:
             refused = check_host_and_origin(request, self._config.listen)
             if refused is not None:
                 raise refused
-            # Once per request; a repeated identity header: 400.
-            identity = self._identities.of(request.headers, self._addresses.of(request))
+            identity = self._identity(request)  # once per request; a repeated identity header: 400
             body = await read_body(request, self._config.listen.max_body_bytes, self._config.listen.body_timeout_s)
             message: Message | None = None
             if HEADER_SESSION_ID not in request.headers:
@@ -224,6 +242,7 @@ class McpEndpoint:
         try:
             return await self._write_reply(request, answer)
         finally:
+            self._accepted_by_upstream(identity, answer.status)
             # What a 2026-07-28 client's request teaches the watches, a 2025 client's teaches them too (a write),
             # even when the client closes as soon as it has its result, before the relayed stream has ended.
             if self._observer is not None and message is not None and not message.is_notification:
@@ -257,7 +276,7 @@ class McpEndpoint:
         try:
             if refused is not None:
                 raise refused
-            return await call(request, self._identities.of(request.headers, self._addresses.of(request)))
+            return await call(request, self._identity(request))
         except RpcError as exc:
             return self._error(None, exc)
         except UpstreamError as exc:
@@ -297,6 +316,7 @@ class McpEndpoint:
         try:
             return await self._write_reply(request, reply)
         finally:
+            self._accepted_by_upstream(identity, reply.status)
             # Also when the client leaves mid-answer (an SSE client may close once it has its result, and the
             # handler is cancelled): the upstream did the work, so a write still revalidates the watches.
             if reply.status in (401, 403):

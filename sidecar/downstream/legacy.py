@@ -137,7 +137,7 @@ class LegacySessions:
     async def _initialize(
         self, request: web.Request, body: bytes, message: Message, identity: Identity
     ) -> web.StreamResponse:
-        client = identity.client
+        client = _session_owner(identity)
         # Slots are taken before the first await: a thousand initializes at once cannot all pass the check.
         if len(self._sessions) + self._opening >= self._config.max_sessions:
             self._metrics.limit_rejections.labels("max_sessions").inc()
@@ -338,7 +338,7 @@ class LegacySessions:
         session.subscriptions.clear()
         session.list_handles.clear()
         session.close("ended")
-        self._forget(session.identity.client)
+        self._forget(_session_owner(session.identity))
         self._metrics.legacy_sessions.set(len(self._sessions))
         logger.info("legacy session ended")
 
@@ -356,6 +356,13 @@ class LegacySessions:
                 idle = session.get_streams == 0 and now - session.last_seen > idle_s
                 if idle or (not session.used and now - session.opened_at > unused_s):
                     self._end(session_id)
+
+
+def _session_owner(identity: Identity) -> str:
+    """Whom streams.max_sessions_per_client counts a session against: its context, or an anonymous client's
+    address. Not the fair-share client of a credential the upstream has not accepted yet (its address): a
+    2025-11-25 client's first request is its initialize, so a new user behind a busy address would never get in."""
+    return identity.context if not identity.is_anonymous else identity.client
 
 
 def _session_not_found() -> InvalidRequest:

@@ -38,6 +38,14 @@ def _limit(sidecar: Any, name: str) -> float:
     return value
 
 
+async def _accepted(http: aiohttp.ClientSession, url: str, *tokens: str) -> None:
+    """One read each, so the upstream has accepted these tokens: from then on each is a client of its own (an
+    unaccepted one counts against its address)."""
+    for token in tokens:
+        status, message = await rpc(http, url, "tools/list", extra_headers={"Authorization": f"Bearer {token}"})
+        assert status == 200, message
+
+
 async def _get(http: aiohttp.ClientSession, url: str) -> int:
     async with http.get(url) as resp:
         return resp.status
@@ -158,6 +166,7 @@ async def test_one_clients_hung_requests_leave_slots_to_others_and_its_next_one_
         for n in range(3):
             up.fail(Fault.HANG, uri=f"hang://{n}")
         alice = {"Authorization": "Bearer alice"}
+        await _accepted(http, sidecar.url, "alice", "bob")
         hung = [  # three different reads: identical ones would share one upstream request
             asyncio.ensure_future(rpc(http, sidecar.url, "resources/read", {"uri": f"hang://{n}"}, extra_headers=alice))
             for n in range(3)
@@ -189,6 +198,7 @@ async def test_a_client_over_its_own_queue_bound_gets_429_with_retry_after_and_n
     async with FaultyUpstream() as up, serve_sidecar(up.url, upstream=upstream) as sidecar:
         up.fail(Fault.HANG, uri="hang://x")
         alice = {"Authorization": "Bearer alice"}
+        await _accepted(http, sidecar.url, "alice", "bob")
         held = [
             asyncio.ensure_future(rpc(http, sidecar.url, "resources/read", {"uri": uri}, extra_headers=alice))
             for uri in ("hang://x", "ok://queued")
@@ -211,6 +221,31 @@ async def test_a_client_over_its_own_queue_bound_gets_429_with_retry_after_and_n
         finally:
             await up.stop()
             await asyncio.gather(*held, return_exceptions=True)
+
+
+@pytest.mark.invariant(20)
+async def test_made_up_tokens_share_their_addresss_fair_share_until_the_upstream_accepts_one(
+    http: aiohttp.ClientSession,
+) -> None:
+    upstream = {"timeout_s": 30, "max_requests_per_client": 1, "max_queued_per_client": 0}
+    async with FaultyUpstream() as up, serve_sidecar(up.url, upstream=upstream) as sidecar:
+        up.fail(Fault.HANG, uri="hang://x")
+        await _accepted(http, sidecar.url, "bob")
+        first = {"Authorization": "Bearer made-up-1"}
+        hung = asyncio.ensure_future(rpc(http, sidecar.url, "resources/read", {"uri": "hang://x"}, extra_headers=first))
+        try:
+            await eventually(lambda: sidecar.app[FAIR_SHARE].in_flight == 1)
+            # Another invented token from the same address: the same client, over its bound.
+            second = {"Authorization": "Bearer made-up-2"}
+            status, _ = await rpc(http, sidecar.url, "resources/read", {"uri": "ok://x"}, extra_headers=second)
+            assert status == 429
+            # A token the upstream accepted before is a client of its own.
+            bob = {"Authorization": "Bearer bob"}
+            status, _ = await rpc(http, sidecar.url, "resources/read", {"uri": "ok://x"}, extra_headers=bob)
+            assert status == 200
+        finally:
+            await up.stop()
+            await asyncio.gather(hung, return_exceptions=True)
 
 
 # -- 2025-11-25 sessions -------------------------------------------------------------------------------------
@@ -297,6 +332,7 @@ async def test_a_first_read_that_cannot_start_in_time_is_left_out_of_that_client
     async with FaultyUpstream() as up, serve_sidecar(up.url, polling=polling, upstream=upstream) as sidecar:
         up.fail(Fault.HANG, uri="hang://x")
         alice = {"Authorization": "Bearer alice"}
+        await _accepted(http, sidecar.url, "alice", "bob")
         hung = asyncio.ensure_future(rpc(http, sidecar.url, "resources/read", {"uri": "hang://x"}, extra_headers=alice))
         try:
             await eventually(lambda: len(up.reads()) == 1)  # alice's one slot is taken by her own hung read
