@@ -330,11 +330,12 @@ class McpEndpoint:
         """The upstream's reply to this request, or a ready answer: a cached one, or the one an identical request
         in flight got (its id is replaced by this request's)."""
 
-        async def exchange() -> Reply:
-            with tracing().upstream(message.method):
-                return await self._upstream.forward(message, request.headers, identity)
+        def send(started: Callable[[], None] = _nothing) -> Awaitable[Reply]:
+            async def exchange() -> Reply:
+                started()  # it holds its slot: others may now wait on its answer
+                with tracing().upstream(message.method):
+                    return await self._upstream.forward(message, request.headers, identity)
 
-        def send() -> Awaitable[Reply]:
             # In the client's turn: over its fair share it waits in its own queue (invariant 20).
             return self._fair_share.run(identity.client, exchange, within_s=self._queue_wait_s)
 
@@ -390,6 +391,10 @@ class McpEndpoint:
         if isinstance(error, TooManyRequests):
             headers = {**(headers or {}), "Retry-After": str(error.retry_after_s)}
         return json_response(error_response(request_id, error), error.status, headers)
+
+
+def _nothing() -> None:
+    return None
 
 
 @web.middleware

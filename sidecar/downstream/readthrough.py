@@ -114,10 +114,15 @@ class _EntryCache(TLRUCache[CacheKey, _Entry]):
         return item
 
 
+_FlightKey = tuple[str, bytes, str] | tuple[str, bytes, str, str]
+
+
 @dataclass(slots=True)
 class _Flight:
     future: asyncio.Future[JsonObject | None]
     group: Group
+    key: _FlightKey
+    """Where it is listed: (method, params, context) once upstream, with the client appended before."""
     invalidated: bool = False
 
 
@@ -136,7 +141,7 @@ class ReadThrough:
         )
         self._cache.on_evict = metrics.cache_evictions.inc
         self._verify = config.public_requires_verified_context
-        self._flights: dict[tuple[str, bytes, str, str], _Flight] = {}
+        self._flights: dict[_FlightKey, _Flight] = {}
         self._latest: LRUCache[tuple[Group, str], tuple[int, str]] = LRUCache(maxsize=_MAX_OBSERVATIONS)
         """(group, partition) -> the (ticket, fingerprint) of the latest look a watch applied."""
         self._index: dict[Group, set[CacheKey]] = {}
@@ -213,30 +218,39 @@ class ReadThrough:
         method: str,
         params: JsonObject,
         context: str,
-        forward: Callable[[], Awaitable[Reply]],
+        forward: Callable[[Callable[[], None]], Awaitable[Reply]],
         ticket: int = 0,
         client: str = "",
     ) -> tuple[Reply | None, JsonObject | None]:
         """Forward once for everyone asking the same now (`ticket`: when this request started, on the watch
-        engine's clock, so an answer older than a watch's latest look is not kept). Only requests of one
-        `client` share a flight: the first one's request may wait its turn in that client's fair-share queue,
-        and another client must not wait behind it (invariant 20).
+        engine's clock, so an answer older than a watch's latest look is not kept). `forward(started)` calls
+        `started` once the request holds its slot upstream: until then the flight is its `client`'s alone (it
+        waits in that client's fair-share queue, and another client must not wait behind it: invariant 20);
+        from then on anyone of the context may join it.
 
         Returns (the leader's own reply, None) for the request that went upstream, or (None, shared
         answer) for one that joined; (None, None) means the leader's answer could not be shared (a
         stream) and the caller should forward on its own.
         """
-        flight_key = (method, _params_key(params), context, client)
-        flight = self._flights.get(flight_key)
+        shared_key: _FlightKey = (method, _params_key(params), context)
+        own_key: _FlightKey = (*shared_key, client)
+        flight = self._flights.get(shared_key) or self._flights.get(own_key)
         if flight is not None:
             self._metrics.singleflight_joins.inc()
             return None, await asyncio.shield(flight.future)
         loop = asyncio.get_running_loop()
-        flight = _Flight(loop.create_future(), _group(method, params))
-        self._flights[flight_key] = flight
+        flight = _Flight(loop.create_future(), _group(method, params), own_key)
+        self._flights[own_key] = flight
+
+        def started() -> None:
+            if self._flights.get(own_key) is flight and shared_key not in self._flights:
+                del self._flights[own_key]
+                self._flights[shared_key] = flight
+                flight.key = shared_key
+
         shared: JsonObject | None = None
         try:
-            reply = await forward()
+            reply = await forward(started)
             received_at = self._clock()
             message = reply.message
             if reply.stream is None and 200 <= reply.status < 300 and isinstance(message, dict):
@@ -246,8 +260,8 @@ class ReadThrough:
                     self._store(method, params, context, message["result"], received_at, ticket)
             return reply, None
         finally:
-            if self._flights.get(flight_key) is flight:
-                del self._flights[flight_key]
+            if self._flights.get(flight.key) is flight:
+                del self._flights[flight.key]
             if not flight.future.done():
                 flight.future.set_result(shared)
 

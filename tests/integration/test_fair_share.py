@@ -295,3 +295,26 @@ async def test_a_first_read_waiting_in_another_clients_queue_is_never_joined(tmp
         finally:
             await up.stop()
             await asyncio.gather(hung, *([waiting] if waiting else []), return_exceptions=True)
+
+
+async def test_identical_reads_share_one_upstream_request_once_it_is_upstream_and_never_before(tmp_path: Path) -> None:
+    upstream = {"max_requests_per_client": 1, "timeout_s": 60}
+    async with FaultyUpstream() as up, serve_sidecar(up.url, upstream=upstream) as sidecar:
+        up.delays["slow://shared"] = 0.5
+        up.fail(Fault.HANG, uri="hang://x")
+        # In flight upstream: two clients (two addresses, one anonymous context) asking the same share it.
+        first = asyncio.ensure_future(_status_from(sidecar.url, "127.0.0.2", "slow://shared"))
+        await eventually(lambda: len(up.reads()) == 1)
+        assert await _status_from(sidecar.url, "127.0.0.3", "slow://shared") == 200
+        assert await first == 200
+        assert len(up.reads()) == 1
+        # Still waiting in its client's queue: another client asking the same goes on its own.
+        hung = asyncio.ensure_future(_status_from(sidecar.url, "127.0.0.1", "hang://x"))
+        queued = asyncio.ensure_future(_status_from(sidecar.url, "127.0.0.1", "ok://popular"))
+        try:
+            await eventually(lambda: sidecar.app[FAIR_SHARE].queued == 1)
+            assert await _status_from(sidecar.url, "127.0.0.4", "ok://popular") == 200
+            assert not queued.done()
+        finally:
+            await up.stop()
+            await asyncio.gather(hung, queued, return_exceptions=True)
