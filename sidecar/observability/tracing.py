@@ -30,7 +30,9 @@ __all__ = ["Tracing", "TracingUnavailable", "configure_tracing", "install", "tra
 
 logger = logging.getLogger(__name__)
 
-_TRACE_KEYS = ("traceparent", "tracestate", "baggage")
+_TRACE_KEYS = ("traceparent", "tracestate")
+"""What continues a trace. Not `baggage`: a client's baggage goes upstream only as an allowlisted header
+(`upstream.forward_headers`), never through the sidecar's own propagation."""
 _MAX_LINKS = 8
 """Writes linked from one poll at most: a burst of writes is one round of hints."""
 _OFF: contextlib.nullcontext[None] = contextlib.nullcontext()

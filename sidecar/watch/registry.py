@@ -20,7 +20,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from sidecar.changes import Bus, ChangeEvent, LocalCoordinator, PollCoordinator, WatchKey, WatchKind
@@ -385,10 +385,16 @@ class WatchRegistry:
         """Hint the public watches and this context's watches to poll soon (debounced: see Revalidator)."""
         self._revalidator.wrote(identity.context)
 
-    def _hint_contexts(self, contexts: frozenset[str], links: tuple[Any, ...] = ()) -> None:
+    def _hint_contexts(self, contexts: frozenset[str], links: Mapping[str, tuple[Any, ...]] | None = None) -> None:
+        # A poll links to the traced writes that may concern it: a private watch to its own context's only.
+        links = links or {}
+        everyone = tuple(link for written in links.values() for link in written)
         for watch in self._watches.values():
-            if watch.key.partition == PUBLIC or watch.key.partition in contexts:
-                watch.hint(links)
+            partition = watch.key.partition
+            if partition == PUBLIC:
+                watch.hint(everyone)
+            elif partition in contexts:
+                watch.hint(links.get(partition, ()))
 
     def _on_change(self, event: ChangeEvent) -> None:
         if event.baseline:

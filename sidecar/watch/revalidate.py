@@ -7,7 +7,7 @@ contexts' watches are hinted; each hint then obeys the watch's backoff, jitter a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
 from sidecar.changes import PollCoordinator
@@ -26,7 +26,7 @@ class Revalidator:
         self,
         debounce_ms: int,
         coordinator: PollCoordinator,
-        hint: Callable[[frozenset[str], tuple[Any, ...]], None],
+        hint: Callable[[frozenset[str], Mapping[str, tuple[Any, ...]]], None],
         spawn: Callable[[Coroutine[Any, Any, None]], None],
         clock: Clock = LOOP_CLOCK,
     ) -> None:
@@ -36,22 +36,25 @@ class Revalidator:
         self._spawn = spawn
         self._clock = clock
         self._contexts: set[str] = set()
-        self._links: list[Any] = []
-        """Traced writes of this window (tracing on only): the polls they cause link to them."""
+        self._links: dict[str, list[Any]] = {}
+        """Traced writes of this window by context (tracing on only): the polls they cause link to them."""
         self._timer: Timer | None = None
 
     def wrote(self, context: str) -> None:
         """A request of `context` that may have written went through (its span, if traced, is current)."""
         self._contexts.add(context)
         link = tracing().current_link()
-        if link is not None and len(self._links) < _MAX_LINKS:
-            self._links.append(link)
+        if link is not None:
+            links = self._links.setdefault(context, [])
+            if len(links) < _MAX_LINKS:
+                links.append(link)
         if self._timer is None:
             self._timer = self._clock.call_at(self._clock.now() + self._debounce_s, self._fire)
 
     def _fire(self) -> None:
         contexts, self._contexts = frozenset(self._contexts), set()
-        links, self._links = tuple(self._links), []
+        links = {context: tuple(written) for context, written in self._links.items()}
+        self._links = {}
         self._timer = None
         self._spawn(self._coordinator.announce_revalidate(contexts))
         self._hint(contexts, links)
