@@ -134,6 +134,10 @@ class FairShare:
                 with contextlib.suppress(ValueError):
                     state.waiting.remove(turn)
                     self._queued(-1)
+                if not state.waiting and state.in_turn:
+                    state.in_turn = False  # nothing left to wait for: out of the round now, not at its turn
+                    with contextlib.suppress(ValueError):
+                        self._turns.remove(client)
                 self._forget_if_idle(client, state)
             if isinstance(exc, TimeoutError):
                 self._metrics.limit_rejections.labels(limit).inc()

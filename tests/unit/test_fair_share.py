@@ -140,10 +140,11 @@ async def test_a_request_that_waits_out_its_deadline_is_refused_and_leaves_the_q
     share = _share(capacity=1)
     requests = Requests(share)
     await _sent(requests, ["a"])
-    late = requests.send("a", within_s=0.01)
+    late = requests.send("b", within_s=0.01)
     with pytest.raises(TooManyRequests):
         await late
     assert share.queued == 0
+    assert share.active_clients == 1  # b is forgotten at once, not when its turn would have come
     await requests.finish("a")
     assert (share.in_flight, share.active_clients) == (0, 0)
 
