@@ -2,6 +2,7 @@
 
     python -m tests.breaks.run            # every break
     python -m tests.breaks.run 20         # the breaks of invariant 20
+    python -m tests.breaks.run 7 17       # several invariants (`7` and `07` alike)
 
 A break is `NN-what-it-breaks.patch`: a small diff against the checkout that breaks design invariant NN.
 Each is applied to a scratch copy of the checkout (tracked and untracked files, as they are now), and
@@ -41,8 +42,12 @@ def _copy(into: Path) -> None:
         (into / ".tools").symlink_to(tools)
 
 
+def _invariant(patch: Path) -> int:
+    return int(patch.name.split("-", 1)[0])
+
+
 def _run(patch: Path) -> tuple[str, str]:
-    invariant = patch.name.split("-", 1)[0]
+    invariant = _invariant(patch)
     with tempfile.TemporaryDirectory(prefix="break-") as scratch:
         tree = Path(scratch)
         _copy(tree)
@@ -60,9 +65,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("invariants", nargs="*", help="only the breaks of these invariants")
     args = parser.parse_args()
-    patches = sorted(
-        p for p in BREAKS.glob("*.patch") if not args.invariants or p.name.split("-", 1)[0] in args.invariants
-    )
+    wanted = {int(n) for n in args.invariants}  # `7` and `07` name the same invariant
+    patches = sorted(p for p in BREAKS.glob("*.patch") if not wanted or _invariant(p) in wanted)
     missed = 0
     for patch in patches:
         verdict, detail = _run(patch)
