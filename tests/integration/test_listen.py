@@ -248,3 +248,27 @@ async def test_hub_counts_streams_back_to_zero_when_clients_leave(
                 await anext(sse_messages(resp))
         await eventually(lambda: hub.stream_count == 0)
         assert sidecar.app[METRICS].listen_streams._value.get() == 0
+
+
+@pytest.mark.invariant(14)
+async def test_the_upstream_answering_again_makes_a_backed_off_watch_look_at_once(
+    fast_upstream: Upstream, http: aiohttp.ClientSession
+) -> None:
+    # A minute of backoff after the first failed poll: a change made during the outage can reach the stream
+    # within the test only through the recovery (the first answer after the outage makes every failing watch
+    # look again), never through the backoff running out.
+    backing_off = {**FAST, "backoff_initial_ms": 60_000, "backoff_max_ms": 60_000}
+    async with serve_sidecar(fast_upstream.url, polling=backing_off) as sidecar:
+        async with await _open(http, sidecar, "r", resourceSubscriptions=["catalog://price"]) as resp:
+            frames = sse_messages(resp)
+            await anext(frames)
+            await fast_upstream.set_price(120)
+            assert (await asyncio.wait_for(anext(frames), 15))["method"] == "notifications/resources/updated"
+            failed = sidecar.app[METRICS].polls.labels("resource", "error")
+            await fast_upstream.kill()
+            await eventually(lambda: failed._value.get() >= 1)
+            await fast_upstream.restart()  # price=100 again: a change from 120
+            async with http.post(sidecar.url, json=request("tools/list", {}, "t"), headers=headers("tools/list")) as r:
+                assert r.status == 200  # the upstream answers again
+            update = await asyncio.wait_for(anext(frames), 20)
+            assert update["params"]["uri"] == "catalog://price"
