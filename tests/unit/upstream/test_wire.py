@@ -1,5 +1,5 @@
 """The HTTP/1.1 wire to the upstream against a socket-level fake: answers a real server rarely sends (1xx
-before the answer)."""
+before the answer), and an exchange that starts while the pool is being aborted."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from sidecar.protocol.errors import ShuttingDown
 from sidecar.upstream.wire import WirePool
 
 
@@ -92,3 +93,28 @@ async def test_an_informational_answer_leaves_the_final_status_and_reason_as_sen
         assert (got.status, got.reason) == (int(status), reason)
         assert await got.read() == b"{}"
         got.release()
+
+
+async def test_an_exchange_waiting_for_a_connection_when_the_pool_is_aborted_ends_with_shutting_down(
+    pool_of: list[WirePool],
+) -> None:
+    # One connection: the first exchange holds it (the fake never answers), the second waits for it. The abort
+    # ends the first; the second, handed the freed slot afterwards, must not go on to the upstream.
+    async with _Fake([]) as fake:
+        pool = _pool(fake, pool_of, max_connections=1)
+        first = asyncio.create_task(pool.exchange("POST", b"{}", {}, within_s=None))
+        await fake.arrived.wait()
+        fake.arrived.clear()
+        second = asyncio.create_task(pool.exchange("POST", b"{}", {}, within_s=None))
+        await asyncio.sleep(0)  # one loop turn: the second starts and waits for the slot
+        assert not second.done()
+        pool.abort_all()
+        with pytest.raises(ShuttingDown):
+            await first
+        reached = asyncio.create_task(fake.arrived.wait())
+        done, _ = await asyncio.wait({second, reached}, return_when=asyncio.FIRST_COMPLETED)
+        reached.cancel()
+        assert second in done, "the second exchange reached the upstream after the abort"
+        with pytest.raises(ShuttingDown):
+            await second
+        assert fake.requests == 1
