@@ -57,7 +57,11 @@ def _run(patch: Path) -> tuple[str, str]:
         env = {**os.environ, **_QUICK_ENV, "PYTHONPATH": str(tree)}
         argv = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", f"--invariant={invariant}"]
         tests = subprocess.run(argv, cwd=tree, env=env, capture_output=True, text=True)
-        summary = (tests.stdout.strip().splitlines() or [""])[-1]
+        lines = tests.stdout.strip().splitlines() or [""]
+        summary = lines[-1]
+        failed = [line.split()[1] for line in lines if line.startswith("FAILED ")]
+        if failed:
+            summary = f"{failed[0]}; {summary}"  # the pin that caught it (the run stops at the first failure)
         return ("caught" if tests.returncode == 1 else "MISSED" if tests.returncode == 0 else "error"), summary
 
 
