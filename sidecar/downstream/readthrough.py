@@ -142,8 +142,9 @@ class ReadThrough:
         self._cache.on_evict = metrics.cache_evictions.inc
         self._verify = config.public_requires_verified_context
         self._flights: dict[_FlightKey, _Flight] = {}
-        self._latest: LRUCache[tuple[Group, str], tuple[int, str]] = LRUCache(maxsize=_MAX_OBSERVATIONS)
-        """(group, partition) -> the (ticket, fingerprint) of the latest look a watch applied."""
+        self._latest: LRUCache[tuple[Group, str], tuple[int, str, int]] = LRUCache(maxsize=_MAX_OBSERVATIONS)
+        """(group, partition) -> the (ticket, fingerprint) of the latest look a watch applied, and the ticket of the
+        first of the looks in a row, up to it, that saw that same fingerprint."""
         self._index: dict[Group, set[CacheKey]] = {}
         self._inserts = 0
 
@@ -277,16 +278,25 @@ class ReadThrough:
     def observed(self, key: WatchKey, fingerprint: str, ticket: int) -> None:
         """Registry listener: a watch looked at the upstream (a baseline, a poll, a joiner's sync, a forwarded
         read). An entry from an older request that it contradicts goes now (invariant 17): a resource's when its
-        content differs, a list page's always (pages cannot be compared with a whole list)."""
+        content differs; a list page's (pages cannot be compared with a whole list) unless every look since before
+        that page's request saw the whole list as it is now."""
         for group in _groups_of(key):
             latest = self._latest.get((group, key.partition))
+            unchanged_since: int | None = None  # every look from this ticket to this one saw the list as it is
             if latest is None or latest[0] < ticket:
-                self._latest[(group, key.partition)] = (ticket, fingerprint)
+                since = latest[2] if latest is not None and latest[1] == fingerprint else ticket
+                self._latest[(group, key.partition)] = (ticket, fingerprint, since)
+                if since < ticket and group[0] != "resources/read":
+                    unchanged_since = since
             for cache_key in list(self._index.get(group, ())):
                 if cache_key[2] != key.partition:
                     continue
                 entry = self._cache.get(cache_key)
-                if entry is not None and entry.ticket < ticket and _differs(group, entry.result, fingerprint):
+                if entry is None or entry.ticket >= ticket:
+                    continue
+                if unchanged_since is not None and entry.ticket > unchanged_since:
+                    continue  # asked for after a look that saw this same list: it is the list as it still is
+                if _differs(group, entry.result, fingerprint):
                     self._cache.pop(cache_key, None)
         self._metrics.cache_bytes.set(self._cache.currsize)
 

@@ -137,7 +137,10 @@ class Connection(asyncio.Protocol):
     # -- httptools callbacks --------------------------------------------------------------------------------
 
     def on_message_begin(self) -> None:
+        # Each message of the exchange (a 1xx, then the answer) has its own status line and headers.
         self._headers = []
+        if self._exchange is not None:
+            self._exchange.reason = b""
 
     def on_status(self, reason: bytes) -> None:
         assert self._exchange is not None

@@ -80,13 +80,15 @@ class WirePool:
         """Send one request; the answer once its head arrived. `within_s`: the whole answer's deadline (None:
         unbounded); `idempotent`: may be sent again once on a fresh connection when a reused one turns out to
         have been closed by the upstream before it answered (RFC 9112 section 9.3.1)."""
-        if self._aborted is not None:
-            raise self._aborted
+        self._refuse_if_aborted()
         request = self._request(method, body, headers)
         await self._slots.acquire()
         try:
             for attempt in (1, 2):
                 connection = self._reuse() or await self._connect()
+                if self._aborted is not None:  # aborted while this exchange waited for its slot or connection
+                    connection.close()
+                    self._refuse_if_aborted()
                 head: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
                 self._busy.add(connection)
                 connection.start(request, head, within_s)
@@ -112,6 +114,11 @@ class WirePool:
         """Connections made from now on use `context`; those already open keep theirs until they close."""
         if self._tls:
             self._ssl = context
+
+    def _refuse_if_aborted(self) -> None:
+        # A method, not an inline test: the pool may be aborted at any await of `exchange`.
+        if self._aborted is not None:
+            raise self._aborted
 
     def release(self, connection: Connection, *, slot: bool = True) -> None:
         self._busy.discard(connection)

@@ -2,6 +2,7 @@
 
     python -m tests.breaks.run            # every break
     python -m tests.breaks.run 20         # the breaks of invariant 20
+    python -m tests.breaks.run 7 17       # several invariants (`7` and `07` alike)
 
 A break is `NN-what-it-breaks.patch`: a small diff against the checkout that breaks design invariant NN.
 Each is applied to a scratch copy of the checkout (tracked and untracked files, as they are now), and
@@ -41,8 +42,12 @@ def _copy(into: Path) -> None:
         (into / ".tools").symlink_to(tools)
 
 
+def _invariant(patch: Path) -> int:
+    return int(patch.name.split("-", 1)[0])
+
+
 def _run(patch: Path) -> tuple[str, str]:
-    invariant = patch.name.split("-", 1)[0]
+    invariant = _invariant(patch)
     with tempfile.TemporaryDirectory(prefix="break-") as scratch:
         tree = Path(scratch)
         _copy(tree)
@@ -52,7 +57,11 @@ def _run(patch: Path) -> tuple[str, str]:
         env = {**os.environ, **_QUICK_ENV, "PYTHONPATH": str(tree)}
         argv = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", f"--invariant={invariant}"]
         tests = subprocess.run(argv, cwd=tree, env=env, capture_output=True, text=True)
-        summary = (tests.stdout.strip().splitlines() or [""])[-1]
+        lines = tests.stdout.strip().splitlines() or [""]
+        summary = lines[-1]
+        failed = [line.split()[1] for line in lines if line.startswith("FAILED ")]
+        if failed:
+            summary = f"{failed[0]}; {summary}"  # the pin that caught it (the run stops at the first failure)
         return ("caught" if tests.returncode == 1 else "MISSED" if tests.returncode == 0 else "error"), summary
 
 
@@ -60,9 +69,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("invariants", nargs="*", help="only the breaks of these invariants")
     args = parser.parse_args()
-    patches = sorted(
-        p for p in BREAKS.glob("*.patch") if not args.invariants or p.name.split("-", 1)[0] in args.invariants
-    )
+    wanted = {int(n) for n in args.invariants}  # `7` and `07` name the same invariant
+    patches = sorted(p for p in BREAKS.glob("*.patch") if not wanted or _invariant(p) in wanted)
     missed = 0
     for patch in patches:
         verdict, detail = _run(patch)

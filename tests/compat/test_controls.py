@@ -50,16 +50,21 @@ async def test_server_everything_announces_updates_to_a_direct_1x_subscriber_onc
         async with Mcp1Client.run(up.url, tmp_path, *args) as client:
             updated = await client.step("updated")
             record_latency("control: server-everything native update after the toggle (1.x client)", updated["after_s"])
-            await client.finish()
+            steps = await client.finish()
+    # The update is for the subscribed URI and came once the toggle was on, and the URI reads after it.
+    order = [step["step"] for step in client.steps]
+    assert order.index("subscribed") < order.index("triggered") < order.index("updated") < order.index("reread")
+    assert updated["uri"] == steps["subscribed"]["uri"] == steps["reread"]["uri"]
+    assert steps["reread"]["result"]["contents"]
 
 
 @needs(missing())
 async def test_server_everything_repeats_its_updates_every_five_seconds(tmp_path: Path) -> None:
-    arrived: asyncio.Queue[float] = asyncio.Queue()
+    arrived: asyncio.Queue[tuple[float, str]] = asyncio.Queue()
 
     async def on_message(message: Any) -> None:
         if getattr(message, "method", None) == "notifications/resources/updated":
-            arrived.put_nowait(asyncio.get_running_loop().time())
+            arrived.put_nowait((asyncio.get_running_loop().time(), str(message.params.uri)))
 
     async with (
         open_upstream("server-everything", tmp_path) as up,
@@ -68,11 +73,13 @@ async def test_server_everything_repeats_its_updates_every_five_seconds(tmp_path
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", MCPDeprecationWarning)
             await client.subscribe_resource(up.watched_uri)
+        assert arrived.empty()  # subscribing alone announces nothing
         started = asyncio.get_running_loop().time()
         await client.call_tool(TOGGLE, {})
         async with asyncio.timeout(3 * EVERYTHING_CADENCE_S):
-            first = await arrived.get()  # sent at once when toggled on
-            second = await arrived.get()  # then on its own timer
+            first, first_uri = await arrived.get()  # sent at once when toggled on
+            second, second_uri = await arrived.get()  # then on its own timer, with no request in between
+    assert first_uri == second_uri == up.watched_uri
     record_latency("control: server-everything native update after the toggle (SDK 2.3 legacy)", first - started)
     record_latency("control: server-everything gap between its own updates", second - first)
 

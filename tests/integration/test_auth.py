@@ -172,6 +172,29 @@ async def test_protected_resource_metadata_is_the_upstreams_naming_the_sidecar(
     assert document["scopes_supported"] == ["shop"]
 
 
+@pytest.mark.invariant(10)
+async def test_a_cached_public_answer_is_not_served_to_a_context_the_upstream_has_not_answered(
+    http: aiohttp.ClientSession,
+) -> None:
+    async with (
+        await start_upstream("modern", read_ttl_ms=60_000, auth=True) as up,
+        serve_sidecar(up.url, polling=POLLING) as sidecar,
+    ):
+        await up.grant("alice")
+        await up.grant("bob")
+        await up.forbid("bob")
+        hits = sidecar.app[METRICS].cache_hits
+        for _ in range(2):  # the second read is served from the cache: the entry is there for anyone to get
+            status, _, reply = await _read(http, sidecar, PRICE, "alice")
+            assert status == 200 and reply["result"]["cacheScope"] == "public", reply
+        assert hits._value.get() == 1
+        status, _, reply = await _read(http, sidecar, PRICE, "bob", "bob")
+        assert status == 403, reply
+        status, _, reply = await _read(http, sidecar, PRICE, None, "anon")
+        assert status == 401, reply
+        assert hits._value.get() == 1
+
+
 # -- a poll refused with 401/403 -------------------------------------------------------------------------------
 
 

@@ -146,3 +146,32 @@ async def test_hinted_polls_beyond_the_budget_are_deferred_not_dropped(http: aio
             assert told == set(uris)
         finally:
             await stream.close()
+
+
+@pytest.mark.invariant(16)
+async def test_the_ack_of_a_rejoin_waits_for_its_look_even_when_that_look_is_slow(http: aiohttp.ClientSession) -> None:
+    # A minute's ttl and a minute's linger keep the first answer cached and the watch alive, unpolled. From the
+    # change on, every read upstream takes a while: an ack sent before the rejoin's look has been applied would
+    # let the client's read find the old answer still cached.
+    async with (
+        FaultyUpstream(ttl_ms=60_000) as up,
+        serve_sidecar(up.url, polling={**SLOW, "linger_ms": 60_000}) as sidecar,
+    ):
+        up.contents[PRICE] = "price=100"
+        first = ListenStream(http, sidecar.url, "first", [PRICE])
+        await first.open()
+        try:
+            status, reply = await rpc(http, sidecar.url, "resources/read", {"uri": PRICE})
+            assert status == 200 and reply["result"]["contents"][0]["text"] == "price=100"
+        finally:
+            await first.close()
+        up.contents[PRICE] = "price=140"
+        up.delays[PRICE] = 1.0
+        again = ListenStream(http, sidecar.url, "again", [PRICE])
+        ack = await again.open()
+        try:
+            assert ack["params"]["notifications"]["resourceSubscriptions"] == [PRICE]
+            status, reply = await rpc(http, sidecar.url, "resources/read", {"uri": PRICE})
+            assert status == 200 and reply["result"]["contents"][0]["text"] == "price=140"
+        finally:
+            await again.close()

@@ -11,7 +11,7 @@ import pytest
 from mcp import Client
 from mcp.client.subscriptions import ResourceUpdated
 
-from sidecar.app import HUB, METRICS
+from sidecar.app import HUB, METRICS, REGISTRY
 from tests.helpers import SUB_ID_KEY, Sidecar, eventually, headers, request, serve_sidecar, sse_messages
 from tests.peers import Upstream, start_upstream
 
@@ -71,27 +71,68 @@ async def test_a_change_while_listening_is_notified_and_the_reread_is_fresh(fast
 
 
 @pytest.mark.invariant(5)
-async def test_a_change_while_disconnected_is_seen_on_the_read_after_listening_again(fast_upstream: Upstream) -> None:
-    async with serve_sidecar(fast_upstream.url, polling=FAST) as sidecar, Client(sidecar.url, cache=None) as client:
+async def test_a_change_while_disconnected_is_seen_on_the_read_after_listening_again() -> None:
+    # The answer is cached for a minute and the watch lingers for a minute, unpolled, after the stream ends:
+    # the change made while nobody listens can reach the read only through the look the new listen makes.
+    lingering = {**FAST, "linger_ms": 60_000}
+    async with (
+        await start_upstream("modern", read_ttl_ms=60_000) as up,
+        serve_sidecar(up.url, polling=lingering) as sidecar,
+        Client(sidecar.url, cache=None) as client,
+    ):
         async with client.listen(resource_subscriptions=["catalog://price"]):
-            pass
-        await fast_upstream.set_price(140)
+            assert await _read(client) == "price=100"
+        await up.set_price(140)
+        assert len(list(sidecar.app[REGISTRY].watches())) == 1  # lingering: the listen below rejoins it
         async with client.listen(resource_subscriptions=["catalog://price"]) as sub:
             assert sub.honored.resource_subscriptions == ["catalog://price"]
             assert await _read(client) == "price=140"
 
 
-async def test_two_quick_changes_give_at_least_one_update_and_the_last_value(fast_upstream: Upstream) -> None:
-    async with serve_sidecar(fast_upstream.url, polling=FAST) as sidecar, Client(sidecar.url, cache=None) as client:
+@pytest.mark.invariant(6)
+async def test_polls_that_see_the_baseline_are_no_change_and_the_first_real_change_is(
+    fast_upstream: Upstream, http: aiohttp.ClientSession
+) -> None:
+    async with serve_sidecar(fast_upstream.url, polling=FAST) as sidecar:
+        metrics = sidecar.app[METRICS]
+        changes, polls = metrics.changes.labels("resource"), metrics.polls.labels("resource", "ok")
+        async with await _open(http, sidecar, "b", resourceSubscriptions=["catalog://price"]) as resp:
+            frames = sse_messages(resp)
+            await anext(frames)
+            await eventually(lambda: polls._value.get() >= 2)  # the first polls saw what the baseline saw
+            assert changes._value.get() == 0
+            await fast_upstream.set_price(125)
+            update = await asyncio.wait_for(anext(frames), 15)  # the first frame after the ack
+            assert update["method"] == "notifications/resources/updated"
+            assert changes._value.get() == 1
+
+
+async def test_two_quick_changes_give_at_least_one_update_and_the_last_value() -> None:
+    # Cached for a minute, so a read shows a new value only once the watch has seen it. The second change comes
+    # once the sidecar has seen the first, before the client has taken its update.
+    polling = {**FAST, "max_interval_ms": 300}
+    async with (
+        await start_upstream("modern", read_ttl_ms=60_000) as up,
+        serve_sidecar(up.url, polling=polling) as sidecar,
+        Client(sidecar.url, cache=None) as client,
+    ):
+        changes = sidecar.app[METRICS].changes.labels("resource")
         async with client.listen(resource_subscriptions=["catalog://price"]) as sub:
-            await fast_upstream.set_price(150)
-            await fast_upstream.set_price(160)
+            assert await _read(client) == "price=100"
+            await up.set_price(150)
+            await eventually(lambda: changes._value.get() >= 1)
+            await up.set_price(160)
             await _next_update(sub)
             async with asyncio.timeout(15):
                 while await _read(client) != "price=160":
                     await _next_update(sub)
+            # The client has re-read the last value: a change after that is told again, not merged into the past.
+            await up.set_price(170)
+            await _next_update(sub)
+            assert await _read(client) == "price=170"
 
 
+@pytest.mark.invariant(1)
 @pytest.mark.invariant(3)
 @pytest.mark.parametrize("listen_id", [7, "l-1"], ids=["number", "string"])
 async def test_every_frame_carries_the_listen_id_with_its_type(
@@ -248,3 +289,27 @@ async def test_hub_counts_streams_back_to_zero_when_clients_leave(
                 await anext(sse_messages(resp))
         await eventually(lambda: hub.stream_count == 0)
         assert sidecar.app[METRICS].listen_streams._value.get() == 0
+
+
+@pytest.mark.invariant(14)
+async def test_the_upstream_answering_again_makes_a_backed_off_watch_look_at_once(
+    fast_upstream: Upstream, http: aiohttp.ClientSession
+) -> None:
+    # A minute of backoff after the first failed poll: a change made during the outage can reach the stream
+    # within the test only through the recovery (the first answer after the outage makes every failing watch
+    # look again), never through the backoff running out.
+    backing_off = {**FAST, "backoff_initial_ms": 60_000, "backoff_max_ms": 60_000}
+    async with serve_sidecar(fast_upstream.url, polling=backing_off) as sidecar:
+        async with await _open(http, sidecar, "r", resourceSubscriptions=["catalog://price"]) as resp:
+            frames = sse_messages(resp)
+            await anext(frames)
+            await fast_upstream.set_price(120)
+            assert (await asyncio.wait_for(anext(frames), 15))["method"] == "notifications/resources/updated"
+            failed = sidecar.app[METRICS].polls.labels("resource", "error")
+            await fast_upstream.kill()
+            await eventually(lambda: failed._value.get() >= 1)
+            await fast_upstream.restart()  # price=100 again: a change from 120
+            async with http.post(sidecar.url, json=request("tools/list", {}, "t"), headers=headers("tools/list")) as r:
+                assert r.status == 200  # the upstream answers again
+            update = await asyncio.wait_for(anext(frames), 20)
+            assert update["params"]["uri"] == "catalog://price"

@@ -313,6 +313,36 @@ async def test_each_list_change_reaches_only_the_stream_that_asked_for_that_list
 # -- 4. the ack lists exactly what is honoured ------------------------------------------------------------
 
 
+def _tool_names(reply: dict[str, Any]) -> list[str]:
+    return [tool["name"] for tool in reply["result"]["tools"]]
+
+
+async def test_a_watched_list_stays_cached_across_polls_that_see_it_unchanged_and_not_past_a_change(
+    http: aiohttp.ClientSession,
+) -> None:
+    # Lists are cached for a minute and polled every 300 ms: an answer dropped on each poll would be a miss.
+    async with (
+        await start_upstream("modern", list_ttl_ms=60_000) as up,
+        serve_sidecar(up.url, polling={**POLLING, "max_interval_ms": TTL_MS}) as sidecar,
+    ):
+        hits = sidecar.app[METRICS].cache_hits
+        stream = Listen(http, sidecar, "tools", {"toolsListChanged": True})
+        async with listening(stream) as [ack]:
+            assert ack["params"]["notifications"] == {"toolsListChanged": True}
+            status, first = await rpc(http, sidecar.url, "tools/list")
+            assert status == 200, first
+            await polled(sidecar, "tools_list", 2)  # both after the answer was cached; neither saw a change
+            before = hits._value.get()
+            status, again = await rpc(http, sidecar.url, "tools/list")
+            assert hits._value.get() == before + 1
+            assert _tool_names(again) == _tool_names(first)
+
+            await up.add("tool", "late_tool")
+            assert (await stream.next())["method"] == TOOLS_CHANGED
+            status, after = await rpc(http, sidecar.url, "tools/list")
+            assert _tool_names(after) == [*_tool_names(first), "late_tool"]
+
+
 @pytest.mark.invariant(2)
 async def test_the_ack_leaves_out_unknown_and_unreadable_uris(
     fast_upstream: Upstream, http: aiohttp.ClientSession

@@ -61,7 +61,7 @@ def _request(port: int, request_id: int, uris: list[str]) -> bytes:
     return head.encode() + body
 
 
-async def _churn_one(port: int, n: int) -> str:
+async def _churn_one(port: int, n: int, up: FaultyUpstream) -> str:
     """Open stream `n` and drop it at the point its number picks; returns where it was dropped."""
     mode = n % 5
     uris = [f"slow://{n % 20}"] if mode == 3 else [f"ok://{n % 100}", f"ok://{(n + 1) % 100}"]
@@ -77,7 +77,9 @@ async def _churn_one(port: int, n: int) -> str:
         if mode == 1:
             return "after-request"
         if mode == 3:
-            await asyncio.sleep(SLOW_S / 6)  # the sidecar is reading the baseline, the ack not sent yet
+            # Gone while the sidecar reads the URI upstream (this stream's baseline, or one it shares), the ack
+            # not sent yet: each read takes SLOW_S.
+            await eventually(lambda: up.inflight[uris[0]] > 0, within_s=WAIT_S)
             return "during-baseline"
         await reader.readuntil(b"\r\n\r\n")
         if mode == 2:
@@ -140,7 +142,7 @@ async def test_streams_opened_and_dropped_abruptly_leave_no_watch_task_or_socket
 
         async def bounded(n: int) -> None:
             async with gate:
-                where = await _churn_one(port, n)
+                where = await _churn_one(port, n, up)
                 outcomes[where] = outcomes.get(where, 0) + 1
 
         started = time.monotonic()
@@ -148,7 +150,6 @@ async def test_streams_opened_and_dropped_abruptly_leave_no_watch_task_or_socket
             await asyncio.gather(*(bounded(n) for n in range(STREAMS)))
         elapsed = time.monotonic() - started
         print(f"\n{STREAMS} streams opened and dropped in {elapsed:.1f} s: {outcomes}")
-        assert sum(outcomes.values()) == STREAMS and len(outcomes) == 5
 
         # A client going away is an ordinary end, never an unexpected failure.
         assert [r.getMessage() for r in caplog.records if r.name.startswith("sidecar") and r.exc_info] == []
@@ -157,6 +158,9 @@ async def test_streams_opened_and_dropped_abruptly_leave_no_watch_task_or_socket
         await eventually(lambda: hub.stream_count == 0, within_s=WAIT_S)
         assert _value(metrics.listen_streams) == 0
         assert _value(metrics.subscriptions) == 0
+        # Every stream whose response began was a listen the sidecar served, and has ended (counted once each).
+        ended = sum(_value(metrics.streams_ended.labels(reason)) for reason in ("client", "stalled"))
+        assert ended >= outcomes["at-headers"] + outcomes["after-ack"], (ended, outcomes)
         await eventually(lambda: _watches(metrics) == 0, within_s=WAIT_S)
         assert list(registry.watches()) == []
         assert _value(metrics.partitions) == 0

@@ -234,8 +234,29 @@ async def test_get_is_method_not_allowed(upstream: DemoUpstream, http: aiohttp.C
         assert resp.status == 405
 
 
-async def test_aclose_is_idempotent() -> None:
+def _tickers() -> list[asyncio.Task[Any]]:
+    return [task for task in asyncio.all_tasks() if task.get_name() == "demo-upstream-ticker" and not task.done()]
+
+
+async def _refused(url: str, http: aiohttp.ClientSession) -> bool:
+    try:
+        async with http.post(url, json={}):
+            return False
+    except aiohttp.ClientConnectionError:
+        return True
+
+
+async def test_aclose_stops_the_ticker_and_the_server_and_is_idempotent(http: aiohttp.ClientSession) -> None:
     server = DemoUpstream(change_every_s=0.01)
     await server.start()
+    url = server.url
+    assert len(_tickers()) == 1 and not await _refused(url, http)
     await server.aclose()
-    await server.aclose()
+    assert _tickers() == [] and await _refused(url, http)
+    await server.aclose()  # a second close is a no-op, not an error
+    assert _tickers() == [] and await _refused(url, http)
+    await server.start()  # and the server can start again
+    try:
+        assert len(_tickers()) == 1 and not await _refused(server.url, http)
+    finally:
+        await server.aclose()

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import pytest
 
-from sidecar.changes import WatchKey
+from sidecar.changes import ChangeEvent, WatchKey
 from sidecar.config import PollingConfig
 from sidecar.observability.metrics import Metrics
 from sidecar.watch.observe import Observation
-from sidecar.watch.poller import Schedule, Watch
+from sidecar.watch.poller import Reader, Schedule, Sink, Watch
 
 CONFIG = PollingConfig(
     default_interval_ms=5000,
@@ -46,22 +47,24 @@ def test_backoff_is_jittered_even_when_interval_jitter_is_off() -> None:
     assert schedule.backoff_s(1) < 1.0
 
 
-def _watch() -> Watch:
-    async def never(_: Watch) -> Observation | None:
-        raise AssertionError("not polled in this test")
+async def _never(_: Watch) -> Observation | None:
+    raise AssertionError("not polled in this test")
 
-    async def sink(_: object) -> None:
-        return None
 
+async def _drop(_: ChangeEvent) -> None:
+    return None
+
+
+def _watch(reader: Reader = _never, sink: Sink = _drop, next_ticket: Callable[[], int] = lambda: 0) -> Watch:
     return Watch(
         WatchKey("resource", "x://1", "public"),
         Observation("fp-0", None, True),
         ticket=10,
         schedule=Schedule(CONFIG),
-        reader=never,
+        reader=reader,
         sink=sink,
         gate=asyncio.Semaphore(1),
-        next_ticket=lambda: 0,
+        next_ticket=next_ticket,
         metrics=Metrics(),
         on_auth_failure=lambda *_: None,
     )
@@ -75,6 +78,33 @@ def test_a_stale_observation_never_overwrites_a_fresher_one() -> None:
     assert fresh is not None and fresh.generation == 1
     assert stale is None
     assert watch.fingerprint == "fp-2"
+
+
+@pytest.mark.invariant(7)
+async def test_a_poll_that_started_before_a_fresher_look_does_not_overwrite_it() -> None:
+    # The poll's ticket is taken when it starts: a look that starts after it and is applied first wins, even
+    # though the poll's answer arrives last.
+    tickets = iter(range(11, 100))
+    reading, answer = asyncio.Event(), asyncio.Event()
+    published: list[str] = []
+
+    async def slow_read(_: Watch) -> Observation | None:
+        reading.set()
+        await answer.wait()
+        return Observation("fp-stale", None, True)
+
+    async def sink(event: ChangeEvent) -> None:
+        published.append(event.fingerprint)
+
+    watch = _watch(reader=slow_read, sink=sink, next_ticket=lambda: next(tickets))
+    poll = asyncio.create_task(watch.poll_once(due=0.0))
+    await reading.wait()
+    fresh = watch.offer(Observation("fp-fresh", None, True), ticket=next(tickets))
+    answer.set()
+    await poll
+    assert fresh is not None
+    assert watch.fingerprint == "fp-fresh"
+    assert published == []  # the stale answer is no change either
 
 
 @pytest.mark.invariant(6)
