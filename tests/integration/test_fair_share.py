@@ -154,11 +154,27 @@ async def _wait_for_queue(sidecar: Replica) -> None:
     await eventually(queued, within_s=30, step=0.05)
 
 
-def _process_figures(pid: int) -> tuple[int, int]:
-    """(resident bytes, open file descriptors) of process `pid`."""
+def _established(port: int, *, local: bool) -> int:
+    """Established TCP connections on this machine whose local (or remote) port is `port`."""
+    count = 0
+    with open("/proc/net/tcp") as lines:
+        next(lines)
+        for line in lines:
+            fields = line.split()
+            address = fields[1] if local else fields[2]
+            if int(address.rsplit(":", 1)[1], 16) == port and fields[3] == "01":
+                count += 1
+    return count
+
+
+def _process_figures(pid: int, sidecar: Replica, upstream: Service) -> tuple[int, int]:
+    """(resident bytes, open file descriptors) of the sidecar process `pid`, not counting the kept-alive
+    connections of its upstream pool and of the test's own client: both come and go with use, within their
+    bounds (upstream.max_connections, the test's session), and leak nothing."""
     with open(f"/proc/{pid}/statm") as statm:
         resident_pages = int(statm.read().split()[1])
-    return resident_pages * os.sysconf("SC_PAGE_SIZE"), len(os.listdir(f"/proc/{pid}/fd"))
+    pooled = _established(upstream.port, local=False) + _established(sidecar.port, local=True)
+    return resident_pages * os.sysconf("SC_PAGE_SIZE"), len(os.listdir(f"/proc/{pid}/fd")) - pooled
 
 
 async def test_an_hour_of_churn_in_half_a_minute_refuses_nothing_and_leaves_nothing_behind(tmp_path: Path) -> None:
@@ -192,8 +208,8 @@ async def test_an_hour_of_churn_in_half_a_minute_refuses_nothing_and_leaves_noth
                 await asyncio.gather(*(stream.aclose() for stream in streams))
             rounds += 1
             if rounds == 2:
-                baseline = await _settled(sidecar, pid)
-        after = await _settled(sidecar, pid)
+                baseline = await _settled(sidecar, pid, upstream)
+        after = await _settled(sidecar, pid, upstream)
         metrics = await sidecar.metrics()
     assert baseline is not None
     print(f"\n{rounds} rounds in {time.monotonic() - started:.0f} s; (RSS, fds) after 2: {baseline}, end: {after}")
@@ -213,7 +229,7 @@ async def _read(http: aiohttp.ClientSession, url: str, uri: str) -> int:
         return resp.status
 
 
-async def _settled(sidecar: Replica, pid: int) -> tuple[int, int]:
+async def _settled(sidecar: Replica, pid: int, upstream: Service) -> tuple[int, int]:
     """(RSS, fds) once every stream and watch of the last round is gone."""
 
     async def gone() -> bool:
@@ -222,7 +238,7 @@ async def _settled(sidecar: Replica, pid: int) -> tuple[int, int]:
         return all(metrics.value(name) == 0 for name in names)
 
     await eventually(gone, within_s=30, step=0.05)
-    return _process_figures(pid)
+    return _process_figures(pid, sidecar, upstream)
 
 
 async def _status_from(url: str, local_address: str, uri: str, extra: dict[str, str] | None = None) -> int:
