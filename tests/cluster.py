@@ -26,6 +26,10 @@ import redis.asyncio as aioredis
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from sidecar.bus.layout import key_hash
+from sidecar.bus.ownership import rendezvous_owner
+from sidecar.changes import WatchKey
+from sidecar.observability.logs import INSTANCE_ENV
 from tests import prereqs
 from tests.helpers import headers, request
 from tests.procs import (
@@ -49,6 +53,7 @@ __all__ = [
     "RedisServer",
     "Replica",
     "free_port",
+    "instances_where_first_polls",
     "nginx_proxy",
     "redis_server",
     "require_binary",
@@ -249,12 +254,22 @@ class Replica(OnLoopback):
 
 @contextlib.asynccontextmanager
 async def sidecar_replicas(
-    tmp_path: Path, upstream_url: str, redis_url: str, count: int, **sections: Any
+    tmp_path: Path,
+    upstream_url: str,
+    redis_url: str,
+    count: int,
+    *,
+    instances: Sequence[str] | None = None,
+    **sections: Any,
 ) -> AsyncIterator[list[Replica]]:
-    """`count` replicas on the Redis bus, each on its own fixed port, all ready (and all stopped on exit)."""
+    """`count` replicas on the Redis bus, each on its own fixed port, all ready (and all stopped on exit);
+    `instances` names them (MCP_SIDECAR_INSTANCE), so a test can tell which one rendezvous hashing picks."""
     replicas = [
         Replica(
-            f"replica-{n}", tmp_path / f"replica-{n}", sidecar_config(upstream_url, free_port(), redis_url, **sections)
+            f"replica-{n}",
+            tmp_path / f"replica-{n}",
+            sidecar_config(upstream_url, free_port(), redis_url, **sections),
+            env={INSTANCE_ENV: instances[n]} if instances else None,
         )
         for n in range(count)
     ]
@@ -263,6 +278,16 @@ async def sidecar_replicas(
         yield replicas
     finally:
         await asyncio.gather(*(replica.service.stop() for replica in replicas))
+
+
+def instances_where_first_polls(uri: str, count: int) -> list[str]:
+    """`count` replica names of which the first is the one rendezvous hashing picks to poll the public `uri`."""
+    hashed = key_hash(WatchKey("resource", uri, "public"))
+    for attempt in range(10_000):
+        names = [f"replica-{attempt}-{n}" for n in range(count)]
+        if rendezvous_owner(names, hashed) == names[0]:
+            return names
+    raise AssertionError("no such names")  # 1/count of all attempts qualify: unreachable
 
 
 # -- nginx ----------------------------------------------------------------------------------------------------------
