@@ -172,6 +172,13 @@ class StreamsConfig(Section):
         description="A listen client that reads nothing this long with its buffer full is disconnected.",
     )
     max_uris_per_stream: int = Field(DEFAULT_MAX_URIS_PER_STREAM, ge=1, description="Extra URIs leave the ack.")
+    max_age_s: float = Field(
+        0,
+        ge=0,
+        description="A listen stream older than this (less up to 10% jitter, so they do not all end at once) ends "
+        "with the complete result; its client listens again and re-reads, perhaps on another replica (after a "
+        "scale-out, clients spread onto the new ones). 0: streams live as long as their clients.",
+    )
     max_uri_length: int = Field(DEFAULT_MAX_URI_LENGTH, ge=16, description="Longer URIs are -32602.")
     max_sessions: int = Field(
         DEFAULT_MAX_SESSIONS, ge=1, description="2025-11-25 client sessions per process; more get 503."

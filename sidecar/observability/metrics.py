@@ -50,7 +50,7 @@ _LIMITS = (
 )
 _RESTART_REASONS = ("exited", "unresponsive", "handshake_failed", "start_failed")
 _STDERR_OUTCOMES = ("logged", "dropped")
-_END_REASONS = ("client", "shutdown", "auth")
+_END_REASONS = ("client", "shutdown", "auth", "max_age")
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
@@ -24,7 +25,10 @@ from tests.cluster import (
     ListenStream,
     RedisServer,
     Replica,
+    free_port,
+    instances_where_first_polls,
     redis_server,
+    sidecar_config,
     sidecar_replicas,
     wait_until,
 )
@@ -226,4 +230,73 @@ async def test_a_replica_with_no_stream_on_a_key_receives_no_bus_message_for_it(
             assert quiet.updates() == []
         finally:
             for stream in (*price_streams, quiet):
+                await stream.aclose()
+
+
+# -- a rolling change of the fleet -------------------------------------------------------------------------------
+
+MAX_AGE_S = 1.0
+
+
+@pytest.mark.invariant(13)
+async def test_a_stream_older_than_max_age_ends_with_the_complete_result_and_its_client_can_listen_again(
+    tmp_path: Path, shop: Upstream, http: aiohttp.ClientSession
+) -> None:
+    config = sidecar_config(shop.url, free_port(), streams={"max_age_s": MAX_AGE_S})
+    sidecar = Replica("aging", tmp_path / "aging", config)
+    await sidecar.start()
+    try:
+        loop = asyncio.get_running_loop()
+        opened_at = loop.time()
+        stream = await ListenStream.open(http, sidecar.url, "old", [PRICE])
+        final = await stream.wait_for(lambda frame: "result" in frame, within_s=MAX_AGE_S * 5)
+        lived = loop.time() - opened_at
+        assert final["result"]["resultType"] == "complete", final
+        assert final["result"]["_meta"]["io.modelcontextprotocol/subscriptionId"] == "old"
+        assert MAX_AGE_S * 0.85 <= lived <= MAX_AGE_S * 3, f"ended after {lived:.2f} s"
+        ended = (await sidecar.metrics()).value("mcp_sidecar_streams_ended_total", reason="max_age")
+        assert ended == 1
+        await stream.aclose()
+        again = await ListenStream.open(http, sidecar.url, "new", [PRICE])  # and the client listens again
+        await shop.set_price(222)
+        await again.wait_update(PRICE, WITHIN_S)
+        await again.aclose()
+    finally:
+        assert await sidecar.service.stop() == 0, sidecar.service.log_tail()
+
+
+HANDOFF_LEASE_MS = 6_000
+"""Long heartbeats: a replica that left without handing over would keep its keys unpolled this long."""
+
+
+async def test_a_replica_stopped_with_sigterm_hands_its_keys_over_at_once(
+    tmp_path: Path, shop: Upstream, redis: RedisServer, http: aiohttp.ClientSession
+) -> None:
+    leaving, staying = instances_where_first_polls(PRICE, 2)
+    async with sidecar_replicas(
+        tmp_path, shop.url, redis.url, 2, instances=[leaving, staying], bus={"lease_ms": HANDOFF_LEASE_MS}
+    ) as (first, second):
+        streams = [await ListenStream.open(http, replica.url, replica.name, [PRICE]) for replica in (first, second)]
+        try:
+
+            async def first_polls() -> bool:
+                return await _held([first, second]) == [1, 0]
+
+            await wait_until(first_polls, "the replica named to win the key polls it", WITHIN_S)
+            loop = asyncio.get_running_loop()
+            stopped_at = loop.time()
+            await first.service.signal(signal.SIGTERM)
+
+            async def second_polls() -> bool:
+                return (await _held([second])) == [1]
+
+            await wait_until(second_polls, "the staying replica polls the key", HANDOFF_LEASE_MS / 1000 * 2)
+            handed_in = loop.time() - stopped_at
+            assert handed_in < HANDOFF_LEASE_MS / 1000 / 2, f"taken over {handed_in:.2f} s after SIGTERM"
+            assert await first.service.wait() == 0, first.service.log_tail()
+            mark = streams[1].mark()
+            await shop.set_price(333)
+            await streams[1].wait_update(PRICE, WITHIN_S, since=mark)
+        finally:
+            for stream in streams:
                 await stream.aclose()
