@@ -55,6 +55,10 @@ class RedisUnavailable(Exception):
     """Redis could not be reached at start."""
 
 
+class _NotHeard(Exception):
+    """A bucket's subscription was not confirmed in time: our interest in its keys waits (and is retried)."""
+
+
 class RedisCluster:
     """The Redis bus (Bus protocol), the poll coordinator (PollCoordinator) and event routing for the cache."""
 
@@ -101,6 +105,9 @@ class RedisCluster:
         """Interest messages heard for keys whose interest of ours is still being written (hash -> instance ->
         present): newer than the members that write reads back, so they win over them."""
         self._cleaning: set[str] = set()
+        self._taking: set[WatchKey] = set()
+        """Keys this replica gained and has not yet taken over (see `_take_over`)."""
+        self._take_over_task: asyncio.Task[None] | None = None
         self._beaten = False
         self._revalidate_listeners: list[Callable[[frozenset[str]], None]] = []
         self._tasks: list[asyncio.Task[None]] = []
@@ -154,9 +161,10 @@ class RedisCluster:
     async def aclose(self) -> None:
         """Hand over first: our interest leaves Redis and the others hear it (and that we left), so each key we
         polled gets its next owner now rather than when our heartbeat runs out."""
-        for task in self._tasks:
+        tasks = [*self._tasks, *([self._take_over_task] if self._take_over_task is not None else [])]
+        for task in tasks:
             task.cancel()
-        for task in self._tasks:
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         if self.degraded is None:
@@ -346,40 +354,58 @@ class RedisCluster:
             if key is None:
                 continue
             self._metrics.lease_acquisitions.inc()
-            asyncio.get_running_loop().create_task(self._take_over(key))
+            self._taking.add(key)
+        if self._taking and self._take_over_task is None:
+            self._take_over_task = asyncio.get_running_loop().create_task(self._take_over())
         if gained or lost:
             self._metrics.leases_held.set(0 if self.degraded else len(self._own.owned))
 
-    async def _take_over(self, key: WatchKey) -> None:
-        """A new owner starts from the state stored beside the key (the last fingerprint told, its generation):
+    async def _take_over(self) -> None:
+        """A new owner starts from the state stored beside each key it gained (the last fingerprint told, its
+        generation), read for all of them in one batch:
         - it heard every change told (its generation is current) but its streams saw newer content (they joined
           after a change an owner saw and died holding): told to the others now, not to its own streams;
         - it missed a change told (an older generation): its streams are told it now.
         Then it polls at once, so a change nobody saw yet is told by the next look."""
-        watch = self._tracked.get(key)
-        if watch is None:
-            return
-        bucket = self._layout.bucket_of(key)
-        state = self._layout.state(bucket, key_hash(key))
         try:
-            told, generation = await self._redis.hmget(state, ["f", "g"])
-            if told is not None:
-                told = told.decode() if isinstance(told, bytes) else str(told)
-                stored = int(generation or 0)
-                known = self._generation.get(key, 0)
-                if known >= stored and told != watch.fingerprint:
-                    catch_up = ChangeEvent(key, watch.fingerprint, stored, time.time())
-                    await self._publish_fenced(catch_up, state, self._layout.channel(bucket))
-                elif known < stored and told != watch.fingerprint:
-                    self._generation[key] = stored
-                    watch.adopt(told)
-                    await self._local.publish(ChangeEvent(key, told, stored, time.time()))
-                self._generation[key] = max(self._generation.get(key, 0), stored)
+            while self._taking:
+                keys = [key for key in self._taking if key in self._tracked]
+                self._taking.clear()
+                await self._take_over_batch(keys)
+        finally:
+            self._take_over_task = None
+
+    async def _take_over_batch(self, keys: list[WatchKey]) -> None:
+        states = [self._layout.state(self._layout.bucket_of(key), key_hash(key)) for key in keys]
+        try:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for state in states:
+                    pipe.hmget(state, ["f", "g"])
+                stored_states = await pipe.execute()
         except (RedisError, OSError) as exc:
             self._set_up(False, str(exc))
-        if key in self._tracked:
+            stored_states = [(None, None)] * len(keys)
+        for key, state, (told, generation) in zip(keys, states, stored_states, strict=True):
+            watch = self._tracked.get(key)
+            if watch is None:
+                continue
+            if told is not None:
+                told = _text(told)
+                stored = int(generation or 0)
+                known = self._generation.get(key, 0)
+                try:
+                    if known >= stored and told != watch.fingerprint:
+                        catch_up = ChangeEvent(key, watch.fingerprint, stored, time.time())
+                        await self._publish_fenced(catch_up, state, self._layout.channel(self._layout.bucket_of(key)))
+                    elif known < stored and told != watch.fingerprint:
+                        self._generation[key] = stored
+                        watch.adopt(told)
+                        await self._local.publish(ChangeEvent(key, told, stored, time.time()))
+                except (RedisError, OSError) as exc:
+                    self._set_up(False, str(exc))
+                self._generation[key] = max(self._generation.get(key, 0), stored)
             watch.hint()
-        logger.debug("poll ownership taken", extra={"watch": key.short_hash})
+            logger.debug("poll ownership taken", extra={"watch": key.short_hash})
 
     # -- heartbeats ---------------------------------------------------------------------------------------------
 
@@ -456,9 +482,10 @@ class RedisCluster:
             leaves = [key for key in leaves if key not in self._tracked]
             try:
                 await self._write_interest(joins, leaves)
-            except (RedisError, OSError, TimeoutError) as exc:
+            except (RedisError, OSError, _NotHeard) as exc:
                 _reraise_cancellation()
-                self._set_up(False, str(exc))
+                if not isinstance(exc, _NotHeard):  # a slow confirmation is no outage: try again
+                    self._set_up(False, str(exc))
                 for key in leaves:
                     self._pending.setdefault(key, False)
                 await asyncio.sleep(_RETRY_S)
@@ -472,7 +499,7 @@ class RedisCluster:
         # Heard before written: from then on, every interest message and change of the bucket reaches us.
         heard = await asyncio.gather(*(self._channels.heard(bucket, _HEARD_WITHIN_S) for bucket in buckets))
         if not all(heard):
-            raise TimeoutError("bucket subscription not confirmed")
+            raise _NotHeard
         index = self._layout.interest_of(self._instance)
         async with self._conn.pipeline() as pipe:
             for key in joins:
