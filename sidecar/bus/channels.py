@@ -13,8 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from redis.exceptions import RedisError
-
+from sidecar.bus.connect import REDIS_FAILURES
 from sidecar.bus.layout import HINTS_CHANNEL, Layout
 
 __all__ = ["Channels"]
@@ -23,6 +22,8 @@ logger = logging.getLogger(__name__)
 
 _RECONNECT_S = (0.2, 5.0)
 _POLL_S = 1.0
+_SHARD_POLL_S = 0.02
+_REOPEN_EVERY_S = 1.0
 
 Message = Callable[[bytes, bytes], None]
 """(channel, data) of a message read; synchronous, must not raise."""
@@ -39,6 +40,7 @@ class Channels:
         sharded: bool,
         on_message: Message,
         on_connected: Callable[[], None],
+        on_confirmed: Callable[[int], None],
         on_lost: Callable[[str], None],
     ) -> None:
         self._factory = pubsub_factory
@@ -46,6 +48,7 @@ class Channels:
         self._sharded = sharded
         self._on_message = on_message
         self._on_connected = on_connected
+        self._on_confirmed = on_confirmed
         self._on_lost = on_lost
         self._holds: dict[int, int] = {}
         self._confirmed: dict[int, float] = {}
@@ -57,6 +60,8 @@ class Channels:
         self.connected = False
         """Subscribed and reading: the bus is heard."""
         self._retry_now = asyncio.Event()
+        self._reopen = False
+        self._reopened_at = -_REOPEN_EVERY_S
 
     # -- holders ---------------------------------------------------------------------------------------
 
@@ -92,6 +97,17 @@ class Channels:
                 await event.wait()
         return bucket in self._confirmed
 
+    def reopen(self) -> bool:
+        """Close the connection and subscribe everything again at once (at most once a second); False when it
+        was not (too soon, or not connected: it subscribes everything when it connects anyway)."""
+        now = time.monotonic()
+        if now - self._reopened_at < _REOPEN_EVERY_S or not self._open:
+            return False
+        self._reopened_at = now
+        self._reopen = True
+        self._retry_now.set()
+        return True
+
     def retry_now(self) -> None:
         """Redis answers again: reconnect without waiting out the backoff."""
         self._retry_now.set()
@@ -108,7 +124,7 @@ class Channels:
         asyncio.get_running_loop().create_task(self._run(command(channel)))
 
     async def _run(self, command: Any) -> None:
-        with contextlib.suppress(RedisError, OSError):  # the read loop sees the connection fail and reopens it
+        with contextlib.suppress(*REDIS_FAILURES):  # the read loop sees the connection fail and reopens it
             await command
 
     # -- the read loop ---------------------------------------------------------------------------------
@@ -128,11 +144,23 @@ class Channels:
                     await (pubsub.ssubscribe if self._sharded else pubsub.subscribe)(*buckets)
                 self.connected = True
                 delay = _RECONNECT_S[0]
-                while True:
-                    message = await pubsub.get_message(timeout=_POLL_S)
+                while not self._reopen:
+                    if self._sharded:
+                        # Shard channels are read from one connection per node, in turn; the hints channel
+                        # (plain pub/sub, which a cluster broadcasts) from another.
+                        try:
+                            message = await pubsub.get_sharded_message(timeout=_SHARD_POLL_S)
+                        except RuntimeError:  # a node's connection is still being opened by a subscribe
+                            message = None
+                            await asyncio.sleep(_SHARD_POLL_S)
+                        if message is not None:
+                            self._read(message)
+                        message = await pubsub.get_message(timeout=0 if message is not None else _SHARD_POLL_S)
+                    else:
+                        message = await pubsub.get_message(timeout=_POLL_S)
                     if message is not None:
                         self._read(message)
-            except (RedisError, OSError) as exc:
+            except REDIS_FAILURES as exc:
                 task = asyncio.current_task()
                 if task is not None and task.cancelling():
                     raise  # the client turned our cancellation into a connection error: stop, do not retry
@@ -141,8 +169,11 @@ class Channels:
                 self.connected = self._open = False
                 self._pubsub = None
                 self._confirmed.clear()
-                with contextlib.suppress(RedisError, OSError, RuntimeError):
+                with contextlib.suppress(*REDIS_FAILURES):
                     await pubsub.aclose()
+            if self._reopen:
+                self._reopen = False
+                continue  # asked to subscribe afresh: at once
             self._retry_now.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._retry_now.wait(), delay)
@@ -164,6 +195,7 @@ class Channels:
             self._confirmed.pop(bucket, None)  # held again meanwhile: heard once its new subscription is confirmed
         elif kind in ("subscribe", "ssubscribe") and bucket in self._holds:
             self._confirmed[bucket] = time.monotonic()
+            self._on_confirmed(bucket)
             waiter = self._waiters.pop(bucket, None)
             if waiter is not None:
                 waiter.set()

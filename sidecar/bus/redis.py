@@ -1,4 +1,5 @@
-"""Replicas on Redis: change events routed by bucket, and one poller per key chosen by rendezvous hashing.
+"""Replicas on Redis (one, or a Redis Cluster): change events routed by bucket, and one poller per key chosen by
+rendezvous hashing.
 
 Coordination costs what changes, not keys x replicas: a heartbeat per replica (one script), interest written
 when a replica's first stream on a key arrives and removed with its last, a change recorded and published in
@@ -18,11 +19,10 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import orjson
-from redis.exceptions import RedisError
 
 from sidecar.bus import scripts
 from sidecar.bus.channels import Channels
-from sidecar.bus.connect import Connection, connect
+from sidecar.bus.connect import REDIS_FAILURES, SLOTS_MOVING, Connection, Op, connect
 from sidecar.bus.layout import (
     DEFAULT_BUCKETS,
     HINTS_CHANNEL,
@@ -104,10 +104,16 @@ class RedisCluster:
         self._early: dict[str, dict[str, bool]] = {}
         """Interest messages heard for keys whose interest of ours is still being written (hash -> instance ->
         present): newer than the members that write reads back, so they win over them."""
+        self._bucket_keys: dict[int, set[WatchKey]] = {}
+        self._unpublished: dict[WatchKey, ChangeEvent] = {}
+        """Changes told here whose publishing failed (the latest per key): published when Redis answers again,
+        so the other replicas' streams are told too."""
         self._cleaning: set[str] = set()
         self._taking: set[WatchKey] = set()
         """Keys this replica gained and has not yet taken over (see `_take_over`)."""
         self._take_over_task: asyncio.Task[None] | None = None
+        self._slots: tuple[tuple[int, int, str], ...] | None = None
+        """The cluster's slot map as of the last (re)subscription (Redis Cluster only)."""
         self._beaten = False
         self._revalidate_listeners: list[Callable[[frozenset[str]], None]] = []
         self._tasks: list[asyncio.Task[None]] = []
@@ -117,6 +123,7 @@ class RedisCluster:
             sharded=self._conn.sharded,
             on_message=self._dispatch,
             on_connected=lambda: self._set_up(True),
+            on_confirmed=self._heard_again,
             on_lost=lambda reason: self._set_up(False, reason),
         )
         self.degraded: str | None = None
@@ -144,7 +151,7 @@ class RedisCluster:
             # first; then it is live before any interest of ours is read by others.
             await self._clean_up(self._instance)
             await self._beat()
-        except (RedisError, OSError) as exc:
+        except REDIS_FAILURES as exc:
             if not self._fallback:
                 raise RedisUnavailable(f"cannot reach Redis at bus.redis_url: {exc}") from exc
             self._set_up(False, f"redis unreachable at start: {exc}")
@@ -168,13 +175,21 @@ class RedisCluster:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         if self.degraded is None:
-            with contextlib.suppress(RedisError, OSError):
+            with contextlib.suppress(*REDIS_FAILURES):
                 await self._write_interest([], list(self._registered))
                 await self._redis.zrem(REPLICAS, self._instance)
                 await self._redis.delete(self._layout.interest_of(self._instance))
                 await self._redis.publish(HINTS_CHANNEL, orjson.dumps({"o": self._instance, "left": True}))
         self._metrics.leases_held.set(0)
         await self._conn.aclose()
+
+    def _failed(self, exc: Exception) -> None:
+        if isinstance(exc, SLOTS_MOVING):
+            # Slots moved: a shard subscription may still be on a node that no longer owns its slot (a change
+            # published meanwhile would not reach us). Subscribing afresh, on the owners, and resyncing each
+            # confirmed bucket's keys from their stored states closes that gap.
+            self._channels.reopen()
+        self._set_up(False, str(exc))
 
     def _set_up(self, up: bool, reason: str | None = None) -> None:
         self._metrics.redis_up.set(1 if up else 0)
@@ -218,28 +233,85 @@ class RedisCluster:
             else:
                 await self._publish_fenced(event, state, channel)
             self._metrics.bus_messages.labels("out").inc()
-        except (RedisError, OSError) as exc:
+        except REDIS_FAILURES as exc:
             self._metrics.bus_publish_failures.inc()
-            self._set_up(False, str(exc))
+            if not event.baseline:
+                self._unpublished[key] = event
+            self._failed(exc)
         await self._local.publish(event)
 
-    async def _publish_fenced(self, event: ChangeEvent, state: str, channel: str) -> None:
+    async def _publish_again(self) -> None:
+        """The changes whose publishing failed, to the others now (unless a newer look here superseded one)."""
+        pending, self._unpublished = self._unpublished, {}
+        for key, event in pending.items():
+            watch = self._tracked.get(key)
+            if watch is not None and watch.fingerprint != event.fingerprint:
+                continue  # a newer look here was told (or is pending) instead
+            channel = self._layout.channel(self._layout.bucket_of(key))
+            try:
+                await self._publish_fenced(event, self._state_of(key), channel, fresh=False)
+            except REDIS_FAILURES as exc:
+                self._unpublished.setdefault(key, event)
+                self._failed(exc)
+                return
+
+    def _heard_again(self, bucket: int) -> None:
+        """A bucket's subscription is (re)confirmed: after a reconnection or a slot migration, a change published
+        while it was not may have been missed; its keys' stored states say."""
+        keys = [key for key in self._bucket_keys.get(bucket, ()) if key in self._registered]
+        if keys:
+            asyncio.get_running_loop().create_task(self._resync(keys))
+
+    async def _resync(self, keys: list[WatchKey]) -> None:
+        ops = [Op(None, args=[self._state_of(key), "f", "g"], command="hmget") for key in keys]
+        try:
+            states = await self._conn.batch(ops)
+        except REDIS_FAILURES as exc:
+            self._failed(exc)
+            return
+        for key, (told, generation) in zip(keys, states, strict=True):
+            if key in self._generation:
+                await self._caught_up(key, told, int(generation or 0))
+
+    async def _caught_up(self, key: WatchKey, told: bytes | str | None, stored: int) -> None:
+        """Our interest was written again (Redis came back, our subscriptions were renewed): a change told while
+        we were not listening is in the key's stored state; our streams are told it now. (A first write only
+        learns the generation: the watch's own first look is newer than anything stored.)"""
+        known = self._generation.get(key)
+        self._generation[key] = max(stored, known or 0)
+        watch = self._tracked.get(key)
+        if known is None or stored <= known or told is None or watch is None or _text(told) == watch.fingerprint:
+            return
+        watch.adopt(_text(told))
+        await self._local.publish(ChangeEvent(key, _text(told), stored, time.time()))
+
+    def _state_of(self, key: WatchKey) -> str:
+        return self._layout.state(self._layout.bucket_of(key), key_hash(key))
+
+    async def _publish_fenced(self, event: ChangeEvent, state: str, channel: str, *, fresh: bool = True) -> None:
         """Published unless another replica told this fingerprint already (its message reaches the others; here it
         finds our watch holding the fingerprint and is not told twice: we tell our streams ourselves), or the
-        generation moved on since we last heard (we missed a change: our watch takes the stored fingerprint and
-        looks again at once, and our streams are told now: the missed message may never come)."""
+        generation moved on since we last heard. Then a fresh look (a poll just now) is published on the stored
+        generation: it is what the upstream says now. An older one (published again after an outage, or a new
+        owner's catch-up) is not: our watch takes the stored fingerprint and our streams are told it (the message
+        that carried it may never have reached us), and the owner's next look tells whatever is newer."""
         key = event.key
-        base = self._generation.get(key, 0)
-        stamped = ChangeEvent(key, event.fingerprint, base + 1, event.detected_at)
-        message = encode_event(stamped, self._instance)
-        outcome, generation, told = await self._publish_change(
-            keys=[state, channel], args=[event.fingerprint, base, STATE_TTL_MS, *self._cmd(message)]
-        )
-        self._generation[key] = max(int(generation), self._generation.get(key, 0))
+        for _ in range(2 if fresh else 1):
+            base = self._generation.get(key, 0)
+            stamped = ChangeEvent(key, event.fingerprint, base + 1, event.detected_at)
+            message = encode_event(stamped, self._instance)
+            outcome, generation, told = await self._publish_change(
+                keys=[state, channel], args=[event.fingerprint, base, STATE_TTL_MS, *self._cmd(message)]
+            )
+            self._generation[key] = max(int(generation), self._generation.get(key, 0))
+            if int(outcome) != -1:
+                return
         watch = self._tracked.get(key)
-        if int(outcome) == -1 and watch is not None and told is not None:
-            watch.adopt(_text(told))
-            watch.hint()
+        if watch is None or told is None or _text(told) == watch.fingerprint:
+            return
+        watch.adopt(_text(told))
+        if not fresh:
+            await self._local.publish(ChangeEvent(key, _text(told), int(generation), time.time()))
 
     def _cmd(self, message: bytes) -> tuple[str, bytes]:
         return self._publish_command, message
@@ -321,6 +393,7 @@ class RedisCluster:
             return
         self._tracked[key] = watch
         self._by_hash[key_hash(key)] = key
+        self._bucket_keys.setdefault(self._layout.bucket_of(key), set()).add(key)
         self._channels.hold(self._layout.bucket_of(key))
         self._queue([(key, True)])
 
@@ -330,6 +403,12 @@ class RedisCluster:
         hashed = key_hash(key)
         self._by_hash.pop(hashed, None)
         self._early.pop(hashed, None)
+        self._unpublished.pop(key, None)
+        same_bucket = self._bucket_keys.get(self._layout.bucket_of(key))
+        if same_bucket is not None:
+            same_bucket.discard(key)
+            if not same_bucket:
+                del self._bucket_keys[self._layout.bucket_of(key)]
         self._generation.pop(key, None)
         _, lost = self._own.untrack(hashed)
         if lost:
@@ -338,7 +417,7 @@ class RedisCluster:
         self._queue([(key, False)])
 
     async def announce_revalidate(self, contexts: frozenset[str]) -> None:
-        with contextlib.suppress(RedisError, OSError):
+        with contextlib.suppress(*REDIS_FAILURES):
             await self._redis.publish(HINTS_CHANNEL, orjson.dumps({"o": self._instance, "c": sorted(contexts)}))
 
     def on_revalidate(self, listener: Callable[[frozenset[str]], None]) -> None:
@@ -378,12 +457,10 @@ class RedisCluster:
     async def _take_over_batch(self, keys: list[WatchKey]) -> None:
         states = [self._layout.state(self._layout.bucket_of(key), key_hash(key)) for key in keys]
         try:
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for state in states:
-                    pipe.hmget(state, ["f", "g"])
-                stored_states = await pipe.execute()
-        except (RedisError, OSError) as exc:
-            self._set_up(False, str(exc))
+            ops = [Op(None, args=[state, "f", "g"], command="hmget") for state in states]
+            stored_states = await self._conn.batch(ops)
+        except REDIS_FAILURES as exc:
+            self._failed(exc)
             stored_states = [(None, None)] * len(keys)
         for key, state, (told, generation) in zip(keys, states, stored_states, strict=True):
             watch = self._tracked.get(key)
@@ -396,13 +473,14 @@ class RedisCluster:
                 try:
                     if known >= stored and told != watch.fingerprint:
                         catch_up = ChangeEvent(key, watch.fingerprint, stored, time.time())
-                        await self._publish_fenced(catch_up, state, self._layout.channel(self._layout.bucket_of(key)))
+                        channel = self._layout.channel(self._layout.bucket_of(key))
+                        await self._publish_fenced(catch_up, state, channel, fresh=False)
                     elif known < stored and told != watch.fingerprint:
                         self._generation[key] = stored
                         watch.adopt(told)
                         await self._local.publish(ChangeEvent(key, told, stored, time.time()))
-                except (RedisError, OSError) as exc:
-                    self._set_up(False, str(exc))
+                except REDIS_FAILURES as exc:
+                    self._failed(exc)
                 self._generation[key] = max(self._generation.get(key, 0), stored)
             watch.hint()
             logger.debug("poll ownership taken", extra={"watch": key.short_hash})
@@ -431,10 +509,27 @@ class RedisCluster:
             try:
                 await self._beat()
                 self._set_up(True)
-            except (RedisError, OSError) as exc:
+                if self._unpublished and self.degraded is None:
+                    await self._publish_again()
+                if self._conn.sharded:
+                    await self._follow_slots()
+            except REDIS_FAILURES as exc:
                 _reraise_cancellation()
-                self._set_up(False, str(exc))
+                self._failed(exc)
             self._sweep_cache_holds()
+
+    async def _follow_slots(self) -> None:
+        """Redis Cluster: a shard subscription stays on the node it was made on, and Redis 7.0 does not tell its
+        subscribers when the slot moves (a migration, a failover); messages published on the slot's new owner
+        would never reach them. So each heartbeat also reads the slot map (one command): when it changed, every
+        bucket is subscribed again on its owner, and each (re)confirmed bucket resyncs from its stored states."""
+        slots = await self._conn.topology()
+        if self._slots is None:
+            self._slots = slots
+        elif slots != self._slots:
+            await self._conn.refresh()
+            if self._channels.reopen():
+                self._slots = slots
 
     async def _clean_up(self, instance: str) -> None:
         """A replica's heartbeat ran out (or it restarted under its name): its interest leaves Redis, each
@@ -442,18 +537,18 @@ class RedisCluster:
         try:
             index = self._layout.interest_of(instance)
             entries = [_text(entry) for entry in await self._redis.smembers(index)]
-            async with self._conn.pipeline() as pipe:
-                for entry in entries:
-                    bucket_text, _, hashed = entry.partition(":")
-                    bucket = int(bucket_text)
-                    keys = [self._layout.interest(bucket, hashed), self._layout.channel(bucket)]
-                    message = encode_interest(Interest(instance, hashed, False))
-                    await self._leave(keys=keys, args=[instance, *self._cmd(message)], client=pipe)
-                await pipe.execute()
+            ops = []
+            for entry in entries:
+                bucket_text, _, hashed = entry.partition(":")
+                bucket = int(bucket_text)
+                keys = [self._layout.interest(bucket, hashed), self._layout.channel(bucket)]
+                message = encode_interest(Interest(instance, hashed, False))
+                ops.append(Op(self._leave, keys, [instance, *self._cmd(message)]))
+            await self._conn.batch(ops)
             await self._redis.delete(index)
             await self._redis.zrem(REPLICAS, instance)
             self._own.forget(instance)
-        except (RedisError, OSError, ValueError):
+        except _CLEAN_UP_FAILURES:
             pass  # the next heartbeat that lists it tries again
         finally:
             self._cleaning.discard(instance)
@@ -482,10 +577,10 @@ class RedisCluster:
             leaves = [key for key in leaves if key not in self._tracked]
             try:
                 await self._write_interest(joins, leaves)
-            except (RedisError, OSError, _NotHeard) as exc:
+            except _WRITE_FAILURES as exc:
                 _reraise_cancellation()
                 if not isinstance(exc, _NotHeard):  # a slow confirmation is no outage: try again
-                    self._set_up(False, str(exc))
+                    self._failed(exc)
                 for key in leaves:
                     self._pending.setdefault(key, False)
                 await asyncio.sleep(_RETRY_S)
@@ -501,30 +596,28 @@ class RedisCluster:
         if not all(heard):
             raise _NotHeard
         index = self._layout.interest_of(self._instance)
-        async with self._conn.pipeline() as pipe:
-            for key in joins:
-                bucket, hashed = self._layout.bucket_of(key), key_hash(key)
-                message = encode_interest(Interest(self._instance, hashed, True))
-                keys = [self._layout.interest(bucket, hashed), self._layout.state(bucket, hashed)]
-                await self._join(
-                    keys=[*keys, self._layout.channel(bucket)], args=[self._instance, *self._cmd(message)], client=pipe
-                )
-                pipe.sadd(index, f"{bucket}:{hashed}")
-            for key in leaves:
-                bucket, hashed = self._layout.bucket_of(key), key_hash(key)
-                message = encode_interest(Interest(self._instance, hashed, False))
-                keys = [self._layout.interest(bucket, hashed), self._layout.channel(bucket)]
-                await self._leave(keys=keys, args=[self._instance, *self._cmd(message)], client=pipe)
-                pipe.srem(index, f"{bucket}:{hashed}")
-            results = await pipe.execute()
+        ops: list[Op] = []
+        for key in joins:
+            bucket, hashed = self._layout.bucket_of(key), key_hash(key)
+            message = encode_interest(Interest(self._instance, hashed, True))
+            keys = [self._layout.interest(bucket, hashed), self._layout.state(bucket, hashed)]
+            ops.append(Op(self._join, [*keys, self._layout.channel(bucket)], [self._instance, *self._cmd(message)]))
+            ops.append(Op(None, args=[index, f"{bucket}:{hashed}"], command="sadd"))
+        for key in leaves:
+            bucket, hashed = self._layout.bucket_of(key), key_hash(key)
+            message = encode_interest(Interest(self._instance, hashed, False))
+            keys = [self._layout.interest(bucket, hashed), self._layout.channel(bucket)]
+            ops.append(Op(self._leave, keys, [self._instance, *self._cmd(message)]))
+            ops.append(Op(None, args=[index, f"{bucket}:{hashed}"], command="srem"))
+        results = await self._conn.batch(ops)
         for key, (joined, _) in zip(joins, _pairs(results[: 2 * len(joins)]), strict=True):
             self._registered.add(key)
-            members, _, generation = joined
+            members, told, generation = joined
             if key not in self._tracked:
                 self._pending.setdefault(key, False)  # gone while we wrote: take it back out
                 self._wake.set()
                 continue
-            self._generation[key] = max(int(generation or 0), self._generation.get(key, 0))
+            await self._caught_up(key, told, int(generation or 0))
             hashed = key_hash(key)
             self._joining.discard(hashed)
             interested = {_text(member) for member in members}
@@ -536,6 +629,10 @@ class RedisCluster:
             self._settle(self._own.track(hashed, interested))
         for key in leaves:
             self._registered.discard(key)
+
+
+_CLEAN_UP_FAILURES: tuple[type[Exception], ...] = (*REDIS_FAILURES, ValueError)
+_WRITE_FAILURES: tuple[type[Exception], ...] = (*REDIS_FAILURES, _NotHeard)
 
 
 def _reraise_cancellation() -> None:

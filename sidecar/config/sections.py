@@ -203,8 +203,9 @@ class BusConfig(Section):
     backend: Literal["memory", "redis"] = Field("memory", description="redis for several replicas.")
     redis_url: SecretStr = Field(
         SecretStr("redis://127.0.0.1:6379/0"),
-        description="Used when backend is redis: redis://, rediss:// or unix:// (one Redis); another scheme is "
-        "an error (redis+cluster:// is recognised, not supported yet).",
+        description="Used when backend is redis: redis://, rediss:// or unix:// for one Redis (or Valkey); "
+        "redis+cluster://host:port,host:port (seed nodes; rediss+cluster:// with TLS) for a Redis Cluster, with "
+        "sharded pub/sub. Another scheme is an error.",
     )
     fallback: Literal["none", "local"] = Field(
         "none", description="Redis unreachable at start: none fails, local starts polling on its own."

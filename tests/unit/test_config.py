@@ -241,8 +241,8 @@ def test_restart_backoff_bounds_are_ordered(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "url",
-    ["http://:pw-secret@redis.internal:6379/0", "redis.internal:6379", "redis+cluster://:pw-secret@a:7000,b:7001"],
-    ids=["unknown-scheme", "no-scheme", "cluster-not-yet"],
+    ["http://:pw-secret@redis.internal:6379/0", "redis.internal:6379", "redis+cluster://:pw-secret@a:7000,b"],
+    ids=["unknown-scheme", "no-scheme", "seed-without-port"],
 )
 def test_a_redis_url_the_bus_cannot_use_is_an_error_naming_the_key(tmp_path: Path, url: str) -> None:
     message = _error(_write(tmp_path, UPSTREAM + f"bus:\n  backend: redis\n  redis_url: '{url}'\n"))
@@ -251,8 +251,9 @@ def test_a_redis_url_the_bus_cannot_use_is_an_error_naming_the_key(tmp_path: Pat
 
 
 @pytest.mark.parametrize(
-    "url", ["redis://127.0.0.1:6379/0", "rediss://h:6380", "unix:///run/redis.sock", "REDIS://h:6379"]
+    "url",
+    ["redis://127.0.0.1:6379/0", "rediss://h:6380", "unix:///run/redis.sock", "redis+cluster://u:p@a:7000,b:7001"],
 )
-def test_single_redis_urls_load(tmp_path: Path, url: str) -> None:
+def test_single_redis_and_cluster_urls_load(tmp_path: Path, url: str) -> None:
     config = load_config(_write(tmp_path, UPSTREAM + f"bus:\n  redis_url: '{url}'\n"), environ={})
     assert config.bus.redis_url.get_secret_value() == url
