@@ -90,13 +90,14 @@ def build_app(config: SidecarConfig) -> web.Application:
             metrics=metrics,
             lease_ms=config.bus.lease_ms,
             fallback=config.bus.fallback == "local",
+            buckets=config.bus.buckets,
         )
         app[CLUSTER] = cluster
         app.cleanup_ctx.append(_cluster_context)
         bus = cluster
     else:
         bus = MemoryBus()
-    readthrough = ReadThrough(config.cache, metrics)
+    readthrough = ReadThrough(config.cache, metrics, routing=cluster)
     # Subscribed before the streams: a change drops stale cache entries before anyone is told to re-read.
     bus.subscribe(readthrough.on_change)
     fair_share = _fair_share_of(config, metrics)

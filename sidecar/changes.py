@@ -16,6 +16,7 @@ __all__ = [
     "Bus",
     "ChangeEvent",
     "ChangeListener",
+    "EventRouting",
     "LocalCoordinator",
     "PollCoordinator",
     "WatchKey",
@@ -83,13 +84,26 @@ class Bus(Protocol):
         ...
 
 
-# -- who may poll a key: every watch in one process, or the holder of the key's lease across replicas ----------
+class EventRouting(Protocol):
+    """A shared bus that routes events by interest: a process hears only the changes it asked for."""
+
+    def hold(self, kind: WatchKind, uri: str | None, since: float, until: float) -> bool:
+        """Keep hearing (kind, uri)'s changes until `until` (monotonic seconds); True when they have been heard
+        since before `since`, so something cached from a request started then is dropped when it changes."""
+        ...
+
+
+# -- who may poll a key: every watch in one process, or the key's owner among the replicas interested in it ---
 
 
 class WatchState(Protocol):
-    """What a coordinator needs of a watch: its key, and a way to have it poll soon (when it takes the lease)."""
+    """What a coordinator needs of a watch: its key, what its streams were last told (its fingerprint), a way to
+    take another replica's newer content as its own, and a way to have it poll soon (when it takes over)."""
 
     key: WatchKey
+    fingerprint: str
+
+    def adopt(self, fingerprint: str) -> None: ...
 
     def hint(self) -> None: ...
 
@@ -99,15 +113,15 @@ class PollCoordinator(Protocol):
     publishing: a new owner polls at once and compares with what its own streams were last told.)"""
 
     def may_poll(self, key: WatchKey) -> bool:
-        """True when this process should poll `key` now (it holds the lease, or there is no cluster)."""
+        """True when this process should poll `key` now (it owns the key, or there is no cluster)."""
         ...
 
     def track(self, watch: WatchState) -> None:
-        """A watch with local interest: compete for its lease."""
+        """A watch's first local stream arrived: this process is interested (and may be chosen to poll it)."""
         ...
 
     def untrack(self, key: WatchKey) -> None:
-        """No local interest left: give the lease up so an interested replica takes over."""
+        """Its last local stream left: no longer interested, so an interested replica polls it instead."""
         ...
 
     async def announce_revalidate(self, contexts: frozenset[str]) -> None:

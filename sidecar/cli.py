@@ -19,7 +19,7 @@ from sidecar import __version__
 from sidecar.app import ADMIN, METRICS, UPSTREAM, build_app
 from sidecar.bus.redis import RedisUnavailable
 from sidecar.config import ConfigError, SidecarConfig, load_config
-from sidecar.observability.logs import configure_logging
+from sidecar.observability.logs import INSTANCE_ENV, configure_logging
 from sidecar.observability.tracing import TracingUnavailable, configure_tracing, install, tracing
 from sidecar.serving import GuardedRunner, install_quiet_errors, raise_open_files_limit, stop_signals
 from sidecar.tls import CertificateWatch, server_context
@@ -155,7 +155,10 @@ def run_workers(count: int, argv: Sequence[str]) -> int:
     certificate files again) to them until all exit."""
     env = {**os.environ, _WORKER_ENV: "1"}
     command = [sys.executable, "-m", "sidecar.cli", *argv]
-    children = [subprocess.Popen(command, env=env) for _ in range(count)]
+    named = os.environ.get(INSTANCE_ENV)  # each worker is a replica of its own: a name of its own too
+    children = [
+        subprocess.Popen(command, env={**env, INSTANCE_ENV: f"{named}-{n}"} if named else env) for n in range(count)
+    ]
 
     def forward(signum: int, _frame: object) -> None:
         for child in children:

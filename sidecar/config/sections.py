@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 
 from sidecar.config.base import Section
+from sidecar.config.redis_url import check_redis_url
 from sidecar.config.tls import ListenerTLS
 
 __all__ = [
@@ -46,6 +47,7 @@ DEFAULT_REVALIDATE_DEBOUNCE_MS = 10  # batches a burst of writes; short enough t
 DEFAULT_CACHE_ENTRIES = 10_000
 DEFAULT_CACHE_BYTES = 64 * 1_048_576
 DEFAULT_LEASE_MS = 5_000
+DEFAULT_BUCKETS = 1024  # as sidecar.bus.layout.DEFAULT_BUCKETS
 DEFAULT_SESSION_IDLE_S = 1_800.0
 DEFAULT_MAX_SESSIONS = 10_000
 DEFAULT_MAX_SESSIONS_PER_CLIENT = 1_000
@@ -215,6 +217,13 @@ class StreamsConfig(Section):
         description="A listen client that reads nothing this long with its buffer full is disconnected.",
     )
     max_uris_per_stream: int = Field(DEFAULT_MAX_URIS_PER_STREAM, ge=1, description="Extra URIs leave the ack.")
+    max_age_s: float = Field(
+        0,
+        ge=0,
+        description="A listen stream older than this (less up to 10% jitter, so they do not all end at once) ends "
+        "with the complete result; its client listens again and re-reads, perhaps on another replica (after a "
+        "scale-out, clients spread onto the new ones). 0: streams live as long as their clients.",
+    )
     max_uri_length: int = Field(DEFAULT_MAX_URI_LENGTH, ge=16, description="Longer URIs are -32602.")
     max_sessions: int = Field(
         DEFAULT_MAX_SESSIONS, ge=1, description="2025-11-25 client sessions per process; more get 503."
@@ -237,11 +246,34 @@ class StreamsConfig(Section):
 
 class BusConfig(Section):
     backend: Literal["memory", "redis"] = Field("memory", description="redis for several replicas.")
-    redis_url: SecretStr = Field(SecretStr("redis://127.0.0.1:6379/0"), description="Used when backend is redis.")
+    redis_url: SecretStr = Field(
+        SecretStr("redis://127.0.0.1:6379/0"),
+        description="Used when backend is redis: redis://, rediss:// or unix:// for one Redis (or Valkey); "
+        "redis+cluster://host:port,host:port (seed nodes; rediss+cluster:// with TLS) for a Redis Cluster, with "
+        "sharded pub/sub. Another scheme is an error.",
+    )
     fallback: Literal["none", "local"] = Field(
         "none", description="Redis unreachable at start: none fails, local starts polling on its own."
     )
-    lease_ms: int = Field(DEFAULT_LEASE_MS, ge=300, description="Poll lease life; renewed at a third of it.")
+    lease_ms: int = Field(
+        DEFAULT_LEASE_MS,
+        ge=300,
+        description="Heartbeat life: a replica silent this long is taken for dead and its keys move to others; "
+        "each replica beats every third of it.",
+    )
+    buckets: int = Field(
+        DEFAULT_BUCKETS,
+        ge=1,
+        le=65_536,
+        description="Event channels the fleet's keys hash into; a replica listens only to those of its keys. "
+        "Every replica of a fleet must use the same number.",
+    )
+
+    @field_validator("redis_url")
+    @classmethod
+    def _known_scheme(cls, value: SecretStr) -> SecretStr:
+        check_redis_url(value.get_secret_value())
+        return value
 
 
 class MetricsConfig(Section):

@@ -27,6 +27,7 @@ from sidecar.protocol.envelope import Message, RequestId
 from sidecar.protocol.errors import InvalidParams, Overloaded, RpcError, UpstreamError, UpstreamHTTPError
 from sidecar.protocol.frames import ack_notification, complete_result, notification
 from sidecar.upstream.base import Upstream
+from sidecar.watch.poller import JITTER
 from sidecar.watch.registry import Handle, WatchRegistry
 
 __all__ = ["ListenStream", "SignalSink", "StreamHub", "SubscriptionFilter", "parse_filter"]
@@ -40,6 +41,8 @@ _LIST_FIELDS: tuple[tuple[str, WatchKind, str], ...] = (
     ("resourcesListChanged", "resources_list", "resources"),
 )
 _FLUSH_SLICE = 1024
+_MAX_AGE_JITTER = 0.1
+"""Streams opened together (a reconnect wave) end spread over a tenth of `max_age_s`, not in one instant."""
 """Streams the fan-out writes to before it lets the event loop run other work."""
 
 
@@ -308,7 +311,12 @@ class StreamHub:
                 extra={"subscription_id": stream.subscription_id, "watches": len(stream.handles)},
             )
             del honoured
-            await stream.serve(events)
+            expiry = self._expiry(stream)
+            try:
+                await stream.serve(events)
+            finally:
+                if expiry is not None:
+                    expiry.cancel()
         except StreamStalled:
             stream.end_reason = "stalled"
         except ConnectionResetError:
@@ -319,6 +327,13 @@ class StreamHub:
             self._dirty.pop(stream, None)
         await events.close()
         return events.response
+
+    def _expiry(self, stream: ListenStream) -> asyncio.TimerHandle | None:
+        max_age_s = self._config.max_age_s
+        if not max_age_s:
+            return None
+        age_s = max_age_s * (1 - _MAX_AGE_JITTER * JITTER.random())
+        return asyncio.get_running_loop().call_later(age_s, stream.close, "max_age")
 
     async def _subscribe(self, stream: ListenStream, wanted: SubscriptionFilter, identity: Identity) -> dict[str, Any]:
         uris = wanted.uris[: self._config.max_uris_per_stream]

@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 from cachetools import LRUCache, TLRUCache
 
-from sidecar.changes import ChangeEvent, WatchKey
+from sidecar.changes import ChangeEvent, EventRouting, WatchKey, WatchKind
 from sidecar.config import CacheConfig
 from sidecar.identity import PUBLIC
 from sidecar.observability.metrics import Metrics
@@ -42,6 +42,14 @@ _LIST_GROUPS: dict[str, tuple[str, ...]] = {
     "prompts_list": ("prompts/list",),
     "resources_list": ("resources/list", "resources/templates/list"),
 }
+_KINDS: dict[str, WatchKind] = {
+    "resources/read": "resource",
+    "tools/list": "tools_list",
+    "prompts/list": "prompts_list",
+    "resources/list": "resources_list",
+    "resources/templates/list": "resources_list",
+}
+"""The watch kind whose changes drop a cached answer of each method (others are never dropped by a change)."""
 _MRTR_PARAMS = ("inputResponses", "requestState")
 _INDEX_PRUNE_EVERY = 1024
 _MAX_OBSERVATIONS = 100_000
@@ -129,8 +137,16 @@ class _Flight:
 class ReadThrough:
     """The single-flight table and the response cache, both bounded."""
 
-    def __init__(self, config: CacheConfig, metrics: Metrics, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        config: CacheConfig,
+        metrics: Metrics,
+        clock: Callable[[], float] = time.monotonic,
+        routing: EventRouting | None = None,
+    ) -> None:
         self._config = config
+        self._routing = routing
+        """Replicas: an entry is kept only while this process hears its changes (the bus routes by interest)."""
         self._metrics = metrics
         self._clock = clock
         self._cache = _EntryCache(
@@ -172,7 +188,14 @@ class ReadThrough:
         return None
 
     def _store(
-        self, method: str, params: JsonObject, context: str, result: JsonObject, received_at: float, ticket: int
+        self,
+        method: str,
+        params: JsonObject,
+        context: str,
+        result: JsonObject,
+        received_at: float,
+        ticket: int,
+        started: float,
     ) -> None:
         ttl = result.get("ttlMs")
         if not self._config.max_entries or not isinstance(ttl, int) or isinstance(ttl, bool) or ttl <= 0:
@@ -189,6 +212,10 @@ class ReadThrough:
         group = _group(method, params)
         if self._contradicted(group, partition, result, ticket):
             return  # a watch has since seen something else: this answer is already stale
+        kind = _KINDS.get(method)
+        if self._routing is not None and kind is not None:
+            if not self._routing.hold(kind, group[1], started, received_at + ttl / 1000):
+                return  # a change since the request started might not have reached us: kept from the next one
         key = (method, _params_key(params), partition)
         while len(self._cache) >= self._config.max_entries and key not in self._cache:
             self._cache.popitem()
@@ -243,22 +270,23 @@ class ReadThrough:
         flight = _Flight(loop.create_future(), _group(method, params), own_key)
         self._flights[own_key] = flight
 
-        def started() -> None:
+        def upstream_bound() -> None:
             if self._flights.get(own_key) is flight and shared_key not in self._flights:
                 del self._flights[own_key]
                 self._flights[shared_key] = flight
                 flight.key = shared_key
 
         shared: JsonObject | None = None
+        started = self._clock()
         try:
-            reply = await forward(started)
+            reply = await forward(upstream_bound)
             received_at = self._clock()
             message = reply.message
             if reply.stream is None and 200 <= reply.status < 300 and isinstance(message, dict):
                 if "result" in message or "error" in message:
                     shared = message
                 if isinstance(message.get("result"), dict) and not flight.invalidated:
-                    self._store(method, params, context, message["result"], received_at, ticket)
+                    self._store(method, params, context, message["result"], received_at, ticket, started)
             return reply, None
         finally:
             if self._flights.get(flight.key) is flight:

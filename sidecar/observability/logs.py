@@ -4,15 +4,27 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import re
 import secrets
 import sys
 import time
 from typing import Any
 
-__all__ = ["INSTANCE_ID", "configure_logging"]
+__all__ = ["INSTANCE_ENV", "INSTANCE_ID", "configure_logging"]
 
-INSTANCE_ID = secrets.token_hex(4)
-"""Names this process in every log line, so replicas can be told apart."""
+INSTANCE_ENV = "MCP_SIDECAR_INSTANCE"
+"""Names the process instead of a random id (a pod's name, say); each process of a fleet needs its own."""
+_INSTANCE_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
+
+
+def _instance_id() -> str:
+    name = os.environ.get(INSTANCE_ENV, "")
+    return name if _INSTANCE_NAME.fullmatch(name) else secrets.token_hex(4)
+
+
+INSTANCE_ID = _instance_id()
+"""Names this process in every log line and among the replicas on Redis, so they can be told apart."""
 
 _STANDARD_ATTRS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
 

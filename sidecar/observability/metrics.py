@@ -50,7 +50,7 @@ _LIMITS = (
 _QUEUES = ("upstream_requests", "poll_concurrency", "hinted_polls")
 _RESTART_REASONS = ("exited", "unresponsive", "handshake_failed", "start_failed")
 _STDERR_OUTCOMES = ("logged", "dropped")
-_END_REASONS = ("client", "shutdown", "auth")
+_END_REASONS = ("client", "shutdown", "auth", "max_age")
 # No `_created` series beside every counter and histogram: Prometheus does not use them (it infers resets), and
 # they double the series an operator scrapes and stores. Process-wide, as prometheus_client keeps the switch.
 disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -175,9 +175,20 @@ class Metrics:
             "mcp_sidecar_singleflight_joins", "Requests that joined an identical one in flight", registry=r
         )
         self.redis_up = Gauge("mcp_sidecar_redis_up", "1 while Redis answers (redis bus only)", registry=r)
-        self.leases_held = Gauge("mcp_sidecar_leases_held", "Poll leases this replica holds", registry=r)
-        self.lease_acquisitions = Counter("mcp_sidecar_lease_acquisitions", "Poll leases acquired", registry=r)
-        self.lease_losses = Counter("mcp_sidecar_lease_losses", "Poll leases lost to another replica", registry=r)
+        self.leases_held = Gauge(
+            "mcp_sidecar_leases_held", "Watched keys this replica polls for the cluster (it owns them)", registry=r
+        )
+        self.lease_acquisitions = Counter(
+            "mcp_sidecar_lease_acquisitions", "Keys whose polling moved to this replica", registry=r
+        )
+        self.lease_losses = Counter(
+            "mcp_sidecar_lease_losses", "Keys whose polling moved from this replica to another", registry=r
+        )
+        self.bus_received = Counter(
+            "mcp_sidecar_bus_messages_received",
+            "Messages this replica read from its buckets' channels (changes, first looks, interest)",
+            registry=r,
+        )
         self.bus_messages = Counter(
             "mcp_sidecar_bus_messages", "Change events through Redis, by direction", ["direction"], registry=r
         )

@@ -14,11 +14,13 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from sidecar.observability.logs import INSTANCE_ENV
 from tests.cluster import (
     ListenStream,
     RedisServer,
     Replica,
     free_port,
+    instances_where_first_polls,
     nginx_proxy,
     redis_server,
     sidecar_config,
@@ -131,9 +133,12 @@ async def _lease_owner(replicas: list[Replica]) -> Replica:
 async def test_an_owner_killed_after_seeing_a_change_and_before_telling_it_loses_nothing(
     tmp_path: Path, shop: Upstream, redis: RedisServer, http: aiohttp.ClientSession
 ) -> None:
-    # The owner is started holding every change it sees before publishing it (a test seam), then killed there.
+    # The owner is started holding every change it sees before publishing it (a test seam), then killed there;
+    # named so that rendezvous hashing keeps the key with it when the others' interest arrives.
+    names = instances_where_first_polls(PRICE, 3)
     config = sidecar_config(shop.url, free_port(), redis.url, **CACHED)
-    owner = Replica("owner", tmp_path / "owner", config, env={"MCP_SIDECAR_TEST_HOLD_BEFORE_PUBLISH": "1"})
+    env = {"MCP_SIDECAR_TEST_HOLD_BEFORE_PUBLISH": "1", INSTANCE_ENV: names[0]}
+    owner = Replica("owner", tmp_path / "owner", config, env=env)
     await owner.start()
     async with contextlib.AsyncExitStack() as stack:
         stack.push_async_callback(owner.service.stop)
@@ -141,7 +146,7 @@ async def test_an_owner_killed_after_seeing_a_change_and_before_telling_it_loses
         stack.push_async_callback(owner_stream.aclose)
         assert await _lease_owner([owner]) is owner
         survivors = await stack.enter_async_context(
-            sidecar_replicas(tmp_path / "more", shop.url, redis.url, 2, **CACHED)
+            sidecar_replicas(tmp_path / "more", shop.url, redis.url, 2, instances=names[1:], **CACHED)
         )
         streams = [await ListenStream.open(http, replica.url, replica.name, [PRICE]) for replica in survivors]
         for stream in streams:

@@ -20,7 +20,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from sidecar.bus.redis import EVENTS_CHANNEL
+from sidecar.bus.layout import Layout
 from tests.cluster import (
     ListenStream,
     Nginx,
@@ -304,7 +304,8 @@ async def test_after_a_redis_outage_coordinating_replicas_listen_again_and_the_f
     await _sole_lease_holder(replicas)
 
     # Every replica that coordinates again (polls only what it owns) must hear the others' changes again.
-    listening = await redis.subscribers(EVENTS_CHANNEL)
+    channel = Layout().channel(Layout().bucket("resource", URI))
+    listening = await redis.subscribers(channel)
     marks = [stream.mark() for stream in everyone]
     await shop.set_price(222)
     outcomes = await asyncio.gather(
@@ -315,7 +316,7 @@ async def test_after_a_redis_outage_coordinating_replicas_listen_again_and_the_f
         stream.label for stream, outcome in zip(everyone, outcomes, strict=True) if isinstance(outcome, Exception)
     ]
     assert listening == len(replicas) and not missed, (
-        f"{listening} of {len(replicas)} replicas subscribed to {EVENTS_CHANNEL} once coordinated again; "
+        f"{listening} of {len(replicas)} replicas subscribed to {channel} once coordinated again; "
         f"streams that missed the change: {missed}"
     )
 
@@ -442,6 +443,14 @@ async def test_unreachable_redis_at_start_exits_1_saying_so(tmp_path: Path, shop
     assert code == 1, output
     assert "cannot reach Redis at bus.redis_url" in output and "bus.fallback: local" in output, output
     assert "Traceback" not in output
+
+
+async def test_a_redis_url_of_an_unknown_scheme_exits_1_naming_bus_redis_url(tmp_path: Path) -> None:
+    config = sidecar_config("http://127.0.0.1:9/mcp", free_port(), "http://:secret-pw@127.0.0.1:6379/0")
+    code, output = await _run_to_exit(tmp_path, config)
+    assert code == 1, output
+    assert "bus.redis_url" in output and "unknown scheme" in output, output
+    assert "Traceback" not in output and "secret-pw" not in output
 
 
 async def test_unreachable_redis_with_local_fallback_starts_degraded(tmp_path: Path, shop: Upstream) -> None:

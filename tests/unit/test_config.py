@@ -237,3 +237,23 @@ def test_restart_backoff_bounds_are_ordered(tmp_path: Path) -> None:
     assert "restart_backoff_initial_ms (900) must not exceed restart_backoff_max_ms (100)" in _error(
         _write(tmp_path, text)
     )
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["http://:pw-secret@redis.internal:6379/0", "redis.internal:6379", "redis+cluster://:pw-secret@a:7000,b"],
+    ids=["unknown-scheme", "no-scheme", "seed-without-port"],
+)
+def test_a_redis_url_the_bus_cannot_use_is_an_error_naming_the_key(tmp_path: Path, url: str) -> None:
+    message = _error(_write(tmp_path, UPSTREAM + f"bus:\n  backend: redis\n  redis_url: '{url}'\n"))
+    assert "bus.redis_url:" in message, message
+    assert "pw-secret" not in message
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["redis://127.0.0.1:6379/0", "rediss://h:6380", "unix:///run/redis.sock", "redis+cluster://u:p@a:7000,b:7001"],
+)
+def test_single_redis_and_cluster_urls_load(tmp_path: Path, url: str) -> None:
+    config = load_config(_write(tmp_path, UPSTREAM + f"bus:\n  redis_url: '{url}'\n"), environ={})
+    assert config.bus.redis_url.get_secret_value() == url

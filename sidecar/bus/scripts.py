@@ -1,0 +1,60 @@
+"""The Lua scripts of the Redis coordinator. Each touches one bucket (its keys share a hash tag, so one slot on
+Redis Cluster; the channel is passed as a key too, as sharded pub/sub wants) or the replicas set alone."""
+
+from __future__ import annotations
+
+__all__ = ["BASELINE", "HEARTBEAT", "JOIN", "LEAVE", "PUBLISH_CHANGE"]
+
+HEARTBEAT = """
+-- KEYS[1] replicas; ARGV[1] instance, ARGV[2] life in ms. Returns {live instances, dead instances, 1 when this
+-- instance was not listed (its first beat, or it was taken for dead and cleaned up)}. Live: beat within its
+-- life; dead: silent for twice that (a replica only late is not cleaned up).
+local now = redis.call('TIME')
+local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+local life = tonumber(ARGV[2])
+local added = redis.call('ZADD', KEYS[1], ms + life, ARGV[1])
+local live = redis.call('ZRANGEBYSCORE', KEYS[1], ms, '+inf')
+local dead = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. (ms - life), 'LIMIT', 0, 16)
+return {live, dead, added}
+"""
+
+JOIN = """
+-- KEYS[1] interest set, KEYS[2] state, KEYS[3] channel; ARGV[1] instance, ARGV[2] publish command, ARGV[3]
+-- interest message. Returns {members, state fingerprint or false, state generation}.
+redis.call('SADD', KEYS[1], ARGV[1])
+redis.call(ARGV[2], KEYS[3], ARGV[3])
+local state = redis.call('HMGET', KEYS[2], 'f', 'g')
+return {redis.call('SMEMBERS', KEYS[1]), state[1], tonumber(state[2] or '0')}
+"""
+
+LEAVE = """
+-- KEYS[1] interest set, KEYS[2] channel; ARGV[1] instance, ARGV[2] publish command, ARGV[3] interest message.
+if redis.call('SREM', KEYS[1], ARGV[1]) == 1 then redis.call(ARGV[2], KEYS[2], ARGV[3]) end
+return 1
+"""
+
+PUBLISH_CHANGE = """
+-- KEYS[1] state, KEYS[2] channel; ARGV[1] fingerprint, ARGV[2] the generation the publisher last knew,
+-- ARGV[3] state life in ms, ARGV[4] publish command, ARGV[5] message.
+-- Returns {1, new generation, f} published; {0, g, f} already told (fenced: another replica told it);
+-- {-1, g, f} the publisher's view is stale (someone told a change it has not heard of: it re-reads).
+local f = redis.call('HGET', KEYS[1], 'f')
+local g = tonumber(redis.call('HGET', KEYS[1], 'g') or '0')
+if f == ARGV[1] then return {0, g, f} end
+if g ~= tonumber(ARGV[2]) then return {-1, g, f or false} end
+redis.call('HSET', KEYS[1], 'f', ARGV[1], 'g', g + 1)
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+redis.call(ARGV[4], KEYS[2], ARGV[5])
+return {1, g + 1, ARGV[1]}
+"""
+
+BASELINE = """
+-- KEYS[1] state, KEYS[2] channel; ARGV[1] fingerprint, ARGV[2] state life in ms, ARGV[3] publish command,
+-- ARGV[4] message. A first look is the key's state only when the cluster has none yet.
+if redis.call('HSETNX', KEYS[1], 'f', ARGV[1]) == 1 then
+  redis.call('HSET', KEYS[1], 'g', 0)
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call(ARGV[3], KEYS[2], ARGV[4])
+return 1
+"""

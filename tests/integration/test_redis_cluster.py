@@ -1,0 +1,131 @@
+"""Replicas on a real Redis Cluster (three masters with a replica each, `redis-server --cluster-enabled yes` and
+`redis-cli --cluster create`): sharded pub/sub and hash-tagged buckets. The seed cases (one poller per key, every
+stream told of every change) hold through a master's failover and a slot migration made while changes happen:
+every change is told to every stream, none twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections import Counter
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from tests.cluster import (
+    ListenStream,
+    RedisClusterNodes,
+    Replica,
+    redis_cluster,
+    sidecar_replicas,
+    wait_until,
+)
+from tests.peers import Upstream, start_upstream
+
+UPDATED = "notifications/resources/updated"
+URIS = ["catalog://price", *(f"catalog://items/{n}" for n in range(24))]
+"""Every one changes with the price; spread over the cluster's slots by their buckets."""
+WITHIN_S = 20.0
+RESHARD_SLOTS = 3000
+
+
+@pytest.fixture
+async def shop() -> AsyncIterator[Upstream]:
+    async with await start_upstream("modern", read_ttl_ms=300) as up:
+        yield up
+
+
+@pytest.fixture
+async def nodes(tmp_path: Path) -> AsyncIterator[RedisClusterNodes]:
+    async with redis_cluster(tmp_path) as started:
+        yield started
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        yield session
+
+
+async def _held(replicas: Sequence[Replica]) -> list[int]:
+    return [int((await replica.metrics()).value("mcp_sidecar_leases_held")) for replica in replicas]
+
+
+class _Changes:
+    """Makes changes one at a time, each once every stream was told of the previous one, and keeps the marks."""
+
+    def __init__(self, shop: Upstream, streams: Sequence[ListenStream]) -> None:
+        self.shop = shop
+        self.streams = streams
+        self.windows: list[list[int]] = []
+        self._prices = itertools.count(500)
+
+    async def one(self) -> None:
+        marks = [stream.mark() for stream in self.streams]
+        self.windows.append(marks)
+        await self.shop.set_price(next(self._prices))
+
+        async def everyone() -> bool:
+            return all(
+                {frame["params"]["uri"] for frame in stream.updates(mark)} >= set(URIS)
+                for stream, mark in zip(self.streams, marks, strict=True)
+            )
+
+        try:
+            await wait_until(everyone, f"every stream told of change {len(self.windows)}", WITHIN_S)
+        except AssertionError as exc:
+            missing = {
+                stream.label: sorted(set(URIS) - {frame["params"]["uri"] for frame in stream.updates(mark)})
+                for stream, mark in zip(self.streams, marks, strict=True)
+            }
+            raise AssertionError(f"{exc}; not told: {missing}") from None
+
+    def assert_each_told_once(self) -> None:
+        """Every window but the last (its repeats may still be on their way): each URI exactly once."""
+        for n, (start, end) in enumerate(itertools.pairwise(self.windows), start=1):
+            for stream, since, until in zip(self.streams, start, end, strict=True):
+                frames = stream.frames[since:until]
+                counts = Counter(frame["params"]["uri"] for frame in frames if frame.get("method") == UPDATED)
+                assert counts == dict.fromkeys(URIS, 1), f"change {n} on {stream.label}: {counts}"
+
+
+async def test_on_a_redis_cluster_every_change_is_told_once_through_a_failover_and_a_slot_migration(
+    tmp_path: Path, shop: Upstream, nodes: RedisClusterNodes, http: aiohttp.ClientSession
+) -> None:
+    async with sidecar_replicas(tmp_path, shop.url, nodes.url, 2) as replicas:
+        streams = [await ListenStream.open(http, replica.url, replica.name, URIS) for replica in replicas]
+        try:
+
+            async def one_poller_each() -> bool:
+                return sum(await _held(replicas)) == len(URIS)
+
+            await wait_until(one_poller_each, "every key has exactly one poller across the replicas", WITHIN_S)
+            changes = _Changes(shop, streams)
+            await changes.one()
+
+            # A master dies while changes go on: its replica is promoted, the clients follow.
+            _, victim, _ = (await nodes.masters())[0]
+            failover = asyncio.create_task(nodes.kill_master(victim))
+            while not failover.done():
+                await changes.one()
+            await failover
+            await changes.one()
+            await wait_until(one_poller_each, "one poller per key again after the failover", WITHIN_S)
+
+            # Slots (and the buckets' keys in them) move between masters while changes go on.
+            (source, _, _), (target, _, _), *_ = sorted(await nodes.masters(), key=lambda master: -master[2])
+            migration = asyncio.create_task(nodes.reshard(source, target, RESHARD_SLOTS))
+            while not migration.done():
+                await changes.one()
+            await migration
+            await changes.one()
+            await wait_until(one_poller_each, "one poller per key after the slot migration", WITHIN_S)
+            await changes.one()  # closes the last window checked
+            changes.assert_each_told_once()
+            print(f"\n{len(changes.windows)} changes, each told once to each of {len(streams)} streams")
+        finally:
+            for stream in streams:
+                await stream.aclose()

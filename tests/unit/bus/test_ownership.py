@@ -1,0 +1,81 @@
+"""Rendezvous ownership: even, stable, and moving only what a joining or leaving replica must."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from sidecar.bus.ownership import Ownership, rendezvous_owner
+
+KEYS = [f"key-{n}" for n in range(3000)]
+REPLICAS = [f"replica-{n}" for n in range(5)]
+
+
+def _owners(replicas: list[str]) -> dict[str, str | None]:
+    return {key: rendezvous_owner(replicas, key) for key in KEYS}
+
+
+def test_keys_spread_evenly_over_the_replicas() -> None:
+    shares = Counter(_owners(REPLICAS).values())
+    mean = len(KEYS) / len(REPLICAS)
+    assert max(shares.values()) <= 1.15 * mean, shares
+
+
+def test_a_replica_leaving_moves_only_the_keys_it_owned() -> None:
+    before = _owners(REPLICAS)
+    after = _owners(REPLICAS[:-1])
+    moved = {key for key in KEYS if before[key] != after[key]}
+    assert moved == {key for key in KEYS if before[key] == REPLICAS[-1]}
+
+
+def test_a_replica_joining_takes_about_its_share_and_nothing_moves_between_the_others() -> None:
+    before = _owners(REPLICAS[:-1])
+    after = _owners(REPLICAS)
+    moved = [key for key in KEYS if before[key] != after[key]]
+    assert all(after[key] == REPLICAS[-1] for key in moved)
+    assert len(moved) <= 1.3 * len(KEYS) / len(REPLICAS)
+
+
+def test_every_replica_with_the_same_view_agrees_on_one_owner_per_key() -> None:
+    tables = {name: Ownership(name) for name in REPLICAS}
+    for table in tables.values():
+        table.set_live(REPLICAS)
+        for key in KEYS[:300]:
+            table.track(key, REPLICAS)
+    for key in KEYS[:300]:
+        assert sum(table.owns(key) for table in tables.values()) == 1, key
+
+
+def test_only_interested_replicas_own_and_the_owner_changes_when_interest_leaves() -> None:
+    a, b = Ownership("a"), Ownership("b")
+    for table in (a, b):
+        table.set_live(["a", "b", "c"])  # c is live but has no interest in the key
+    a.track("k", ["a", "b"])
+    b.track("k", ["a", "b"])
+    assert a.owns("k") != b.owns("k")
+    owner, other = (a, b) if a.owns("k") else (b, a)
+    gained, _ = other.interest("k", owner.me, present=False)
+    assert gained == {"k"} and other.owns("k")
+
+
+def test_a_dead_replica_loses_its_keys_to_the_interested_survivors() -> None:
+    table = Ownership("a")
+    table.set_live(["a", "b"])
+    owned_by_b = [key for key in KEYS[:200] if rendezvous_owner(["a", "b"], key) == "b"]
+    for key in KEYS[:200]:
+        table.track(key, ["a", "b"])
+    assert not any(table.owns(key) for key in owned_by_b)
+    gained, lost = table.set_live(["a"])
+    assert gained == set(owned_by_b) and not lost
+    # Only late, b comes back with its interest and its keys: nothing was forgotten.
+    gained, lost = table.set_live(["a", "b"])
+    assert lost == set(owned_by_b) and not gained
+    table.forget("b")  # dead for good: its interest was cleaned up
+    assert table.interested(owned_by_b[0]) == {"a"}
+
+
+def test_this_replica_counts_as_live_for_itself_before_its_heartbeat_is_read() -> None:
+    table = Ownership("a")
+    gained, _ = table.track("k", [])
+    assert gained == {"k"}
+    table.set_live(["b"])  # a heartbeat read that does not list us yet
+    assert table.owns("k")
