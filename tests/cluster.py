@@ -56,6 +56,7 @@ __all__ = [
     "Replica",
     "free_port",
     "instances_where_first_polls",
+    "leases_held",
     "nginx_proxy",
     "redis_cluster",
     "redis_server",
@@ -454,6 +455,11 @@ def instances_where_first_polls(uri: str, count: int) -> list[str]:
         if rendezvous_owner(names, hashed) == names[0]:
             return names
     raise AssertionError("no such names")  # 1/count of all attempts qualify: unreachable
+
+
+async def leases_held(replicas: Sequence[Replica]) -> list[int]:
+    """The keys each replica polls for the cluster (`mcp_sidecar_leases_held`), in order."""
+    return [int((await replica.metrics()).value("mcp_sidecar_leases_held")) for replica in replicas]
 
 
 # -- nginx ----------------------------------------------------------------------------------------------------------

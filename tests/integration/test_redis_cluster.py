@@ -18,7 +18,7 @@ import pytest
 from tests.cluster import (
     ListenStream,
     RedisClusterNodes,
-    Replica,
+    leases_held,
     redis_cluster,
     sidecar_replicas,
     wait_until,
@@ -48,10 +48,6 @@ async def nodes(tmp_path: Path) -> AsyncIterator[RedisClusterNodes]:
 async def http() -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         yield session
-
-
-async def _held(replicas: Sequence[Replica]) -> list[int]:
-    return [int((await replica.metrics()).value("mcp_sidecar_leases_held")) for replica in replicas]
 
 
 class _Changes:
@@ -100,7 +96,7 @@ async def test_on_a_redis_cluster_every_change_is_told_once_through_a_failover_a
         try:
 
             async def one_poller_each() -> bool:
-                return sum(await _held(replicas)) == len(URIS)
+                return sum(await leases_held(replicas)) == len(URIS)
 
             await wait_until(one_poller_each, "every key has exactly one poller across the replicas", WITHIN_S)
             changes = _Changes(shop, streams)

@@ -27,6 +27,7 @@ from tests.cluster import (
     Replica,
     free_port,
     instances_where_first_polls,
+    leases_held,
     redis_server,
     sidecar_config,
     sidecar_replicas,
@@ -67,17 +68,13 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
         yield session
 
 
-async def _held(replicas: Sequence[Replica]) -> list[int]:
-    return [int((await replica.metrics()).value("mcp_sidecar_leases_held")) for replica in replicas]
-
-
 async def _balanced(replicas: Sequence[Replica]) -> list[int]:
     """Waits until every key has exactly one poller among `replicas` and returns the keys each polls."""
     held: list[int] = []
 
     async def settled() -> bool:
         nonlocal held
-        held = await _held(replicas)
+        held = await leases_held(replicas)
         return sum(held) == KEYS
 
     try:
@@ -161,11 +158,11 @@ async def test_three_replicas_share_the_polls_evenly_cost_redis_little_at_rest_a
             stack.push_async_callback(streams[victim.name].aclose)
 
             async def spread_again() -> bool:
-                held = await _held(replicas)
+                held = await leases_held(replicas)
                 return sum(held) == KEYS and min(held) > 0 and max(held) <= MAX_SHARE * KEYS / len(replicas)
 
             await wait_until(spread_again, "the keys spread over the restarted replica too", WITHIN_S)
-            held_after = await _held(replicas)
+            held_after = await leases_held(replicas)
             after_second = {name: stream.mark() for name, stream in streams.items()}
             await shop.set_price(103)
             await _all_told(list(streams.values()), list(after_second.values()))
@@ -280,7 +277,7 @@ async def test_a_replica_stopped_with_sigterm_hands_its_keys_over_at_once(
         try:
 
             async def first_polls() -> bool:
-                return await _held([first, second]) == [1, 0]
+                return await leases_held([first, second]) == [1, 0]
 
             await wait_until(first_polls, "the replica named to win the key polls it", WITHIN_S)
             loop = asyncio.get_running_loop()
@@ -288,7 +285,7 @@ async def test_a_replica_stopped_with_sigterm_hands_its_keys_over_at_once(
             await first.service.signal(signal.SIGTERM)
 
             async def second_polls() -> bool:
-                return (await _held([second])) == [1]
+                return (await leases_held([second])) == [1]
 
             await wait_until(second_polls, "the staying replica polls the key", HANDOFF_LEASE_MS / 1000 * 2)
             handed_in = loop.time() - stopped_at
