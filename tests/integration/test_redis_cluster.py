@@ -57,11 +57,18 @@ class _Changes:
         self.shop = shop
         self.streams = streams
         self.windows: list[list[int]] = []
+        self.at_least_once: set[int] = set()
+        """Changes made while a master failed over: told at least once (see `one`)."""
         self._prices = itertools.count(500)
 
-    async def one(self) -> None:
+    async def one(self, *, failing_over: bool = False) -> None:
+        # During a master's failover a change may be told twice, never lost: Redis replicates asynchronously, so
+        # the promoted replica can lack the state written with the last change, and its key's owner, seeing that
+        # state behind its own look, tells the change again.
         marks = [stream.mark() for stream in self.streams]
         self.windows.append(marks)
+        if failing_over:
+            self.at_least_once.add(len(self.windows))
         await self.shop.set_price(next(self._prices))
 
         async def everyone() -> bool:
@@ -80,15 +87,19 @@ class _Changes:
             raise AssertionError(f"{exc}; not told: {missing}") from None
 
     def assert_each_told_once(self) -> None:
-        """Every window but the last (its repeats may still be on their way): each URI exactly once."""
+        """Every window but the last (its repeats may still be on their way): each URI exactly once; during the
+        failover at least once and at most twice."""
         for n, (start, end) in enumerate(itertools.pairwise(self.windows), start=1):
             for stream, since, until in zip(self.streams, start, end, strict=True):
                 frames = stream.frames[since:until]
                 counts = Counter(frame["params"]["uri"] for frame in frames if frame.get("method") == UPDATED)
-                assert counts == dict.fromkeys(URIS, 1), f"change {n} on {stream.label}: {counts}"
+                if n in self.at_least_once:
+                    assert set(counts) == set(URIS) and max(counts.values()) <= 2, f"change {n} on {stream.label}"
+                else:
+                    assert counts == dict.fromkeys(URIS, 1), f"change {n} on {stream.label}: {counts}"
 
 
-async def test_on_a_redis_cluster_every_change_is_told_once_through_a_failover_and_a_slot_migration(
+async def test_on_a_redis_cluster_every_change_is_told_through_a_failover_and_exactly_once_through_a_slot_migration(
     tmp_path: Path, shop: Upstream, nodes: RedisClusterNodes, http: aiohttp.ClientSession
 ) -> None:
     async with sidecar_replicas(tmp_path, shop.url, nodes.url, 2) as replicas:
@@ -106,9 +117,9 @@ async def test_on_a_redis_cluster_every_change_is_told_once_through_a_failover_a
             _, victim, _ = (await nodes.masters())[0]
             failover = asyncio.create_task(nodes.kill_master(victim))
             while not failover.done():
-                await changes.one()
+                await changes.one(failing_over=True)
             await failover
-            await changes.one()
+            await changes.one(failing_over=True)  # the clients may still be moving to the promoted replica
             await wait_until(one_poller_each, "one poller per key again after the failover", WITHIN_S)
 
             # Slots (and the buckets' keys in them) move between masters while changes go on.
