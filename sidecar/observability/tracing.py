@@ -26,14 +26,14 @@ from sidecar.config import TracingConfig
 if TYPE_CHECKING:
     from opentelemetry.trace import Link, Tracer
 
-__all__ = ["Tracing", "TracingUnavailable", "configure_tracing", "install", "tracing"]
+__all__ = ["MAX_LINKS", "Tracing", "TracingUnavailable", "configure_tracing", "install", "tracing"]
 
 logger = logging.getLogger(__name__)
 
 _TRACE_KEYS = ("traceparent", "tracestate")
 """What continues a trace. Not `baggage`: a client's baggage goes upstream only as an allowlisted header
 (`upstream.forward_headers`), never through the sidecar's own propagation."""
-_MAX_LINKS = 8
+MAX_LINKS = 8
 """Writes linked from one poll at most: a burst of writes is one round of hints."""
 _OFF: contextlib.nullcontext[None] = contextlib.nullcontext()
 
@@ -128,7 +128,7 @@ class Tracing:
         from opentelemetry import context as otel_context
 
         return self._tracer.start_as_current_span(
-            "poll", context=otel_context.Context(), links=list(links)[:_MAX_LINKS], attributes=attributes
+            "poll", context=otel_context.Context(), links=list(links)[:MAX_LINKS], attributes=attributes
         )
 
     def change(self, kind: str, watch: str, generation: int) -> contextlib.AbstractContextManager[Any]:

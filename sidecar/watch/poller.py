@@ -20,7 +20,7 @@ from sidecar.changes import ChangeEvent, LocalCoordinator, PollCoordinator, Watc
 from sidecar.config import PollingConfig
 from sidecar.identity import PUBLIC
 from sidecar.observability.metrics import Metrics
-from sidecar.observability.tracing import tracing
+from sidecar.observability.tracing import MAX_LINKS, tracing
 from sidecar.protocol.errors import UpstreamError, UpstreamHTTPError
 from sidecar.watch.clock import LOOP_CLOCK, Clock, Timer
 from sidecar.watch.observe import Observation
@@ -52,8 +52,6 @@ async def _hold() -> None:
 JITTER = random.Random()
 """The sidecar's own source of jitter: the process-wide `random` state is left to whoever else uses it."""
 _MIN_BACKOFF_JITTER = 0.1
-_MAX_LINKS = 8
-"""Traced writes one poll links to at most."""
 _ERROR_LOG_INTERVAL_S = 10.0
 
 
@@ -243,8 +241,8 @@ class Watch:
         """Poll soon, but never sooner than min_interval_ms after the last poll, and never sooner than a backoff
         allows; hints coalesce into at most one extra poll. `links`: the traced writes that asked for it, which
         the next poll's span links to."""
-        if links and len(self._links) < _MAX_LINKS:
-            self._links.extend(links[: _MAX_LINKS - len(self._links)])
+        if links and len(self._links) < MAX_LINKS:
+            self._links.extend(links[: MAX_LINKS - len(self._links)])
         if self.consecutive_errors:
             return  # backing off: the next poll is already as early as the failing upstream should see it
         self._poll_soon()

@@ -11,12 +11,10 @@ from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
 from sidecar.changes import PollCoordinator
-from sidecar.observability.tracing import tracing
+from sidecar.observability.tracing import MAX_LINKS, tracing
 from sidecar.watch.clock import LOOP_CLOCK, Clock, Timer
 
 __all__ = ["Revalidator"]
-
-_MAX_LINKS = 8
 
 
 class Revalidator:
@@ -46,7 +44,7 @@ class Revalidator:
         link = tracing().current_link()
         if link is not None:
             links = self._links.setdefault(context, [])
-            if len(links) < _MAX_LINKS:
+            if len(links) < MAX_LINKS:
                 links.append(link)
         if self._timer is None:
             self._timer = self._clock.call_at(self._clock.now() + self._debounce_s, self._fire)
