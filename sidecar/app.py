@@ -24,8 +24,8 @@ from sidecar.observability.logs import INSTANCE_ID
 from sidecar.observability.metrics import Metrics
 from sidecar.observability.status import make_status
 from sidecar.upstream.base import Upstream
-from sidecar.upstream.client import UpstreamClient
-from sidecar.upstream.stdio_client import StdioUpstream
+from sidecar.upstream.http.client import UpstreamClient
+from sidecar.upstream.stdio.client import StdioUpstream
 from sidecar.watch.registry import WatchRegistry
 
 __all__ = [

@@ -23,8 +23,8 @@ from sidecar.observability.logs import INSTANCE_ENV, configure_logging
 from sidecar.observability.tracing import TracingUnavailable, configure_tracing, install, tracing
 from sidecar.serving import GuardedRunner, install_quiet_errors, raise_open_files_limit, stop_signals
 from sidecar.tls import CertificateWatch, server_context
-from sidecar.upstream.client import UpstreamClient
-from sidecar.upstream.stdio_process import StdioStartError
+from sidecar.upstream.http.client import UpstreamClient
+from sidecar.upstream.stdio.process import StdioStartError
 
 __all__ = ["main", "run_workers", "serve"]
 

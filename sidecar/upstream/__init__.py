@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from sidecar.upstream.answers import Reply, UpstreamInfo
 from sidecar.upstream.base import NotificationListener, NotificationSource, Upstream
-from sidecar.upstream.client import UpstreamClient
-from sidecar.upstream.stdio_client import StdioUpstream
+from sidecar.upstream.http.client import UpstreamClient
+from sidecar.upstream.stdio.client import StdioUpstream
 
 __all__ = [
     "NotificationListener",

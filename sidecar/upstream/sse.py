@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 __all__ = ["SSEDecoder", "SSEEvent", "SSETooLarge", "frame"]
 
+SSE_CONTENT_TYPE = "text/event-stream"
 _BOM = "\ufeff"
 
 

@@ -31,7 +31,7 @@ async def test_an_upstream_answering_garbage_to_the_probe_is_not_ready_and_says_
 ) -> None:
     garbage = up.fail(Fault.NOT_JSON, methods=PROBES)
     async with serve_sidecar(up.url) as sidecar:
-        with caplog.at_level(logging.WARNING, logger="sidecar.upstream.client"):
+        with caplog.at_level(logging.WARNING, logger="sidecar.upstream.http.client"):
             status, body = await _ready(http, sidecar.base_url)
         assert status == 503, body
         assert "unusable" in str(body["reason"]) and "not JSON" in str(body["reason"])

@@ -24,8 +24,8 @@ from mcp import Client
 from mcp.client.subscriptions import ResourceUpdated
 
 from sidecar.app import FAIR_SHARE, UPSTREAM, build_app
-from sidecar.upstream.stdio_client import StdioUpstream
-from sidecar.upstream.stdio_process import StdioStartError
+from sidecar.upstream.stdio.client import StdioUpstream
+from sidecar.upstream.stdio.process import StdioStartError
 from tests.helpers import eventually, headers, request, rpc, sse_messages
 from tests.observing import WAIT_S, ListenStream, scrape
 from tests.peers.stdio_notes_server import NOTE_URI
@@ -100,7 +100,7 @@ async def test_kill_9_mid_listen_restarts_the_child_and_the_change_made_while_do
 async def test_garbage_on_stdout_is_skipped_and_counted(
     http: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="sidecar.upstream.stdio")
+    caplog.set_level(logging.WARNING, logger="sidecar.upstream.stdio.child")
     async with serve_stdio_sidecar(toy_command("--garbage")) as sidecar:
         for word in ("one", "two", "three"):
             assert await _tool_text(http, sidecar.url, "echo", text=word) == word
@@ -154,7 +154,7 @@ async def test_stopping_the_sidecar_leaves_no_process_of_the_child_behind(
     if wrapping == ["sh"]:
         # Not `exec`: sh stays as the server's parent, as npx's and uvx's shells do.
         command = ["sh", "-c", shlex.join(command) + "; true"]
-    caplog.set_level(logging.WARNING, logger="sidecar.upstream.stdio")
+    caplog.set_level(logging.WARNING, logger="sidecar.upstream.stdio.child")
     async with serve_stdio_sidecar(command, upstream={"stop_grace_s": 0.5}) as sidecar:
         assert await _tool_text(http, sidecar.url, "echo", text="up") == "up"
         group = _upstream(sidecar).pid

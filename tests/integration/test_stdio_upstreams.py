@@ -22,7 +22,7 @@ from mcp.shared.exceptions import MCPDeprecationWarning
 from sidecar.app import METRICS, UPSTREAM
 from sidecar.config import CacheConfig
 from sidecar.upstream.base import NotificationSource
-from sidecar.upstream.stdio_client import StdioUpstream
+from sidecar.upstream.stdio.client import StdioUpstream
 from tests.helpers import eventually, rpc
 from tests.observing import WAIT_S, ListenStream, scrape
 from tests.peers.stdio_notes_server import NOTE_URI

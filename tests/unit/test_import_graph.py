@@ -53,3 +53,23 @@ def test_no_two_parts_of_the_sidecar_import_each_other() -> None:
 
 def test_observability_reaches_up_into_nothing_it_reports_on() -> None:
     assert _arrows()["observability"] <= {"protocol", "changes", "identity", "config"}
+
+
+def _imports_of(folder: Path) -> set[str]:
+    found: set[str] = set()
+    for path in folder.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                found.add(node.module)
+            elif isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+    return found
+
+
+def test_the_http_and_stdio_legs_share_only_what_upstream_itself_holds() -> None:
+    # Each leg is one way to reach the upstream behind the one `Upstream` interface; what both need (the era
+    # rules, SSE, answers) lives in `sidecar/upstream/` itself, so neither leg reaches into the other.
+    upstream = SIDECAR / "upstream"
+    http, stdio = _imports_of(upstream / "http"), _imports_of(upstream / "stdio")
+    assert not {m for m in http if m.startswith("sidecar.upstream.stdio")}, "upstream/http imports the stdio leg"
+    assert not {m for m in stdio if m.startswith("sidecar.upstream.http")}, "upstream/stdio imports the http leg"

@@ -7,8 +7,8 @@ import signal
 
 import pytest
 
-from sidecar.upstream.stdio_lines import LineSplitter, OverlongLine, TokenBucket
-from sidecar.upstream.stdio_process import INHERITED_ENVIRONMENT, child_environment, exit_reason
+from sidecar.upstream.stdio.lines import LineSplitter, OverlongLine, TokenBucket
+from sidecar.upstream.stdio.process import INHERITED_ENVIRONMENT, child_environment, exit_reason
 
 
 def test_lines_are_cut_at_newlines_whatever_the_chunks() -> None:

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from sidecar.protocol.errors import ShuttingDown
-from sidecar.upstream.wire import WirePool
+from sidecar.upstream.http.wire import WirePool
 
 
 class _Fake:

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from urllib.parse import unquote, urlsplit
 
 from sidecar.protocol.errors import ShuttingDown, UpstreamError, UpstreamTimeout, UpstreamUnavailable
-from sidecar.upstream.connection import Answer, Connection, short_reason
+from sidecar.upstream.http.connection import Answer, Connection, short_reason
 
 __all__ = ["Answer", "WirePool"]
 

@@ -33,13 +33,13 @@ from sidecar.protocol.errors import (
     UpstreamTimeout,
     UpstreamUnavailable,
 )
-from sidecar.upstream.stdio_lines import LineSplitter, OverlongLine, RateLimitedLog, TokenBucket
-from sidecar.upstream.stdio_process import end_process_group, exit_reason, start_in_own_session
+from sidecar.upstream.stdio.lines import LineSplitter, OverlongLine, RateLimitedLog, TokenBucket
+from sidecar.upstream.stdio.process import end_process_group, exit_reason, start_in_own_session
 
 __all__ = ["InFlight", "StdioChild"]
 
 logger = logging.getLogger(__name__)
-stderr_logger = logging.getLogger(__name__ + ".stderr")
+stderr_logger = logging.getLogger("sidecar.upstream.stdio.stderr")  # a documented name: users route it
 """The child's own stderr lines, one log record each, so they can be routed or silenced apart."""
 
 JsonObject = dict[str, Any]

@@ -23,8 +23,8 @@ from sidecar.protocol.errors import (
     UpstreamUnavailable,
 )
 from sidecar.tls import upstream_context
-from sidecar.upstream.sse import SSEDecoder, SSETooLarge
-from sidecar.upstream.wire import Answer, WirePool
+from sidecar.upstream.http.wire import Answer, WirePool
+from sidecar.upstream.sse import SSE_CONTENT_TYPE, SSEDecoder, SSETooLarge
 
 __all__ = ["UpstreamHTTP", "iter_messages", "raise_for_status", "read_limited"]
 
@@ -32,7 +32,6 @@ logger = logging.getLogger(__name__)
 
 JsonObject = dict[str, Any]
 
-SSE_CONTENT_TYPE = "text/event-stream"
 _DRAIN_MARGIN_S = 1.0
 """Time kept at the end of the shutdown grace for answering aborted requests and closing down."""
 _MAX_SSE_EVENT_BYTES = 16 * 1_048_576

@@ -13,7 +13,7 @@ from sidecar.protocol.constants import META_SUBSCRIPTION_ID
 from sidecar.protocol.envelope import RequestId
 from sidecar.protocol.errors import UpstreamBadResponse
 from sidecar.protocol.frames import modern_request_meta
-from sidecar.upstream.stdio import StdioChild
+from sidecar.upstream.stdio.child import StdioChild
 
 __all__ = [
     "checked",

@@ -38,10 +38,10 @@ from sidecar.protocol.errors import (
 from sidecar.protocol.frames import SERVER_INFO, error_response, modern_request_meta, stamp_result
 from sidecar.upstream.answers import Reply, UpstreamInfo
 from sidecar.upstream.base import Headers, NotificationListener
-from sidecar.upstream.http import SSE_CONTENT_TYPE
-from sidecar.upstream.legacy import map_legacy_error, strip_modern_meta
-from sidecar.upstream.stdio import InFlight, StdioChild
-from sidecar.upstream.stdio_frames import (
+from sidecar.upstream.era import map_legacy_error, strip_modern_meta
+from sidecar.upstream.sse import SSE_CONTENT_TYPE
+from sidecar.upstream.stdio.child import InFlight, StdioChild
+from sidecar.upstream.stdio.frames import (
     checked,
     event,
     for_subscription,
@@ -51,7 +51,7 @@ from sidecar.upstream.stdio_frames import (
     until_ended,
     with_modern_meta,
 )
-from sidecar.upstream.stdio_supervisor import StdioSupervisor
+from sidecar.upstream.stdio.supervisor import StdioSupervisor
 
 __all__ = ["StdioUpstream"]
 

@@ -35,8 +35,8 @@ from sidecar.protocol.errors import (
 from sidecar.protocol.frames import SERVER_INFO, modern_request_meta
 from sidecar.upstream.answers import UpstreamInfo
 from sidecar.upstream.base import NotificationListener
-from sidecar.upstream.stdio import StdioChild
-from sidecar.upstream.stdio_process import StdioStartError, child_environment
+from sidecar.upstream.stdio.child import StdioChild
+from sidecar.upstream.stdio.process import StdioStartError, child_environment
 
 __all__ = ["StdioSupervisor", "SupervisorState"]
 

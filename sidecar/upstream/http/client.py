@@ -37,18 +37,13 @@ from sidecar.protocol.errors import (
 )
 from sidecar.protocol.frames import modern_request_meta
 from sidecar.upstream.answers import ReleasingStream, Reply, UpstreamInfo
-from sidecar.upstream.auth import metadata_paths, rewrite_challenge, rewrite_metadata
-from sidecar.upstream.http import (
-    SSE_CONTENT_TYPE,
-    UpstreamHTTP,
-    iter_messages,
-    raise_for_status,
-    read_limited,
-)
-from sidecar.upstream.legacy import LegacyBridge
-from sidecar.upstream.relay import relay_answer, relay_events, request_id_of
-from sidecar.upstream.state import UpstreamState
-from sidecar.upstream.wire import Answer
+from sidecar.upstream.http.auth import metadata_paths, rewrite_challenge, rewrite_metadata
+from sidecar.upstream.http.endpoint import UpstreamHTTP, iter_messages, raise_for_status, read_limited
+from sidecar.upstream.http.legacy import LegacyBridge
+from sidecar.upstream.http.relay import relay_answer, relay_events, request_id_of
+from sidecar.upstream.http.state import UpstreamState
+from sidecar.upstream.http.wire import Answer
+from sidecar.upstream.sse import SSE_CONTENT_TYPE
 
 __all__ = ["UpstreamClient"]
 
