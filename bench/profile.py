@@ -58,7 +58,9 @@ _CATEGORIES: list[tuple[str, Callable[[str], bool]]] = [
     ("watch engine (poller, registry, observe)", lambda f: "sidecar/watch/" in f),
     (
         "SSE and listen streams",
-        lambda f: any(s in f for s in ("aiohttp_sse", "upstream/sse.py", "upstream/http/relay.py", "downstream/listen.py")),
+        lambda f: any(
+            s in f for s in ("aiohttp_sse", "upstream/sse.py", "upstream/http/relay.py", "downstream/listen.py")
+        ),
     ),
     ("aiohttp client", lambda f: re.search(r"aiohttp/(client|connector|tracing|resolver)", f) is not None),
     ("sidecar upstream glue (http/client.py, http/endpoint.py)", lambda f: "sidecar/upstream/" in f),

@@ -57,19 +57,19 @@ class LegacyBridge:
         self._locks: LRUCache[str, asyncio.Lock] = LRUCache(maxsize=MAX_SESSIONS)
         self._ids = itertools.count(1)
 
-    async def initialize(self, partition: str, headers: Mapping[str, str]) -> LegacySession:
+    async def initialize(self, context: str, headers: Mapping[str, str]) -> LegacySession:
         """The context's session, opening one with `initialize` when there is none."""
-        session = self._sessions.get(partition)
+        session = self._sessions.get(context)
         if session is not None:
             return session
-        lock = self._locks.get(partition)
+        lock = self._locks.get(context)
         if lock is None:
-            lock = self._locks[partition] = asyncio.Lock()
+            lock = self._locks[context] = asyncio.Lock()
         async with lock:
-            session = self._sessions.get(partition)
+            session = self._sessions.get(context)
             if session is None:
                 session = await self._open_session(headers)
-                self._sessions[partition] = session
+                self._sessions[context] = session
         return session
 
     async def _open_session(self, headers: Mapping[str, str]) -> LegacySession:
@@ -97,7 +97,7 @@ class LegacyBridge:
 
     async def request(
         self,
-        partition: str,
+        context: str,
         method: str,
         params: JsonObject,
         headers: Mapping[str, str],
@@ -109,7 +109,7 @@ class LegacyBridge:
         An expired session (404) is opened again once and the request retried.
         """
         for attempt in (1, 2):
-            session = await self.initialize(partition, headers)
+            session = await self.initialize(context, headers)
             request_id = f"sidecar-{next(self._ids)}"
             body = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": strip_modern_meta(params)}
             idempotent = method in READ_ONLY_METHODS
@@ -121,7 +121,7 @@ class LegacyBridge:
                 ):
                     response.unbounded(self._http.timeout_s)  # progress may go on: only silence ends it
                 if response.status == 404 and attempt == 1:
-                    self._drop(partition, session)
+                    self._drop(context, session)
                     logger.info("upstream session expired; initializing again")
                     continue
                 await raise_for_status(response, self._http)
@@ -131,18 +131,18 @@ class LegacyBridge:
 
     @contextlib.asynccontextmanager
     async def open_notifications(
-        self, partition: str, headers: Mapping[str, str]
+        self, context: str, headers: Mapping[str, str]
     ) -> AsyncIterator[AsyncIterator[JsonObject]]:
         """The context session's GET stream: the upstream's notifications unrelated to any request (list
         changes; updates of what the session subscribed to). Open once the block is entered; an expired session
         is dropped (the next open initializes a new one) and reported as the upstream's 404."""
-        session = await self.initialize(partition, headers)
+        session = await self.initialize(context, headers)
         sent = self._session_headers(headers, session)
         sent.pop("Content-Type", None)
         sent["Accept"] = SSE_CONTENT_TYPE
         async with self._http.send("GET", None, sent, long_lived=True) as response:
             if response.status == 404:
-                self._drop(partition, session)
+                self._drop(context, session)
             await raise_for_status(response, self._http)
             yield (
                 message
@@ -184,9 +184,9 @@ class LegacyBridge:
             headers[HEADER_SESSION_ID] = session_id
         asyncio.get_running_loop().create_task(self._http.send_quietly(orjson.dumps(reply), headers))
 
-    def _drop(self, partition: str, session: LegacySession) -> None:
-        if self._sessions.get(partition) is session:
-            del self._sessions[partition]
+    def _drop(self, context: str, session: LegacySession) -> None:
+        if self._sessions.get(context) is session:
+            del self._sessions[context]
 
     def _session_headers(self, headers: Mapping[str, str], session: LegacySession) -> dict[str, str]:
         merged = _base_headers(headers)
