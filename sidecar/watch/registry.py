@@ -225,14 +225,15 @@ class WatchRegistry:
             # Other replicas' caches may hold an answer older than this first look (one cached before anyone
             # watched): awaited, so they drop it if it differs before the caller's ack. No stream is told.
             await self._bus.publish(ChangeEvent(key, observation.fingerprint, 0, time.time(), baseline=True))
+            if watch.refs == 0:
+                # Starting, not idle, while the publish waited (a slow bus may take longer than any linger):
+                # only now may it expire, once the callers waiting on this baseline had their turn to take it.
+                self._relinger(watch)
         else:
             self._apply(watch, observation, ticket)
             if watch.refs == 0:
                 # Lingering: its timer must not fire before the callers waiting on this baseline take it.
-                timer = self._lingers.pop(key, None)
-                if timer is not None:
-                    timer.cancel()
-                self._linger(watch, minimum_s=_NEW_WATCH_GRACE_S)
+                self._relinger(watch)
         watch.verified.add(context)
         return watch
 
@@ -261,9 +262,6 @@ class WatchRegistry:
         self._metrics.watches.labels(key.kind).inc()
         self._refresh_partitions()
         logger.debug("watch started", extra={"watch": key.short_hash, "kind": key.kind})
-        # Until a caller takes a reference (all callers may have given up meanwhile); never sooner than the
-        # callers waiting on this baseline can resume, however short the configured linger.
-        self._linger(watch, minimum_s=_NEW_WATCH_GRACE_S)
         return watch
 
     def _add_ref(self, watch: Watch, identity: Identity) -> Handle:
@@ -298,6 +296,14 @@ class WatchRegistry:
             # No local interest: the lease goes to a replica that still has some; we linger, unpolled.
             self._coordinator.untrack(watch.key)
             self._linger(watch)
+
+    def _relinger(self, watch: Watch) -> None:
+        """Until a caller waiting on a baseline takes a reference (all may have given up meanwhile); never sooner
+        than they can resume, however short the configured linger."""
+        timer = self._lingers.pop(watch.key, None)
+        if timer is not None:
+            timer.cancel()
+        self._linger(watch, minimum_s=_NEW_WATCH_GRACE_S)
 
     def _linger(self, watch: Watch, minimum_s: float = 0.0) -> None:
         if watch.key in self._lingers:
