@@ -66,7 +66,16 @@ def _register_read(
 ) -> None:
     key: Hashable = read if paced_for is None else (read, paced_for)
     reads[key] = task
-    task.add_done_callback(lambda _: reads.pop(key, None) if reads.get(key) is task else None)
+
+    def done(_: asyncio.Task[T]) -> None:
+        if reads.get(key) is task:
+            del reads[key]
+        if not task.cancelled():
+            # Retrieved here: the callers still waiting got it through their shield, and a read every caller gave
+            # up on (a shield cancelled first no longer looks) has nobody left to tell.
+            task.exception()
+
+    task.add_done_callback(done)
 
 
 class WatchRegistry:
@@ -432,7 +441,14 @@ class WatchRegistry:
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._spawned_done)
+
+    def _spawned_done(self, task: asyncio.Task[Any]) -> None:
+        # Nobody awaits a spawned task (a publish, a watch's stop): its error is reported now, not when (or if)
+        # the task is collected.
+        self._tasks.discard(task)
+        if not task.cancelled() and (error := task.exception()) is not None:
+            logger.error("a registry task failed", exc_info=error)
 
     async def aclose(self) -> None:
         self._unsubscribe()
