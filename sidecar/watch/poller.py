@@ -330,7 +330,7 @@ class Watch:
     async def poll_once(self, due: float) -> None:
         links, self._links = self._links, []
         key = self.key
-        uri = key.uri if key.partition == PUBLIC else None  # a private URI can name a person: only its hash
+        uri = key.uri if key.context == PUBLIC else None  # a private URI can name a person: only its hash
         with tracing().poll(key.kind, key.short_hash, uri, links):
             await self._poll_once(due)
 

@@ -298,7 +298,7 @@ class WatchRegistry:
         self._native.update(watch)
         watch.start()
         self._metrics.watches.labels(key.kind).inc()
-        self._refresh_partitions()
+        self._refresh_contexts()
         logger.debug("watch started", extra={"watch": key.short_hash, "kind": key.kind})
         return entry
 
@@ -368,12 +368,12 @@ class WatchRegistry:
         entry.shares.clear()
         self._native.forget(watch)
         self._metrics.watches.labels(key.kind).dec()
-        self._refresh_partitions()
+        self._refresh_contexts()
         self._spawn(watch.stop())
         logger.debug("watch stopped", extra={"watch": key.short_hash, "kind": key.kind})
 
-    def _refresh_partitions(self) -> None:
-        self._metrics.partitions.set(len({key.partition for key in self._entries}))
+    def _refresh_contexts(self) -> None:
+        self._metrics.partitions.set(len({key.context for key in self._entries}))
 
     async def _read(self, watch: Watch) -> Observation | None:
         entry = self._entries.get(watch.key)
@@ -419,8 +419,8 @@ class WatchRegistry:
         uri = params.get("uri")
         if method != "resources/read" or not isinstance(uri, str):
             return
-        for partition in (PUBLIC, identity.context):
-            key = WatchKey("resource", uri, partition)
+        for context in (PUBLIC, identity.context):
+            key = WatchKey("resource", uri, context)
             watch = self._watch(key)
             if watch is not None:
                 watch.verified.discard(identity.context)  # it must prove access again before rejoining
@@ -441,11 +441,11 @@ class WatchRegistry:
         links = links or {}
         everyone = tuple(link for written in links.values() for link in written)
         for watch in self.watches():
-            partition = watch.key.partition
-            if partition == PUBLIC:
+            context = watch.key.context
+            if context == PUBLIC:
                 watch.hint(everyone)
-            elif partition in contexts:
-                watch.hint(links.get(partition, ()))
+            elif context in contexts:
+                watch.hint(links.get(context, ()))
 
     def _on_change(self, event: ChangeEvent) -> None:
         if event.baseline:
@@ -463,11 +463,11 @@ class WatchRegistry:
             watch.recover()
 
     def _auth_failed(self, watch: Watch, error: UpstreamHTTPError) -> None:
-        # Only the context whose credential was refused: a public key is polled with one holder's credential,
-        # and the other holders' credentials are as good as before (their streams must not end).
+        # Only the context whose credential was refused: a public key is polled with one context's credential,
+        # and the other contexts' credentials are as good as before (their streams must not end).
         entry = self._entries.get(watch.key)
-        if watch.key.partition != PUBLIC:
-            context: str | None = watch.key.partition
+        if watch.key.context != PUBLIC:
+            context: str | None = watch.key.context
         else:
             context = entry.last_poller if entry is not None else None
         if context is None:
