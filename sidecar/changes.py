@@ -33,11 +33,11 @@ LIST_KINDS: tuple[WatchKind, ...] = ("resources_list", "tools_list", "prompts_li
 
 @dataclass(frozen=True, slots=True)
 class WatchKey:
-    """One polled thing. `partition` is `public` or an authorization context id (never a credential)."""
+    """One polled thing. `context` is `public` or an authorization context's name (never a credential)."""
 
     kind: WatchKind
     uri: str | None
-    partition: str
+    context: str
 
     @property
     def notification_method(self) -> str:
@@ -47,7 +47,7 @@ class WatchKey:
     @property
     def short_hash(self) -> str:
         """A short stable name for logs and the status page; says nothing about the URI or the context."""
-        text = f"{self.kind}\0{self.uri or ''}\0{self.partition}"
+        text = f"{self.kind}\0{self.uri or ''}\0{self.context}"
         return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
 
 

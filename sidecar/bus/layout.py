@@ -1,6 +1,6 @@
 """Where the cluster's coordination lives in Redis: key and channel names, buckets, and the wire form of messages.
 
-Keys hash into buckets by (kind, uri), so every partition of one URI lands in one bucket and a cache entry,
+Keys hash into buckets by (kind, uri), so every context's key of one URI lands in one bucket and a cache entry,
 which knows only its URI, finds its channel. A bucket's names share a hash tag, `{mcp-sidecar:b<n>}`: on Redis
 Cluster its interest sets, states and channel live in one slot (one shard, sharded pub/sub there).
 
@@ -47,7 +47,7 @@ hears the changes of about k/buckets of all keys. More buckets route more precis
 
 def key_hash(key: WatchKey) -> str:
     """A stable name for a key in Redis; says nothing about the URI or the context."""
-    return hashlib.sha256(f"{key.kind}\0{key.uri or ''}\0{key.partition}".encode()).hexdigest()[:32]
+    return hashlib.sha256(f"{key.kind}\0{key.uri or ''}\0{key.context}".encode()).hexdigest()[:32]
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +107,7 @@ def encode_event(event: ChangeEvent, origin: str) -> bytes:
             "o": origin,
             "k": key.kind,
             "u": key.uri,
-            "p": key.partition,
+            "p": key.context,  # "p" on the wire, for replicas of every version
             "f": event.fingerprint,
             "g": event.generation,
             "t": event.detected_at,

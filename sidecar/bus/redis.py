@@ -171,17 +171,21 @@ class RedisCluster:
         tasks = [*self._tasks, *([self._take_over_task] if self._take_over_task is not None else [])]
         for task in tasks:
             task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        if self.degraded is None:
-            with contextlib.suppress(*REDIS_FAILURES):
-                await self._write_interest([], list(self._registered))
-                await self._redis.zrem(REPLICAS, self._instance)
-                await self._redis.delete(self._layout.interest_of(self._instance))
-                await self._redis.publish(HINTS_CHANNEL, orjson.dumps({"o": self._instance, "left": True}))
-        self._metrics.leases_held.set(0)
-        await self._conn.aclose()
+        # A loop that died of a bug is reported, and must not keep our interest in Redis until our heartbeat
+        # runs out: the handover happens whatever the loops ended with.
+        for outcome in await asyncio.gather(*tasks, return_exceptions=True):
+            if isinstance(outcome, Exception):
+                logger.error("a redis coordination loop had failed", exc_info=outcome)
+        try:
+            if self.degraded is None:
+                with contextlib.suppress(*REDIS_FAILURES):
+                    await self._write_interest([], list(self._registered))
+                    await self._redis.zrem(REPLICAS, self._instance)
+                    await self._redis.delete(self._layout.interest_of(self._instance))
+                    await self._redis.publish(HINTS_CHANNEL, orjson.dumps({"o": self._instance, "left": True}))
+        finally:
+            self._metrics.leases_held.set(0)
+            await self._conn.aclose()
 
     def _failed(self, exc: Exception) -> None:
         if isinstance(exc, SLOTS_MOVING):

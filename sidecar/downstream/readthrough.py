@@ -309,15 +309,15 @@ class ReadThrough:
         content differs; a list page's (pages cannot be compared with a whole list) unless every look since before
         that page's request saw the whole list as it is now."""
         for group in _groups_of(key):
-            latest = self._latest.get((group, key.partition))
+            latest = self._latest.get((group, key.context))
             unchanged_since: int | None = None  # every look from this ticket to this one saw the list as it is
             if latest is None or latest[0] < ticket:
                 since = latest[2] if latest is not None and latest[1] == fingerprint else ticket
-                self._latest[(group, key.partition)] = (ticket, fingerprint, since)
+                self._latest[(group, key.context)] = (ticket, fingerprint, since)
                 if since < ticket and group[0] != "resources/read":
                     unchanged_since = since
             for cache_key in list(self._index.get(group, ())):
-                if cache_key[2] != key.partition:
+                if cache_key[2] != key.context:
                     continue
                 entry = self._cache.get(cache_key)
                 if entry is None or entry.ticket >= ticket:
@@ -339,7 +339,7 @@ class ReadThrough:
             for group in _groups_of(event.key):
                 for cache_key in list(self._index.get(group, ())):
                     entry = self._cache.get(cache_key)
-                    if cache_key[2] == event.key.partition and entry is not None:
+                    if cache_key[2] == event.key.context and entry is not None:
                         if _differs(group, entry.result, event.fingerprint):
                             self._cache.pop(cache_key, None)
             return

@@ -127,8 +127,8 @@ def status_snapshot(
             {
                 "kind": key.kind,
                 # A private URI can name a person ("user://alice/diagnosis.pdf"): only the watch's keyed hash shows.
-                "uri": key.uri if key.partition == PUBLIC else f"private:{key.short_hash}",
-                "partition": PUBLIC if key.partition == PUBLIC else key.short_hash[:8],
+                "uri": key.uri if key.context == PUBLIC else f"private:{key.short_hash}",
+                "partition": PUBLIC if key.context == PUBLIC else key.short_hash[:8],
                 "mode": "native" if watch.native else "polling",
                 "interval_ms": int(watch.interval_s * 1000),
                 "last_poll": _when(watch.last_poll_at),
@@ -154,7 +154,7 @@ def status_snapshot(
         "counts": {
             "streams": hub.stream_count,
             "watches": len(watches),
-            "partitions": len({watch.key.partition for watch in watches}),
+            "partitions": len({watch.key.context for watch in watches}),
         },
         "watches": shown,
         "watches_shown": len(shown),

@@ -1,4 +1,4 @@
-"""A stream's interest in a watch (a handle), and a context's hold on it (the identity it is polled with)."""
+"""A stream's interest in a watch (a handle), and a context's share of it (the identity it is polled with)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,13 @@ from dataclasses import dataclass
 from sidecar.changes import WatchKey
 from sidecar.identity import Identity
 
-__all__ = ["Handle", "Holder"]
+__all__ = ["ContextShare", "Handle"]
 
 
 @dataclass(slots=True)
-class Holder:
-    """A context holding a watch: the identity it is polled with, and how many handles it holds."""
+class ContextShare:
+    """One authorization context's share of a watch: the identity it is polled with, and how many of the
+    context's streams hold it."""
 
     identity: Identity
     handles: int = 0

@@ -57,7 +57,7 @@ def _capability(capabilities: JsonObject, primitive: str, flag: str) -> bool:
     return isinstance(value, dict) and value.get(flag) is True
 
 
-class _Channel:
+class _NativeStream:
     """One context's stream of upstream notifications and what it covers."""
 
     def __init__(self, owner: NativeNotifications, identity: Identity) -> None:
@@ -270,7 +270,7 @@ def _unsupported(exc: UpstreamError) -> bool:
 
 
 class NativeNotifications:
-    """Every context's channel; the registry says what each context holds and hears the hints."""
+    """Every context's notification stream; the registry says what each context holds and hears the hints."""
 
     def __init__(
         self,
@@ -284,9 +284,9 @@ class NativeNotifications:
         self._config = config
         self._metrics = metrics
         self._watch_of = watch_of
-        self._channels: dict[str, _Channel] = {}
+        self._streams: dict[str, _NativeStream] = {}
         self.unsupported = False
-        """The upstream refused its notification stream once: it cannot push, so no channel is opened again."""
+        """The upstream refused its notification stream once: it cannot push, so no stream is opened again."""
 
     @property
     def capabilities(self) -> JsonObject:
@@ -310,68 +310,68 @@ class NativeNotifications:
         if not self._can_push(kind):
             return
         context = identity.context
-        channel = self._channels.get(context)
-        if channel is None:
-            if len(self._channels) >= self._config.max_native_streams:
+        stream = self._streams.get(context)
+        if stream is None:
+            if len(self._streams) >= self._config.max_native_streams:
                 self._metrics.limit_rejections.labels("native_streams").inc()
                 return
-            channel = self._channels[context] = _Channel(self, identity)
+            stream = self._streams[context] = _NativeStream(self, identity)
         if kind == "resource" and uri is not None:
-            channel.uris[uri] = channel.uris.get(uri, 0) + 1
+            stream.uris[uri] = stream.uris.get(uri, 0) + 1
         else:
-            channel.lists[kind] = channel.lists.get(kind, 0) + 1
-        channel.changed.set()
-        if channel.task is None or channel.task.done():
-            channel.task = asyncio.get_running_loop().create_task(self._run(channel))
+            stream.lists[kind] = stream.lists.get(kind, 0) + 1
+        stream.changed.set()
+        if stream.task is None or stream.task.done():
+            stream.task = asyncio.get_running_loop().create_task(self._run(stream))
 
     def drop(self, context: str, kind: WatchKind, uri: str | None) -> None:
         """`context` no longer watches (kind, uri)."""
-        channel = self._channels.get(context)
-        if channel is None:
+        stream = self._streams.get(context)
+        if stream is None:
             return
-        counts: dict[Any, int] = channel.uris if kind == "resource" else channel.lists
+        counts: dict[Any, int] = stream.uris if kind == "resource" else stream.lists
         item = uri if kind == "resource" else kind
         if item not in counts:
             return
         counts[item] -= 1
         if counts[item] <= 0:
             del counts[item]
-            channel.changed.set()
-        if not channel.wanted and channel.task is not None:
-            channel.task.cancel()  # the credential leaves memory with the channel (see _run)
+            stream.changed.set()
+        if not stream.wanted and stream.task is not None:
+            stream.task.cancel()  # the credential leaves memory with the stream (see _run)
 
-    def covers(self, kind: WatchKind, uri: str | None, partition: str) -> bool:
+    def covers(self, kind: WatchKind, uri: str | None, context: str) -> bool:
         """Whether the upstream's notifications cover this key now (for a public key: any context's)."""
-        channel = self._channels.get(partition)
-        if channel is not None:
-            return channel.covers(kind, uri)
-        return partition == PUBLIC and any(channel.covers(kind, uri) for channel in self._channels.values())
+        stream = self._streams.get(context)
+        if stream is not None:
+            return stream.covers(kind, uri)
+        return context == PUBLIC and any(stream.covers(kind, uri) for stream in self._streams.values())
 
-    async def _run(self, channel: _Channel) -> None:
+    async def _run(self, stream: _NativeStream) -> None:
         try:
-            await channel.run()
+            await stream.run()
         finally:
-            if self._channels.get(channel.context) is channel and (not channel.wanted or self.unsupported):
-                del self._channels[channel.context]
+            if self._streams.get(stream.context) is stream and (not stream.wanted or self.unsupported):
+                del self._streams[stream.context]
 
-    # -- called by channels ----------------------------------------------------------------------------
+    # -- called by streams ----------------------------------------------------------------------------
 
     def hint(self, kind: WatchKind, uri: str | None, context: str) -> None:
         """The upstream says (kind, uri) changed as `context` sees it: its own watch, and the public one."""
-        for partition in (PUBLIC, context):
-            watch = self._watch_of(WatchKey(kind, uri, partition))
+        for watched in (PUBLIC, context):
+            watch = self._watch_of(WatchKey(kind, uri, watched))
             if watch is not None:
                 watch.hint()
 
     def coverage_changed(self, kind: WatchKind, uri: str | None, context: str) -> None:
-        for partition in (PUBLIC, context):
-            watch = self._watch_of(WatchKey(kind, uri, partition))
+        for watched in (PUBLIC, context):
+            watch = self._watch_of(WatchKey(kind, uri, watched))
             if watch is not None:
                 self.update(watch)
 
     def update(self, watch: Watch) -> None:
         """Put `watch` in the mode its coverage says (a new watch, or one whose coverage changed)."""
-        native = self.covers(watch.key.kind, watch.key.uri, watch.key.partition)
+        native = self.covers(watch.key.kind, watch.key.uri, watch.key.context)
         if native != watch.native:
             self._metrics.native_watches.inc(1 if native else -1)
             watch.set_native(native)
@@ -388,8 +388,8 @@ class NativeNotifications:
         self._metrics.native_streams.inc(delta)
 
     async def aclose(self) -> None:
-        tasks = [channel.task for channel in self._channels.values() if channel.task is not None]
-        self._channels.clear()
+        tasks = [stream.task for stream in self._streams.values() if stream.task is not None]
+        self._streams.clear()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -23,6 +23,7 @@ from sidecar.observability.metrics import Metrics
 from sidecar.observability.tracing import MAX_LINKS, tracing
 from sidecar.protocol.errors import UpstreamError, UpstreamHTTPError
 from sidecar.watch.clock import LOOP_CLOCK, Clock, Timer
+from sidecar.watch.generations import Latest, Tickets
 from sidecar.watch.observe import Observation
 
 if TYPE_CHECKING:
@@ -129,9 +130,9 @@ class HintBudget:
 class Watch:
     """A polled key: its last fingerprint, generation and schedule state.
 
-    Generation rule (invariant 7): every look at the upstream takes a ticket from one counter when it
-    starts. An observation is applied only if its ticket is newer than the last applied one, so a slow
-    poll, a baseline read or a forwarded client read that started earlier never overwrites a fresher one.
+    Generation rule (invariant 7, kept by `sidecar.watch.generations`): its polls are ticketed as they start,
+    and an observation is applied only if its look is newer than every look applied so far, so a slow poll, a
+    baseline read or a forwarded client read that started earlier never overwrites a fresher one.
     """
 
     def __init__(
@@ -144,7 +145,7 @@ class Watch:
         reader: Reader,
         sink: Sink,
         gate: asyncio.Semaphore,
-        next_ticket: Callable[[], int],
+        tickets: Tickets,
         metrics: Metrics,
         on_auth_failure: AuthFailure,
         coordinator: PollCoordinator | None = None,
@@ -164,12 +165,12 @@ class Watch:
         """The upstream's own notifications cover this key: it polls at once on them, and as a backstop."""
         self.verified: set[str] = set()
         """Authorization contexts whose own read of this key succeeded (they may join a public watch)."""
-        self._applied_ticket = ticket
+        self._latest = Latest(ticket)
         self._schedule = schedule
         self._reader = reader
         self._sink = sink
         self._gate = gate
-        self._next_ticket = next_ticket
+        self._tickets = tickets
         self._metrics = metrics
         self._on_auth_failure = on_auth_failure
         self._observed = observed
@@ -205,9 +206,8 @@ class Watch:
 
     def offer(self, observation: Observation, ticket: int) -> ChangeEvent | None:
         """Apply an observation that started at `ticket`; returns the change event, if it is one."""
-        if ticket <= self._applied_ticket:
+        if not self._latest.admit(ticket):
             return None
-        self._applied_ticket = ticket
         self.ttl_ms = observation.ttl_ms
         # Synchronously, before any event exists: the cache never keeps an answer this look contradicts.
         self._observed(self.key, observation.fingerprint, ticket)
@@ -330,7 +330,7 @@ class Watch:
     async def poll_once(self, due: float) -> None:
         links, self._links = self._links, []
         key = self.key
-        uri = key.uri if key.partition == PUBLIC else None  # a private URI can name a person: only its hash
+        uri = key.uri if key.context == PUBLIC else None  # a private URI can name a person: only its hash
         with tracing().poll(key.kind, key.short_hash, uri, links):
             await self._poll_once(due)
 
@@ -342,9 +342,8 @@ class Watch:
                 self._metrics.queue_wait.labels("poll_concurrency").observe(started - queued_at)
             self._last_start = started
             self._metrics.poll_lag.observe(max(0.0, started - due))
-            ticket = self._next_ticket()
             try:
-                observation = await self._reader(self)
+                ticket, observation = await self._tickets.look(lambda: self._reader(self))
             except UpstreamError as exc:
                 self._failed(exc)
                 return

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
+import enum
 import logging
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from sidecar.changes import Bus, ChangeEvent, LocalCoordinator, PollCoordinator, WatchKey, WatchKind
@@ -34,13 +35,14 @@ from sidecar.upstream.base import Upstream
 from sidecar.watch.admission import Admission
 from sidecar.watch.clock import LOOP_CLOCK, Clock, Timer
 from sidecar.watch.fingerprint import ABSENT
-from sidecar.watch.handles import Handle, Holder
+from sidecar.watch.generations import Tickets
+from sidecar.watch.handles import ContextShare, Handle
 from sidecar.watch.native import NativeNotifications
 from sidecar.watch.observe import Observation, observation_from_read, observe
 from sidecar.watch.poller import HintBudget, ObservationListener, Schedule, Watch
 from sidecar.watch.revalidate import Revalidator
 
-__all__ = ["Handle", "WatchRegistry"]
+__all__ = ["Handle", "Stage", "WatchRegistry"]
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +54,32 @@ AuthFailureListener = Callable[[WatchKey, str], None]
 
 
 T = TypeVar("T")
+
+
+class Stage(enum.Enum):
+    """Where a watch is in its life. Only a lingering watch may expire; an ended one is gone from the registry."""
+
+    STARTING = "starting"
+    """Its first look is being published: callers waiting on that first look have not taken it yet."""
+    LIVE = "live"
+    """Held by at least one stream."""
+    LINGERING = "lingering"
+    """Held by none, unpolled, kept a moment for a reconnecting client; its timer ends it."""
+    ENDED = "ended"
+
+
+@dataclass(slots=True)
+class _Entry:
+    """Everything the registry keeps about one watch."""
+
+    watch: Watch
+    stage: Stage = Stage.STARTING
+    shares: dict[str, ContextShare] = field(default_factory=dict)
+    """Per context holding it: the only place the identities the sidecar polls with live."""
+    linger: Timer | None = None
+    last_poller: str | None = None
+    """The context whose identity the last poll went with (one of its shares, for a public key): a refusal of
+    that poll concerns that context alone."""
 
 
 def _joinable_read(reads: dict[Hashable, asyncio.Task[T]], read: Hashable, client: str) -> asyncio.Task[T] | None:
@@ -66,7 +94,16 @@ def _register_read(
 ) -> None:
     key: Hashable = read if paced_for is None else (read, paced_for)
     reads[key] = task
-    task.add_done_callback(lambda _: reads.pop(key, None) if reads.get(key) is task else None)
+
+    def done(_: asyncio.Task[T]) -> None:
+        if reads.get(key) is task:
+            del reads[key]
+        if not task.cancelled():
+            # Retrieved here: the callers still waiting got it through their shield, and a read every caller gave
+            # up on (a shield cancelled first no longer looks) has nobody left to tell.
+            task.exception()
+
+    task.add_done_callback(done)
 
 
 class WatchRegistry:
@@ -93,26 +130,20 @@ class WatchRegistry:
         self._schedule = Schedule(config)
         self._budget = HintBudget(config.max_hinted_polls_per_s)
         self._gate = asyncio.Semaphore(config.max_concurrency)
-        self._tickets = itertools.count(1)
-        self._watches: dict[WatchKey, Watch] = {}
-        self._baselines: dict[Hashable, asyncio.Task[Watch | None]] = {}
+        self._tickets = Tickets()
+        self._entries: dict[WatchKey, _Entry] = {}
+        self._baselines: dict[Hashable, asyncio.Task[_Entry | None]] = {}
         """First reads in flight, per (kind, URI, context); one paced for a client is its alone (see
         `_joinable_read`)."""
         self._syncs: dict[Hashable, asyncio.Task[bool]] = {}
         """Joiners' looks at live watches in flight, one per key (see `_join`), paced ones per client too."""
         self._observation_listeners: list[ObservationListener] = []
-        self._holders: dict[WatchKey, dict[str, Holder]] = {}
-        """Per key, the contexts holding it: the only place the identities the sidecar polls with live."""
-        self._lingers: dict[WatchKey, Timer] = {}
-        self._last_poller: dict[WatchKey, str] = {}
-        """The context whose identity the last poll of a key went with (one of its holders, for public keys): a
-        refusal of that poll concerns that context alone."""
         self._tasks: set[asyncio.Task[Any]] = set()
         self._auth_listeners: list[AuthFailureListener] = []
         self._admission = Admission(
             absent_ttl_s=config.default_interval_ms / 1000, rate_per_s=config.max_baselines_per_s
         )
-        self._native = NativeNotifications(upstream, config, metrics, watch_of=self._watches.get)
+        self._native = NativeNotifications(upstream, config, metrics, watch_of=self._watch)
         upstream.on_recovered = self._upstream_recovered
         self._unsubscribe = bus.subscribe(self._on_change)
         self._revalidator = Revalidator(
@@ -125,11 +156,15 @@ class WatchRegistry:
     # -- reading ---------------------------------------------------------------------------------------
 
     def ticket(self) -> int:
-        """A ticket for a look at the upstream that starts now (see Watch's generation rule)."""
-        return next(self._tickets)
+        """A ticket for a look at the upstream that starts now (see `sidecar.watch.generations`)."""
+        return self._tickets.take()
 
     def watches(self) -> Iterable[Watch]:
-        return self._watches.values()
+        return [entry.watch for entry in self._entries.values()]
+
+    def _watch(self, key: WatchKey) -> Watch | None:
+        entry = self._entries.get(key)
+        return None if entry is None else entry.watch
 
     def on_auth_failure(self, listener: AuthFailureListener) -> None:
         self._auth_listeners.append(listener)
@@ -145,9 +180,9 @@ class WatchRegistry:
         within `polling.baseline_wait_s` (its own requests upstream held every slot of its fair share).
         """
         context = identity.context
-        watch = self._joinable(kind, uri, context)
-        if watch is not None:
-            return await self._join(watch, identity)
+        entry = self._joinable(kind, uri, context)
+        if entry is not None:
+            return await self._join(entry, identity)
         read = (kind, uri, context)
         task = _joinable_read(self._baselines, read, identity.client)
         if task is None:
@@ -157,10 +192,12 @@ class WatchRegistry:
             task = asyncio.get_running_loop().create_task(self._baseline(kind, uri, identity, paced))
             _register_read(self._baselines, read, identity.client if paced else None, task)
         # Shielded: one caller giving up must not cancel the read the others are waiting for.
-        watch = await asyncio.shield(task)
-        if watch is None:
+        entry = await asyncio.shield(task)
+        if entry is None:
             return None
-        return self._add_ref(watch, identity)
+        if entry.stage is Stage.ENDED:
+            return await self.acquire(kind, uri, identity)  # expired before this caller could resume: start anew
+        return self._add_ref(entry, identity)
 
     def _turn(self, identity: Identity, paced: bool) -> contextlib.AbstractAsyncContextManager[None]:
         """A first read within the client's rate goes at once (among the polls); one over it waits its turn in
@@ -169,11 +206,12 @@ class WatchRegistry:
             return contextlib.nullcontext()
         return self._fair_share.slot(identity.client, within_s=self._config.baseline_wait_s, limit="baseline_wait")
 
-    async def _join(self, watch: Watch, identity: Identity) -> Handle | None:
+    async def _join(self, entry: _Entry, identity: Identity) -> Handle | None:
         """Join a live or lingering watch: a sync point. The caller's ack waits for a look at the upstream that
         starts after it asked (shared by everyone joining while it is in flight: a reconnect storm costs one
         read per key), so a read after the ack is never older than the subscription (invariant 16)."""
-        handle = self._add_ref(watch, identity)  # first: a lingering watch must not expire while we look
+        watch = entry.watch
+        handle = self._add_ref(entry, identity)  # first: a lingering watch must not expire while we look
         try:
             task = _joinable_read(self._syncs, watch.key, identity.client)
             if task is None:
@@ -190,11 +228,14 @@ class WatchRegistry:
         return handle
 
     async def _sync(self, watch: Watch, identity: Identity, paced: bool) -> bool:
-        async with self._turn(identity, paced), self._gate:
-            ticket = self.ticket()
-            observation = await observe(self._upstream, watch.key.kind, watch.key.uri, identity)
+        ticket, observation = await self._look(watch.key.kind, watch.key.uri, identity, paced)
         self._apply(watch, observation, ticket)
         return observation.found
+
+    async def _look(self, kind: WatchKind, uri: str | None, identity: Identity, paced: bool) -> tuple[int, Observation]:
+        """A caller's own look: in its turn, among the polls, ticketed as it starts."""
+        async with self._turn(identity, paced), self._gate:
+            return await self._tickets.look(lambda: observe(self._upstream, kind, uri, identity))
 
     def on_observation(self, listener: ObservationListener) -> None:
         """Be told of every look at the upstream a watch applies (the read-through cache listens)."""
@@ -204,39 +245,38 @@ class WatchRegistry:
         for listener in self._observation_listeners:
             listener(key, fingerprint, ticket)
 
-    def _joinable(self, kind: WatchKind, uri: str | None, context: str) -> Watch | None:
-        public = self._watches.get(WatchKey(kind, uri, PUBLIC))
-        if public is not None and context in public.verified:
+    def _joinable(self, kind: WatchKind, uri: str | None, context: str) -> _Entry | None:
+        public = self._entries.get(WatchKey(kind, uri, PUBLIC))
+        if public is not None and context in public.watch.verified:
             return public
-        return self._watches.get(WatchKey(kind, uri, context))
+        return self._entries.get(WatchKey(kind, uri, context))
 
-    async def _baseline(self, kind: WatchKind, uri: str | None, identity: Identity, paced: bool) -> Watch | None:
+    async def _baseline(self, kind: WatchKind, uri: str | None, identity: Identity, paced: bool) -> _Entry | None:
         context = identity.context
-        async with self._turn(identity, paced), self._gate:
-            ticket = self.ticket()
-            observation = await observe(self._upstream, kind, uri, identity)
+        ticket, observation = await self._look(kind, uri, identity, paced)
         if not observation.found:
             self._admission.absent(kind, uri, context)
             return None
         key = WatchKey(kind, uri, PUBLIC if observation.public else context)
-        watch = self._watches.get(key)
-        if watch is None:
-            watch = self._start_watch(key, observation, ticket)
+        entry = self._entries.get(key)
+        if entry is None:
+            entry = self._start_watch(key, observation, ticket)
             # Other replicas' caches may hold an answer older than this first look (one cached before anyone
             # watched): awaited, so they drop it if it differs before the caller's ack. No stream is told.
             await self._bus.publish(ChangeEvent(key, observation.fingerprint, 0, time.time(), baseline=True))
+            if entry.stage is Stage.STARTING:
+                # Starting, not idle, while the publish waited (a slow bus may take longer than any linger): only
+                # now may it expire, once the callers waiting on this first look had their turn to take it.
+                self._settle(entry, minimum_s=_NEW_WATCH_GRACE_S)
         else:
-            self._apply(watch, observation, ticket)
-            if watch.refs == 0:
-                # Lingering: its timer must not fire before the callers waiting on this baseline take it.
-                timer = self._lingers.pop(key, None)
-                if timer is not None:
-                    timer.cancel()
-                self._linger(watch, minimum_s=_NEW_WATCH_GRACE_S)
-        watch.verified.add(context)
-        return watch
+            self._apply(entry.watch, observation, ticket)
+            if entry.stage is Stage.LINGERING:
+                # Its timer must not fire before the callers waiting on this first look take it.
+                self._linger(entry, minimum_s=_NEW_WATCH_GRACE_S)
+        entry.watch.verified.add(context)
+        return entry
 
-    def _start_watch(self, key: WatchKey, baseline: Observation, ticket: int) -> Watch:
+    def _start_watch(self, key: WatchKey, baseline: Observation, ticket: int) -> _Entry:
         watch = Watch(
             key,
             baseline,
@@ -245,7 +285,7 @@ class WatchRegistry:
             reader=self._read,
             sink=self._bus.publish,
             gate=self._gate,
-            next_ticket=self.ticket,
+            tickets=self._tickets,
             metrics=self._metrics,
             on_auth_failure=self._auth_failed,
             coordinator=self._coordinator,
@@ -253,85 +293,96 @@ class WatchRegistry:
             budget=self._budget,
             clock=self._clock,
         )
-        self._watches[key] = watch
-        self._holders[key] = {}
+        entry = self._entries[key] = _Entry(watch)
         self._observed(key, baseline.fingerprint, ticket)
         self._native.update(watch)
         watch.start()
         self._metrics.watches.labels(key.kind).inc()
-        self._refresh_partitions()
+        self._refresh_contexts()
         logger.debug("watch started", extra={"watch": key.short_hash, "kind": key.kind})
-        # Until a caller takes a reference (all callers may have given up meanwhile); never sooner than the
-        # callers waiting on this baseline can resume, however short the configured linger.
-        self._linger(watch, minimum_s=_NEW_WATCH_GRACE_S)
-        return watch
+        return entry
 
-    def _add_ref(self, watch: Watch, identity: Identity) -> Handle:
-        context = identity.context
+    def _add_ref(self, entry: _Entry, identity: Identity) -> Handle:
+        watch, context = entry.watch, identity.context
         watch.refs += 1
         if watch.refs == 1:
             self._coordinator.track(watch)
-        linger = self._lingers.pop(watch.key, None)
-        if linger is not None:
-            linger.cancel()
-        holders = self._holders[watch.key]
-        holder = holders.get(context)
-        if holder is None:
-            holder = holders[context] = Holder(identity)
+        if entry.stage is Stage.LINGERING:
+            self._live(entry)
+        share = entry.shares.get(context)
+        if share is None:
+            share = entry.shares[context] = ContextShare(identity)
             self._native.hold(identity, watch.key.kind, watch.key.uri)
-        holder.handles += 1
+        share.handles += 1
         return Handle(watch.key, context, self._release_handle)
 
     def _release(self, handle: Handle) -> None:
-        watch = self._watches.get(handle.key)
-        if watch is None:
+        entry = self._entries.get(handle.key)
+        if entry is None:
             return
+        watch = entry.watch
         watch.refs -= 1
-        holders = self._holders[handle.key]
-        holder = holders.get(handle.context)
-        if holder is not None:
-            holder.handles -= 1
-            if holder.handles <= 0:
-                del holders[handle.context]  # the identity leaves memory with its last stream
+        share = entry.shares.get(handle.context)
+        if share is not None:
+            share.handles -= 1
+            if share.handles <= 0:
+                del entry.shares[handle.context]  # the identity leaves memory with its last stream
                 self._native.drop(handle.context, handle.key.kind, handle.key.uri)
         if watch.refs <= 0:
-            # No local interest: the lease goes to a replica that still has some; we linger, unpolled.
+            # No local interest: the lease goes to a replica that still has some; we linger, unpolled. (A watch
+            # still starting lingers once its first look is published.)
             self._coordinator.untrack(watch.key)
-            self._linger(watch)
+            if entry.stage is Stage.LIVE:
+                self._linger(entry)
 
-    def _linger(self, watch: Watch, minimum_s: float = 0.0) -> None:
-        if watch.key in self._lingers:
-            return
+    def _settle(self, entry: _Entry, minimum_s: float) -> None:
+        """The first look is published: live if someone holds it already, else lingering (not over sooner than
+        `minimum_s`, so the callers waiting on that look can resume and take it, however short the linger)."""
+        if entry.watch.refs > 0:
+            self._live(entry)
+        else:
+            self._linger(entry, minimum_s)
+
+    def _live(self, entry: _Entry) -> None:
+        if entry.linger is not None:
+            entry.linger.cancel()
+            entry.linger = None
+        entry.stage = Stage.LIVE
+
+    def _linger(self, entry: _Entry, minimum_s: float = 0.0) -> None:
+        """Held by none: ends after the linger (restarted, when it lingers already)."""
+        if entry.linger is not None:
+            entry.linger.cancel()
+        entry.stage = Stage.LINGERING
         delay = max(self._config.linger_ms / 1000, minimum_s)
-        key = watch.key
-        self._lingers[key] = self._clock.call_at(self._clock.now() + delay, lambda: self._expire(key))
+        entry.linger = self._clock.call_at(self._clock.now() + delay, lambda: self._expire(entry))
 
-    def _expire(self, key: WatchKey) -> None:
-        self._lingers.pop(key, None)
-        watch = self._watches.get(key)
-        if watch is None or watch.refs > 0:
+    def _expire(self, entry: _Entry) -> None:
+        entry.linger = None
+        if entry.stage is not Stage.LINGERING or entry.watch.refs > 0:
             return
-        del self._watches[key]
-        self._holders.pop(key, None)
+        entry.stage = Stage.ENDED
+        watch = entry.watch
+        key = watch.key
+        del self._entries[key]
+        entry.shares.clear()
         self._native.forget(watch)
-        self._last_poller.pop(key, None)
         self._metrics.watches.labels(key.kind).dec()
-        self._refresh_partitions()
+        self._refresh_contexts()
         self._spawn(watch.stop())
         logger.debug("watch stopped", extra={"watch": key.short_hash, "kind": key.kind})
 
-    def _refresh_partitions(self) -> None:
-        self._metrics.partitions.set(len({key.partition for key in self._watches}))
+    def _refresh_contexts(self) -> None:
+        self._metrics.partitions.set(len({key.context for key in self._entries}))
 
     async def _read(self, watch: Watch) -> Observation | None:
-        holders = self._holders.get(watch.key)
-        if not holders:
+        entry = self._entries.get(watch.key)
+        if entry is None or not entry.shares:
             return None  # lingering: no stream holds it, so no credential to poll with
         # Public data is the same for everyone; prefer polling it without credentials when possible.
-        context = ANONYMOUS if ANONYMOUS in holders else next(iter(holders))
-        self._last_poller[watch.key] = context
-        observation = await observe(self._upstream, watch.key.kind, watch.key.uri, holders[context].identity)
-        return observation
+        context = ANONYMOUS if ANONYMOUS in entry.shares else next(iter(entry.shares))
+        entry.last_poller = context
+        return await observe(self._upstream, watch.key.kind, watch.key.uri, entry.shares[context].identity)
 
     # -- evidence and hints --------------------------------------------------------------------------------
 
@@ -349,7 +400,7 @@ class WatchRegistry:
         if isinstance(result, dict):
             self._admission.present(uri, identity.context)
             scope = PUBLIC if result.get("cacheScope") == "public" else identity.context
-            watch = self._watches.get(WatchKey("resource", uri, scope))
+            watch = self._watch(WatchKey("resource", uri, scope))
             if watch is not None:  # fingerprint only what someone watches: this is the forwarding hot path
                 with contextlib.suppress(ValueError):  # unfingerprintable content teaches nothing
                     self._apply(watch, observation_from_read(result), ticket)
@@ -357,7 +408,7 @@ class WatchRegistry:
         error = answer.get("error")
         if isinstance(error, dict) and error.get("code") in (-32602, -32002):
             # Only this context's own watch: a resource hidden from one user is not gone for everyone.
-            watch = self._watches.get(WatchKey("resource", uri, identity.context))
+            watch = self._watch(WatchKey("resource", uri, identity.context))
             if watch is not None:
                 self._apply(watch, Observation(ABSENT, None, False), ticket)
 
@@ -368,9 +419,9 @@ class WatchRegistry:
         uri = params.get("uri")
         if method != "resources/read" or not isinstance(uri, str):
             return
-        for partition in (PUBLIC, identity.context):
-            key = WatchKey("resource", uri, partition)
-            watch = self._watches.get(key)
+        for context in (PUBLIC, identity.context):
+            key = WatchKey("resource", uri, context)
+            watch = self._watch(key)
             if watch is not None:
                 watch.verified.discard(identity.context)  # it must prove access again before rejoining
                 for listener in self._auth_listeners:
@@ -389,12 +440,12 @@ class WatchRegistry:
         # A poll links to the traced writes that may concern it: a private watch to its own context's only.
         links = links or {}
         everyone = tuple(link for written in links.values() for link in written)
-        for watch in self._watches.values():
-            partition = watch.key.partition
-            if partition == PUBLIC:
+        for watch in self.watches():
+            context = watch.key.context
+            if context == PUBLIC:
                 watch.hint(everyone)
-            elif partition in contexts:
-                watch.hint(links.get(partition, ()))
+            elif context in contexts:
+                watch.hint(links.get(context, ()))
 
     def _on_change(self, event: ChangeEvent) -> None:
         if event.baseline:
@@ -402,19 +453,23 @@ class WatchRegistry:
         if event.key.kind == "resources_list":
             self._admission.present()  # what was missing may exist now
         # Changes seen by other replicas keep this replica's copy current, for when it takes the lease.
-        watch = self._watches.get(event.key)
+        watch = self._watch(event.key)
         if watch is not None:
             watch.adopt(event.fingerprint)
 
     def _upstream_recovered(self) -> None:
         # Every watch that failed during the outage re-reads now instead of waiting out its backoff (once).
-        for watch in self._watches.values():
+        for watch in self.watches():
             watch.recover()
 
     def _auth_failed(self, watch: Watch, error: UpstreamHTTPError) -> None:
-        # Only the context whose credential was refused: a public key is polled with one holder's credential,
-        # and the other holders' credentials are as good as before (their streams must not end).
-        context = watch.key.partition if watch.key.partition != PUBLIC else self._last_poller.get(watch.key)
+        # Only the context whose credential was refused: a public key is polled with one context's credential,
+        # and the other contexts' credentials are as good as before (their streams must not end).
+        entry = self._entries.get(watch.key)
+        if watch.key.context != PUBLIC:
+            context: str | None = watch.key.context
+        else:
+            context = entry.last_poller if entry is not None else None
         if context is None:
             return
         watch.verified.discard(context)  # it must prove access again with its own read before rejoining
@@ -426,19 +481,28 @@ class WatchRegistry:
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._spawned_done)
+
+    def _spawned_done(self, task: asyncio.Task[Any]) -> None:
+        # Nobody awaits a spawned task (a publish, a watch's stop): its error is reported now, not when (or if)
+        # the task is collected.
+        self._tasks.discard(task)
+        if not task.cancelled() and (error := task.exception()) is not None:
+            logger.error("a registry task failed", exc_info=error)
 
     async def aclose(self) -> None:
         self._unsubscribe()
         await self._native.aclose()
-        for timer in self._lingers.values():
-            timer.cancel()
-        self._lingers.clear()
         self._revalidator.cancel()
         for task in [*self._baselines.values(), *self._syncs.values()]:
             task.cancel()
-        watches = list(self._watches.values())
-        self._watches.clear()
+        entries = list(self._entries.values())
+        self._entries.clear()
+        for entry in entries:
+            if entry.linger is not None:
+                entry.linger.cancel()
+            entry.stage = Stage.ENDED
+        watches = [entry.watch for entry in entries]
         await asyncio.gather(*(watch.stop() for watch in watches), return_exceptions=True)
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -301,7 +301,7 @@ class World:
         assert self.sidecar is not None
         partitions = (context_of(self.sidecar, f"Bearer {user}"), PUBLIC)
         registry = self.sidecar.app[REGISTRY]
-        (watch,) = [w for w in registry.watches() if w.key.uri == uri and w.key.partition in partitions]
+        (watch,) = [w for w in registry.watches() if w.key.uri == uri and w.key.context in partitions]
         return watch
 
     async def _polled_since(self, watch: Watch, since: float) -> None:
@@ -365,8 +365,8 @@ class World:
     def check_watches(self) -> None:
         assert self.sidecar is not None
         watches = list(self.sidecar.app[REGISTRY].watches())
-        profiles = sorted(w.key.partition for w in watches if w.key.uri == PROFILE)
-        prices = sorted(w.key.partition for w in watches if w.key.uri == PRICE)
+        profiles = sorted(w.key.context for w in watches if w.key.uri == PROFILE)
+        prices = sorted(w.key.context for w in watches if w.key.uri == PRICE)
         assert profiles == sorted(context_of(self.sidecar, f"Bearer {user}") for user in USERS)
         if self.era == "modern":
             assert prices == [PUBLIC]  # public data: one watch, polled once for everyone

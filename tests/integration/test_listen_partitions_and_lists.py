@@ -195,7 +195,7 @@ async def test_a_private_resource_changes_only_for_its_owner_and_is_polled_only_
             for ack in acks:
                 assert ack["params"]["notifications"] == {"resourceSubscriptions": [PROFILE]}
             # Two authorization contexts, two watches: nobody shares a private view.
-            by_partition = {watch.key.partition: watch for watch in watches(sidecar)}
+            by_partition = {watch.key.context: watch for watch in watches(sidecar)}
             assert set(by_partition) == {context_of(sidecar, "Bearer a"), context_of(sidecar, "Bearer b")}
             assert sidecar.app[METRICS].partitions._value.get() == 2
             watch_b = by_partition[context_of(sidecar, "Bearer b")]
@@ -215,7 +215,7 @@ async def test_a_private_resource_changes_only_for_its_owner_and_is_polled_only_
             # B leaves: its watch lingers 100 ms, then goes, and its token with it.
             await b.close()
             await eventually(lambda: watch_count(sidecar, "resource") == 1, within_s=WAIT_S)
-            assert [watch.key.partition for watch in watches(sidecar)] == [context_of(sidecar, "Bearer a")]
+            assert [watch.key.context for watch in watches(sidecar)] == [context_of(sidecar, "Bearer a")]
             assert sidecar.app[METRICS].partitions._value.get() == 1
             after_b_left = len(await up.log())
             await polled(sidecar, "resource", 2)  # A's polls go on
@@ -252,7 +252,7 @@ async def test_two_hundred_anonymous_streams_on_a_public_resource_cost_one_read_
                 assert ack["params"]["_meta"][SUB_ID_KEY] == i
                 assert ack["params"]["notifications"] == {"resourceSubscriptions": [PRICE]}
             # One watch for all: public, or (a legacy read has no cacheScope) the anonymous context.
-            assert [watch.key.partition for watch in watches(sidecar)] == [PUBLIC if up.era == "modern" else ANONYMOUS]
+            assert [watch.key.context for watch in watches(sidecar)] == [PUBLIC if up.era == "modern" else ANONYMOUS]
             assert sidecar.app[HUB].stream_count == n
 
             # Joining cost: one first read, then each joiner's sync point (invariant 16), one read shared by every

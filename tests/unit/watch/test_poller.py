@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
 import pytest
 
 from sidecar.changes import ChangeEvent, WatchKey
 from sidecar.config import PollingConfig
 from sidecar.observability.metrics import Metrics
+from sidecar.watch.generations import Tickets
 from sidecar.watch.observe import Observation
 from sidecar.watch.poller import Reader, Schedule, Sink, Watch
 
@@ -55,16 +55,17 @@ async def _drop(_: ChangeEvent) -> None:
     return None
 
 
-def _watch(reader: Reader = _never, sink: Sink = _drop, next_ticket: Callable[[], int] = lambda: 0) -> Watch:
+def _watch(reader: Reader = _never, sink: Sink = _drop, tickets: Tickets | None = None) -> Watch:
+    tickets = tickets or Tickets()
     return Watch(
         WatchKey("resource", "x://1", "public"),
         Observation("fp-0", None, True),
-        ticket=10,
+        ticket=tickets.take(),
         schedule=Schedule(CONFIG),
         reader=reader,
         sink=sink,
         gate=asyncio.Semaphore(1),
-        next_ticket=next_ticket,
+        tickets=tickets,
         metrics=Metrics(),
         on_auth_failure=lambda *_: None,
     )
@@ -84,7 +85,7 @@ def test_a_stale_observation_never_overwrites_a_fresher_one() -> None:
 async def test_a_poll_that_started_before_a_fresher_look_does_not_overwrite_it() -> None:
     # The poll's ticket is taken when it starts: a look that starts after it and is applied first wins, even
     # though the poll's answer arrives last.
-    tickets = iter(range(11, 100))
+    tickets = Tickets()
     reading, answer = asyncio.Event(), asyncio.Event()
     published: list[str] = []
 
@@ -96,10 +97,10 @@ async def test_a_poll_that_started_before_a_fresher_look_does_not_overwrite_it()
     async def sink(event: ChangeEvent) -> None:
         published.append(event.fingerprint)
 
-    watch = _watch(reader=slow_read, sink=sink, next_ticket=lambda: next(tickets))
+    watch = _watch(reader=slow_read, sink=sink, tickets=tickets)
     poll = asyncio.create_task(watch.poll_once(due=0.0))
     await reading.wait()
-    fresh = watch.offer(Observation("fp-fresh", None, True), ticket=next(tickets))
+    fresh = watch.offer(Observation("fp-fresh", None, True), ticket=tickets.take())
     answer.set()
     await poll
     assert fresh is not None
@@ -116,7 +117,7 @@ def test_the_baseline_itself_is_not_a_change() -> None:
 
 def test_an_observation_older_than_the_baseline_is_ignored() -> None:
     watch = _watch()
-    assert watch.offer(Observation("fp-old", None, True), ticket=9) is None
+    assert watch.offer(Observation("fp-old", None, True), ticket=0) is None
     assert watch.fingerprint == "fp-0"
 
 

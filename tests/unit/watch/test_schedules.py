@@ -16,6 +16,7 @@ from sidecar.changes import ChangeEvent, LocalCoordinator, WatchKey
 from sidecar.config import PollingConfig
 from sidecar.observability.metrics import Metrics
 from sidecar.protocol.errors import UpstreamUnavailable
+from sidecar.watch.generations import Tickets
 from sidecar.watch.observe import Observation
 from sidecar.watch.poller import Schedule, Watch
 from sidecar.watch.revalidate import Revalidator
@@ -128,7 +129,7 @@ class Upstream:
 
 
 def _watch(clock: ManualClock, upstream: Upstream, events: list[ChangeEvent]) -> Watch:
-    tickets = itertools.count(1)
+    tickets = Tickets()
 
     async def sink(event: ChangeEvent) -> None:
         events.append(event)
@@ -136,12 +137,12 @@ def _watch(clock: ManualClock, upstream: Upstream, events: list[ChangeEvent]) ->
     watch = Watch(
         WatchKey("resource", "x://1", "public"),
         Observation("fp-0", 2000, True),
-        next(tickets),
+        tickets.take(),
         schedule=MIDPOINT,
         reader=upstream.read,
         sink=sink,
         gate=asyncio.Semaphore(4),
-        next_ticket=lambda: next(tickets),
+        tickets=tickets,
         metrics=Metrics(),
         on_auth_failure=lambda *_: None,
         coordinator=LocalCoordinator(),
