@@ -27,7 +27,7 @@ from sidecar.protocol.errors import InvalidRequest
 __all__ = ["ANONYMOUS", "ANONYMOUS_IDENTITY", "PUBLIC", "Identity", "IdentityRule"]
 
 PUBLIC = "public"
-"""The partition of results whose cacheScope is public: shared by every client."""
+"""The context of results whose cacheScope is public: shared by every client."""
 
 ANONYMOUS = "anon"
 """The context of requests without any identifying header."""

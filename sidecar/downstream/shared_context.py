@@ -1,7 +1,7 @@
 """One authorization context for every client, when the upstream is a stdio server: `Authorization` goes nowhere.
 
 A stdio server has no HTTP, hence no HTTP auth: whatever clients send as `Authorization` could never
-reach it, and partitioning watches and cache entries by it would only multiply polls of the same data.
+reach it, and keying watches and cache entries by it would only multiply polls of the same data.
 The header is taken off each request before anything reads it, and the first time a client sends one
 the log says so (once per process).
 """

@@ -104,7 +104,11 @@ class Metrics:
         self.legacy_sessions = Gauge("mcp_sidecar_legacy_sessions", "Open 2025-11-25 client sessions", registry=r)
         self.subscriptions = Gauge("mcp_sidecar_subscriptions", "Stream x URI subscriptions", registry=r)
         self.watches = Gauge("mcp_sidecar_watches", "Active watches by kind", ["kind"], registry=r)
-        self.partitions = Gauge("mcp_sidecar_partitions", "Authorization contexts with a watch", registry=r)
+        self.watched_contexts = Gauge(
+            "mcp_sidecar_watched_contexts",
+            "Authorization contexts with a watch (the public one counts as one)",
+            registry=r,
+        )
         self.native_watches = Gauge(
             "mcp_sidecar_native_watches",
             "Watches the upstream's own notifications cover (polling is their backstop); the rest are polled",

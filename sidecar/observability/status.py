@@ -118,7 +118,7 @@ def _when(timestamp: float | None) -> str | None:
 def status_snapshot(
     upstream: UpstreamView, registry: WatchesView, hub: StreamsView, fair_share: FairShareView | None = None
 ) -> dict[str, Any]:
-    """The status document; partitions appear only as a short hash, never as a credential."""
+    """The status document; a private context appears only as a short hash, never as a credential."""
     watches = sorted(registry.watches(), key=lambda watch: watch.refs, reverse=True)
     shown = []
     for watch in watches[:MAX_WATCHES_SHOWN]:
@@ -128,7 +128,7 @@ def status_snapshot(
                 "kind": key.kind,
                 # A private URI can name a person ("user://alice/diagnosis.pdf"): only the watch's keyed hash shows.
                 "uri": key.uri if key.context == PUBLIC else f"private:{key.short_hash}",
-                "partition": PUBLIC if key.context == PUBLIC else key.short_hash[:8],
+                "context": PUBLIC if key.context == PUBLIC else key.short_hash[:8],
                 "mode": "native" if watch.native else "polling",
                 "interval_ms": int(watch.interval_s * 1000),
                 "last_poll": _when(watch.last_poll_at),
@@ -154,7 +154,7 @@ def status_snapshot(
         "counts": {
             "streams": hub.stream_count,
             "watches": len(watches),
-            "partitions": len({watch.key.context for watch in watches}),
+            "contexts": len({watch.key.context for watch in watches}),
         },
         "watches": shown,
         "watches_shown": len(shown),
@@ -177,7 +177,7 @@ def _render_html(status: dict[str, Any]) -> str:
     columns = [
         "kind",
         "uri",
-        "partition",
+        "context",
         "mode",
         "interval_ms",
         "last_poll",
@@ -196,7 +196,7 @@ def _render_html(status: dict[str, Any]) -> str:
         f"ready: {'yes' if status['ready'] else 'no'}</p>"
         f"<p>upstream {html.escape(upstream['url'])} (era {html.escape(str(upstream['era']))})"
         f"{' — ' + html.escape(upstream['not_ready_reason']) if upstream['not_ready_reason'] else ''}</p>"
-        f"<p>{counts['streams']} streams, {counts['watches']} watches, {counts['partitions']} partitions "
+        f"<p>{counts['streams']} streams, {counts['watches']} watches, {counts['contexts']} contexts "
         f"(showing {status['watches_shown']})</p>"
         + (
             f"<p>upstream requests: {share['in_flight']} of {share['capacity']} in flight, {share['queued']} waiting, "

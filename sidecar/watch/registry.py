@@ -373,7 +373,7 @@ class WatchRegistry:
         logger.debug("watch stopped", extra={"watch": key.short_hash, "kind": key.kind})
 
     def _refresh_contexts(self) -> None:
-        self._metrics.partitions.set(len({key.context for key in self._entries}))
+        self._metrics.watched_contexts.set(len({key.context for key in self._entries}))
 
     async def _read(self, watch: Watch) -> Observation | None:
         entry = self._entries.get(watch.key)

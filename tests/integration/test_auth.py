@@ -299,9 +299,9 @@ class World:
 
     def _watch(self, uri: str, user: str) -> Watch:
         assert self.sidecar is not None
-        partitions = (context_of(self.sidecar, f"Bearer {user}"), PUBLIC)
+        contexts = (context_of(self.sidecar, f"Bearer {user}"), PUBLIC)
         registry = self.sidecar.app[REGISTRY]
-        (watch,) = [w for w in registry.watches() if w.key.uri == uri and w.key.context in partitions]
+        (watch,) = [w for w in registry.watches() if w.key.uri == uri and w.key.context in contexts]
         return watch
 
     async def _polled_since(self, watch: Watch, since: float) -> None:

@@ -181,6 +181,6 @@ async def test_logs_are_json_with_the_instance_and_never_show_tokens_or_contents
     changes = logged("change detected")
     assert {entry["kind"] for entry in changes} == {"resource"} and len(changes) == 2
     for entry in changes:
-        # Watches are named by a short hash: neither the URI nor the partition shows.
+        # Watches are named by a short hash: neither the URI nor the context shows.
         assert len(entry["watch"]) == 12 and entry["generation"] == 1
     assert logged("watch started") and logged("shutting down")

@@ -147,7 +147,7 @@ SESSION_FAMILIES = {
     "mcp_sidecar_stream_limit",
     "mcp_sidecar_subscriptions",
     "mcp_sidecar_watches",
-    "mcp_sidecar_partitions",
+    "mcp_sidecar_watched_contexts",
     "mcp_sidecar_polls",
     "mcp_sidecar_poll_duration_seconds",
     "mcp_sidecar_poll_schedule_lag_seconds",
@@ -184,7 +184,7 @@ def _assert_no_label_value_names_a_uri_or_credential(final: Scrape) -> None:
         for label, value in sample.labels.items():
             assert "://" not in value and "catalog" not in value, f"{sample.name}{{{label}={value!r}}}"
             assert TOKEN not in value and "Bearer" not in value, f"{sample.name}{{{label}={value!r}}}"
-            assert not value.startswith("ctx-"), f"{sample.name} has a partition label {value!r}"
+            assert not value.startswith("ctx-"), f"{sample.name} has a context label {value!r}"
 
 
 async def test_the_stream_limit_gauge_shows_streams_max_streams(http: aiohttp.ClientSession) -> None:

@@ -22,7 +22,7 @@ AUTHORIZATION = f"Bearer {TOKEN}"
 COLUMNS = [
     "kind",
     "uri",
-    "partition",
+    "context",
     "mode",
     "interval_ms",
     "last_poll",
@@ -100,7 +100,7 @@ async def test_status_lists_the_watches_that_exist_without_credentials(
 
     for text in (raw, page):
         assert TOKEN not in text and "Bearer" not in text
-        assert context_of(sidecar, AUTHORIZATION) not in text  # not even the partition's keyed hash: only a short name
+        assert context_of(sidecar, AUTHORIZATION) not in text  # not even the context's keyed hash: only a short name
 
     assert status["version"] == __version__ and status["instance"] == INSTANCE_ID
     assert status["ready"] is True
@@ -112,7 +112,7 @@ async def test_status_lists_the_watches_that_exist_without_credentials(
         "not_ready_reason": None,
         "last_error": None,
     }
-    assert status["counts"] == {"streams": 3, "watches": 3, "partitions": 2}
+    assert status["counts"] == {"streams": 3, "watches": 3, "contexts": 2}
     watches = status["watches"]
     assert isinstance(watches, list) and status["watches_shown"] == 3
     by_uri = {(watch["kind"], watch["uri"]): watch for watch in watches}
@@ -122,12 +122,12 @@ async def test_status_lists_the_watches_that_exist_without_credentials(
     assert set(by_uri) == {("resource", PRICE), ("resource", private), ("tools_list", None)}
 
     price, profile, tools = by_uri["resource", PRICE], by_uri["resource", private], by_uri["tools_list", None]
-    assert (price["partition"], price["subscribers"]) == ("public", 2)  # one watch shared by both streams
-    assert (tools["partition"], tools["subscribers"]) == ("public", 1)
-    # The private profile is watched in the caller's own partition, named by a short hash.
+    assert (price["context"], price["subscribers"]) == ("public", 2)  # one watch shared by both streams
+    assert (tools["context"], tools["subscribers"]) == ("public", 1)
+    # The private profile is watched in the caller's own context, named by a short hash.
     assert profile["subscribers"] == 1
-    assert profile["partition"] != "public"
-    assert len(profile["partition"]) == 8 and all(c in "0123456789abcdef" for c in profile["partition"])
+    assert profile["context"] != "public"
+    assert len(profile["context"]) == 8 and all(c in "0123456789abcdef" for c in profile["context"])
     for watch in watches:
         assert list(watch) == COLUMNS
         assert watch["consecutive_errors"] == 0
@@ -149,7 +149,7 @@ async def test_status_lists_the_watches_that_exist_without_credentials(
         assert row[:interval] + row[interval + 1 :] == expected[:interval] + expected[interval + 1 :]
     text = " ".join(tables.text)
     assert f"mcp-sidecar {__version__}" in text and INSTANCE_ID in text
-    assert "3 streams, 3 watches, 2 partitions" in text
+    assert "3 streams, 3 watches, 2 contexts" in text
     assert fast_upstream.url in text and "era modern" in text
 
 

@@ -340,7 +340,7 @@ async def test_clients_authorization_is_ignored_and_everyone_shares_one_context(
                 assert (await stream.open())["params"]["notifications"]["resourceSubscriptions"] == [NOTE_URI]
             metrics = await scrape(http, sidecar.admin_url)
             assert metrics.value("mcp_sidecar_watches", kind="resource") == 1  # one context: one watch
-            assert metrics.value("mcp_sidecar_partitions") == 1
+            assert metrics.value("mcp_sidecar_watched_contexts") == 1
         finally:
             await alice.close()
             await bob.close()

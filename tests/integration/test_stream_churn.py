@@ -163,7 +163,7 @@ async def test_streams_opened_and_dropped_abruptly_leave_no_watch_task_or_socket
         assert ended >= outcomes["at-headers"] + outcomes["after-ack"], (ended, outcomes)
         await eventually(lambda: _watches(metrics) == 0, within_s=WAIT_S)
         assert list(registry.watches()) == []
-        assert _value(metrics.partitions) == 0
+        assert _value(metrics.watched_contexts) == 0
         assert _value(metrics.streams_ended.labels("client")) >= outcomes["after-ack"]
 
         # Nothing left running or open on the sidecar's side.

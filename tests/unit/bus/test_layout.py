@@ -22,9 +22,9 @@ def test_a_buckets_interest_state_and_channel_share_one_hash_tag() -> None:
     assert layout.bucket_of_channel(layout.channel(bucket).encode()) == bucket
 
 
-def test_every_partition_of_a_uri_is_in_the_uri_bucket() -> None:
+def test_every_context_of_a_uri_is_in_the_uri_bucket() -> None:
     layout = Layout()
-    keys = [WatchKey("resource", "catalog://items/7", partition) for partition in ("public", "ctx-a", "ctx-b")]
+    keys = [WatchKey("resource", "catalog://items/7", context) for context in ("public", "ctx-a", "ctx-b")]
     assert {layout.bucket_of(key) for key in keys} == {layout.bucket("resource", "catalog://items/7")}
 
 

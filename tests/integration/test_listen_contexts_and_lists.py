@@ -1,4 +1,4 @@
-"""Who shares a watch and who gets which notification: private partitions, public coalescing, the list
+"""Who shares a watch and who gets which notification: private contexts, public coalescing, the list
 kinds, the ack's honoured subset, and what a closed stream stops costing.
 
 Every test drives real SDK upstreams (subprocesses) through a sidecar served in-process, with raw aiohttp
@@ -178,7 +178,7 @@ async def modern_fast_upstream() -> AsyncIterator[Upstream]:
         yield up
 
 
-# -- 1. private partitions ------------------------------------------------------------------------------
+# -- 1. private contexts ------------------------------------------------------------------------------
 
 
 @pytest.mark.invariant(10)
@@ -195,10 +195,10 @@ async def test_a_private_resource_changes_only_for_its_owner_and_is_polled_only_
             for ack in acks:
                 assert ack["params"]["notifications"] == {"resourceSubscriptions": [PROFILE]}
             # Two authorization contexts, two watches: nobody shares a private view.
-            by_partition = {watch.key.context: watch for watch in watches(sidecar)}
-            assert set(by_partition) == {context_of(sidecar, "Bearer a"), context_of(sidecar, "Bearer b")}
-            assert sidecar.app[METRICS].partitions._value.get() == 2
-            watch_b = by_partition[context_of(sidecar, "Bearer b")]
+            by_context = {watch.key.context: watch for watch in watches(sidecar)}
+            assert set(by_context) == {context_of(sidecar, "Bearer a"), context_of(sidecar, "Bearer b")}
+            assert sidecar.app[METRICS].watched_contexts._value.get() == 2
+            watch_b = by_context[context_of(sidecar, "Bearer b")]
 
             assert await up.bump_profile("a") == "profile of a v2"
             update = await a.next()
@@ -216,7 +216,7 @@ async def test_a_private_resource_changes_only_for_its_owner_and_is_polled_only_
             await b.close()
             await eventually(lambda: watch_count(sidecar, "resource") == 1, within_s=WAIT_S)
             assert [watch.key.context for watch in watches(sidecar)] == [context_of(sidecar, "Bearer a")]
-            assert sidecar.app[METRICS].partitions._value.get() == 1
+            assert sidecar.app[METRICS].watched_contexts._value.get() == 1
             after_b_left = len(await up.log())
             await polled(sidecar, "resource", 2)  # A's polls go on
             log = await up.log()
