@@ -211,15 +211,16 @@ def test_a_change_is_logged_with_the_watch_its_generation_and_both_fingerprints_
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     watch = _watch()
+    watch.offer(Observation("fedcba9876543210", None, True), ticket=11)
     with caplog.at_level(logging.INFO, logger="sidecar.watch.poller"):
-        watch.offer(Observation("0123456789abcdef", None, True), ticket=11)
+        watch.offer(Observation("0123456789abcdef", None, True), ticket=12)
     [record] = [r for r in caplog.records if r.getMessage() == "change detected"]
     fields = {name: getattr(record, name, None) for name in ("watch", "kind", "generation", "old", "new")}
     assert fields == {
         "watch": watch.key.short_hash,
         "kind": "resource",
-        "generation": 1,
-        "old": "fp-0",
+        "generation": 2,
+        "old": "fedcba98",
         "new": "01234567",
     }
 
@@ -330,10 +331,12 @@ async def test_a_failing_poll_logs_one_line_per_failure_streak_and_one_per_ten_s
     first, second = _watch(read), _watch(read, key=WatchKey("resource", "x://2", "public"))
     with caplog.at_level(logging.INFO, logger="sidecar.watch.poller"):
         await first.poll_once(due=0.0)
+        lines = [r for r in caplog.records if r.name == "sidecar.watch.poller"]
+        assert [(r.getMessage(), r.levelno) for r in lines] == [("poll failed; backing off", level)]
         await first.poll_once(due=0.0)  # the same streak
         await second.poll_once(due=0.0)  # another watch, within the ten seconds
     lines = [r for r in caplog.records if r.name == "sidecar.watch.poller"]
-    assert [(r.getMessage(), r.levelno) for r in lines] == [("poll failed; backing off", level)]
+    assert len(lines) == 1
     fields = {name: getattr(lines[0], name, None) for name in ("watch", "kind", "reason")}
     assert fields == {"watch": first.key.short_hash, "kind": "resource", "reason": failure.reason}
 
@@ -386,3 +389,15 @@ async def test_a_poll_span_links_the_writes_that_hinted_it_and_names_the_uri_onl
         change.parent is not None and change.parent.span_id == poll.context.span_id
         for change, poll in zip(changes, polls, strict=True)
     )
+
+
+def test_failure_lines_are_allowed_one_per_interval_from_the_first_one_on_even_right_after_boot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = [0.0]  # the monotonic clock starts near 0 at boot
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])  # what the limiter reads; no event loop runs here
+    limiter = poller._RateLimiter(10.0)
+    allowed = []
+    for now[0] in (0.0, 9.999, 10.0, 15.0, 19.999, 20.0):
+        allowed.append(limiter.allow())
+    assert allowed == [True, False, True, False, False, True]

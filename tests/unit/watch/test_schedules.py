@@ -51,6 +51,10 @@ class _ManualTimer:
         self.cancelled = True
 
 
+_MOST_TIMERS_PER_ADVANCE = 10_000
+"""Far more than any test here fires in one advance (a minute of polls every 250 ms is 240)."""
+
+
 class ManualClock:
     """A Clock whose time moves only when the test says so."""
 
@@ -71,10 +75,13 @@ class ManualClock:
         """Move time on, firing each due timer at its own time and letting what it started finish."""
         until = self._now + seconds
         await _settle()  # what the test just released runs first, and may arm timers
+        fired = 0
         while self._timers and self._timers[0][0] <= until:
             when, _, timer = heapq.heappop(self._timers)
             if timer.cancelled:
                 continue
+            fired += 1
+            assert fired <= _MOST_TIMERS_PER_ADVANCE, "timers fire without end: something re-arms at a past time"
             self._now = max(self._now, when)
             timer.callback()
             await _settle()
