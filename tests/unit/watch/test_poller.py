@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -401,3 +402,19 @@ def test_failure_lines_are_allowed_one_per_interval_from_the_first_one_on_even_r
     for now[0] in (0.0, 9.999, 10.0, 15.0, 19.999, 20.0):
         allowed.append(limiter.allow())
     assert allowed == [True, False, True, False, False, True]
+
+
+async def test_the_hold_before_publishing_seam_logs_the_line_the_replica_tests_wait_for_then_holds(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # tests/integration/test_replica_coherence.py kills an owner once it logs this line (the seam is on only
+    # under MCP_SIDECAR_TEST_HOLD_BEFORE_PUBLISH=1).
+    with caplog.at_level(logging.WARNING, logger="sidecar.watch.poller"):
+        hold = asyncio.create_task(poller._hold())
+        await asyncio.sleep(0)
+    assert not hold.done(), "it holds the change for ever"
+    hold.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await hold
+    lines = [r.getMessage() for r in caplog.records if r.name == "sidecar.watch.poller"]
+    assert lines == ["holding a change before publishing it (MCP_SIDECAR_TEST_HOLD_BEFORE_PUBLISH)"]
