@@ -48,7 +48,8 @@ class Admission:
 
     def absent(self, kind: WatchKind, uri: str | None, context: str) -> None:
         """The upstream answered not-found to this context's read of it just now."""
-        self._absent[(kind, uri, context)] = True
+        # Only membership is ever read, never the value: a mutant of it is equivalent.
+        self._absent[(kind, uri, context)] = True  # pragma: no mutate
 
     def present(self, uri: str | None = None, context: str | None = None) -> None:
         """A read by `context` found `uri` after all; or (no arguments) the resource list changed: forget."""

@@ -8,17 +8,22 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Coroutine, Iterator, Mapping
+from typing import Any
 
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.trace import SpanContext, Tracer
 
-from sidecar.changes import ChangeEvent, LocalCoordinator, WatchKey
+from sidecar.changes import ChangeEvent, LocalCoordinator, PollCoordinator, WatchKey
 from sidecar.config import PollingConfig
 from sidecar.observability.metrics import Metrics
+from sidecar.observability.tracing import MAX_LINKS, Tracing, install
 from sidecar.protocol.errors import UpstreamUnavailable
 from sidecar.watch.generations import Tickets
 from sidecar.watch.observe import Observation
-from sidecar.watch.poller import Schedule, Watch
+from sidecar.watch.poller import HintBudget, Schedule, Watch
 from sidecar.watch.revalidate import Revalidator
 
 CONFIG = PollingConfig(
@@ -47,6 +52,10 @@ class _ManualTimer:
         self.cancelled = True
 
 
+_MOST_TIMERS_PER_ADVANCE = 10_000
+"""Far more than any test here fires in one advance (a minute of polls every 250 ms is 240)."""
+
+
 class ManualClock:
     """A Clock whose time moves only when the test says so."""
 
@@ -67,10 +76,13 @@ class ManualClock:
         """Move time on, firing each due timer at its own time and letting what it started finish."""
         until = self._now + seconds
         await _settle()  # what the test just released runs first, and may arm timers
+        fired = 0
         while self._timers and self._timers[0][0] <= until:
             when, _, timer = heapq.heappop(self._timers)
             if timer.cancelled:
                 continue
+            fired += 1
+            assert fired <= _MOST_TIMERS_PER_ADVANCE, "timers fire without end: something re-arms at a past time"
             self._now = max(self._now, when)
             timer.callback()
             await _settle()
@@ -108,7 +120,9 @@ class Upstream:
     def __init__(self, clock: ManualClock) -> None:
         self.clock = clock
         self.fingerprint = "fp-0"
+        self.ttl_ms = 2000
         self.failing = False
+        self.crashing = False
         self.polled_at: list[float] = []
         self.held: asyncio.Event | None = None
         self.in_flight = 0
@@ -125,27 +139,40 @@ class Upstream:
             self.in_flight -= 1
         if self.failing:
             raise UpstreamUnavailable("test", "connection refused")
-        return Observation(self.fingerprint, 2000, True)
+        if self.crashing:
+            raise RuntimeError("a bug in the read")
+        return Observation(self.fingerprint, self.ttl_ms, True)
 
 
-def _watch(clock: ManualClock, upstream: Upstream, events: list[ChangeEvent]) -> Watch:
+def _watch(
+    clock: ManualClock,
+    upstream: Upstream,
+    events: list[ChangeEvent],
+    *,
+    coordinator: PollCoordinator | None = None,
+    budget: HintBudget | None = None,
+    metrics: Metrics | None = None,
+    uri: str = "x://1",
+    schedule: Schedule = MIDPOINT,
+) -> Watch:
     tickets = Tickets()
 
     async def sink(event: ChangeEvent) -> None:
         events.append(event)
 
     watch = Watch(
-        WatchKey("resource", "x://1", "public"),
+        WatchKey("resource", uri, "public"),
         Observation("fp-0", 2000, True),
         tickets.take(),
-        schedule=MIDPOINT,
+        schedule=schedule,
         reader=upstream.read,
         sink=sink,
         gate=asyncio.Semaphore(4),
         tickets=tickets,
-        metrics=Metrics(),
+        metrics=metrics or Metrics(),
         on_auth_failure=lambda *_: None,
-        coordinator=LocalCoordinator(),
+        coordinator=coordinator or LocalCoordinator(),
+        budget=budget,
         clock=clock,
     )
     watch.start()
@@ -264,6 +291,179 @@ async def test_a_stopped_watch_never_polls_again(clock: ManualClock, upstream: U
     assert upstream.polled_at == []
 
 
+async def test_a_hint_after_a_poll_polls_min_interval_after_that_poll(clock: ManualClock, upstream: Upstream) -> None:
+    watch = _watch(clock, upstream, [])
+    await clock.advance(2.1)
+    watch.hint()
+    await clock.advance(0.5)
+    assert upstream.polled_at == [2.0, pytest.approx(2.25 + HINT_SPREAD_S)]
+    await watch.stop()
+
+
+async def test_a_hint_just_before_a_regular_poll_is_answered_by_it_and_spends_no_budget(
+    clock: ManualClock, upstream: Upstream
+) -> None:
+    budget = HintBudget(per_s=1)
+    watch = _watch(clock, upstream, [], budget=budget)
+    await clock.advance(1.995)
+    watch.hint()  # a hinted poll could run at 2.0075 at the soonest: the regular one at 2.0 comes first
+    await clock.advance(0.5)
+    assert upstream.polled_at == [2.0]
+    assert [budget.slot(2.5) for _ in range(2)] == [2.5, 2.5], "the budget is whole"
+    await watch.stop()
+
+
+async def test_a_hint_during_a_poll_is_answered_by_the_next_regular_poll_when_that_comes_sooner(
+    clock: ManualClock, upstream: Upstream
+) -> None:
+    upstream.ttl_ms = 250  # the next regular poll is min_interval_ms after this one: sooner than a hinted one
+    watch = _watch(clock, upstream, [])
+    upstream.held = asyncio.Event()
+    await clock.advance(2.0)
+    watch.hint()
+    await clock.advance(0.1)
+    upstream.held.set()
+    upstream.held = None
+    await clock.advance(0.2)
+    assert upstream.polled_at == [2.0, 2.25]
+    await watch.stop()
+
+
+def test_the_hint_budget_lets_a_seconds_worth_through_at_once_then_spaces_the_rest_and_refills() -> None:
+    budget = HintBudget(per_s=4)
+    # The generic cell rate algorithm with a one-second burst tolerance: per_s + 1 at once, then one every
+    # 1/per_s seconds.
+    assert [budget.slot(0.0) for _ in range(8)] == pytest.approx([0.0] * 5 + [0.25, 0.5, 0.75])
+    assert budget.slot(0.6) == pytest.approx(1.0), "a poll wanted later still waits its turn"
+    assert [budget.slot(10.0) for _ in range(6)] == pytest.approx([10.0] * 5 + [10.25]), "a quiet spell refills it"
+
+
+async def test_hinted_polls_past_the_budget_are_deferred_to_their_slot_and_counted_never_dropped(
+    clock: ManualClock, upstream: Upstream
+) -> None:
+    metrics = Metrics()
+    budget = HintBudget(per_s=1)
+    watches = [_watch(clock, upstream, [], budget=budget, metrics=metrics, uri=f"x://{n}") for n in range(3)]
+    await clock.advance(0.1)
+    for watch in watches:
+        watch.hint()
+    await clock.advance(1.5)
+    soonest = 0.25 + HINT_SPREAD_S
+    assert upstream.polled_at == pytest.approx([soonest, soonest, soonest + 1.0])
+    labels = {"limit": "hinted_polls"}
+    assert metrics.registry.get_sample_value("mcp_sidecar_queue_wait_seconds_count", labels) == 1
+    assert metrics.registry.get_sample_value("mcp_sidecar_queue_wait_seconds_sum", labels) == pytest.approx(1.0)
+    for watch in watches:
+        await watch.stop()
+
+
+async def test_a_hint_deferred_past_the_next_regular_poll_leaves_that_poll_where_it_was(
+    clock: ManualClock, upstream: Upstream
+) -> None:
+    budget = HintBudget(per_s=1)
+    watches = [_watch(clock, upstream, [], budget=budget, uri=f"x://{n}") for n in range(4)]
+    await clock.advance(0.1)
+    for watch in watches:
+        watch.hint()  # the last one's slot, 2.2625, is after its regular poll at 2.0
+    await clock.advance(2.0)
+    soonest = 0.25 + HINT_SPREAD_S
+    assert upstream.polled_at == pytest.approx([soonest, soonest, soonest + 1.0, 2.0])
+    for watch in watches:
+        await watch.stop()
+
+
+async def test_a_crashing_poll_is_logged_and_backs_off_like_a_failure(
+    clock: ManualClock, upstream: Upstream, caplog: pytest.LogCaptureFixture
+) -> None:
+    watch = _watch(clock, upstream, [])
+    upstream.crashing = True
+    with caplog.at_level(logging.ERROR, logger="sidecar.watch.poller"):
+        await clock.advance(2.0 + 1 + 2)
+    assert upstream.polled_at == [2.0, 3.0, 5.0]
+    assert watch.consecutive_errors == 3
+    crashes = [record for record in caplog.records if record.getMessage() == "poll crashed"]
+    assert len(crashes) == 3
+    assert all(record.levelno == logging.ERROR and record.exc_info is not None for record in crashes)
+    assert {(getattr(r, "watch", None), getattr(r, "kind", None)) for r in crashes} == {
+        (watch.key.short_hash, "resource")
+    }
+    await watch.stop()
+
+
+async def test_a_replica_that_may_not_poll_a_key_asks_again_an_interval_later(
+    clock: ManualClock, upstream: Upstream
+) -> None:
+    asked: list[WatchKey] = []
+
+    class Elsewhere(LocalCoordinator):
+        def may_poll(self, key: WatchKey) -> bool:
+            asked.append(key)
+            return False
+
+    watch = _watch(clock, upstream, [], coordinator=Elsewhere())
+    await clock.advance(4.0)
+    assert upstream.polled_at == []
+    assert asked == [watch.key, watch.key]  # at 2.0 and 4.0
+    await watch.stop()
+
+
+async def test_a_key_the_upstreams_notifications_cover_polls_at_the_backstop_and_losing_the_cover_polls_soon(
+    clock: ManualClock, upstream: Upstream
+) -> None:
+    schedule = Schedule(CONFIG.model_copy(update={"native_backstop_ms": 60_000}), rand=lambda: 0.5)
+    watch = _watch(clock, upstream, [], schedule=schedule)
+    watch.set_native(True)
+    watch.set_native(True)
+    assert watch.interval_s == 60.0
+    await clock.advance(30.0)
+    assert upstream.polled_at == [2.0], "the poll armed before the cover, then the backstop's 60 s"
+    watch.set_native(False)
+    await clock.advance(1.0)
+    assert upstream.polled_at == [2.0, pytest.approx(30.0 + HINT_SPREAD_S)]
+    assert watch.interval_s == 2.0
+    await watch.stop()
+
+
+async def test_the_upstream_answering_again_retries_a_failing_watch_once_per_failure_streak(
+    clock: ManualClock, upstream: Upstream
+) -> None:
+    watch = _watch(clock, upstream, [])
+    watch.recover()  # not failing: nothing to retry
+    upstream.failing = True
+    await clock.advance(2.1)  # failed at 2.0; backing off to 3.0
+    watch.recover()
+    await clock.advance(0.4)
+    assert upstream.polled_at == [2.0, pytest.approx(2.25 + HINT_SPREAD_S)]  # failed again: backing off 2 s
+    watch.recover()  # the same streak: no second retry
+    await clock.advance(1.5)
+    assert len(upstream.polled_at) == 2
+    upstream.failing = False
+    await clock.advance(1.0)  # the backoff's poll at 4.2625 succeeds: the streak is over
+    upstream.failing = True
+    await clock.advance(2.0)  # the regular poll at 6.2625 fails: a new streak, backing off to 7.2625
+    watch.recover()
+    await clock.advance(0.2)
+    assert upstream.polled_at[2:] == pytest.approx([4.2625, 6.2625, 7.0 + HINT_SPREAD_S])
+    await watch.stop()
+
+
+async def test_stopping_a_watch_ends_its_poll_in_flight_and_stopping_twice_is_harmless(
+    clock: ManualClock, upstream: Upstream
+) -> None:
+    idle = _watch(clock, upstream, [])
+    await idle.stop()
+    await idle.stop()
+    busy = _watch(clock, upstream, [], uri="x://2")
+    upstream.held = asyncio.Event()
+    await clock.advance(2.0)
+    assert upstream.in_flight == 1
+    await busy.stop()
+    await busy.stop()
+    assert upstream.in_flight == 0
+    await clock.advance(60.0)
+    assert upstream.polled_at == [2.0]
+
+
 async def test_writes_within_the_debounce_window_are_one_round_of_hints(clock: ManualClock) -> None:
     hinted: list[frozenset[str]] = []
     announced: list[frozenset[str]] = []
@@ -292,3 +492,78 @@ async def test_writes_within_the_debounce_window_are_one_round_of_hints(clock: M
     revalidator.wrote("carol")
     await clock.advance(0.1)
     assert hinted[-1] == frozenset({"carol"})
+
+
+class _Rounds:
+    """What a Revalidator does when its window closes: the rounds of hints, and the announcements it spawns."""
+
+    def __init__(self) -> None:
+        self.hinted: list[tuple[frozenset[str], Mapping[str, tuple[Any, ...]]]] = []
+        self.tasks: list[asyncio.Future[None]] = []
+
+    def hint(self, contexts: frozenset[str], links: Mapping[str, tuple[Any, ...]]) -> None:
+        self.hinted.append((contexts, links))
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        self.tasks.append(asyncio.ensure_future(coro))
+
+    def revalidator(self, clock: ManualClock, debounce_ms: int = 100) -> Revalidator:
+        return Revalidator(debounce_ms, LocalCoordinator(), self.hint, self.spawn, clock)
+
+
+async def test_a_round_of_hints_waits_out_the_whole_debounce_window(clock: ManualClock) -> None:
+    rounds = _Rounds()
+    revalidator = rounds.revalidator(clock, debounce_ms=10_000)
+    revalidator.wrote("alice")
+    await clock.advance(9.999)
+    assert rounds.hinted == []
+    await clock.advance(0.001)
+    assert [contexts for contexts, _ in rounds.hinted] == [frozenset({"alice"})]
+
+
+async def test_a_write_just_before_shutdown_hints_nothing_afterwards(clock: ManualClock) -> None:
+    rounds = _Rounds()
+    revalidator = rounds.revalidator(clock)
+    revalidator.wrote("alice")
+    revalidator.cancel()
+    revalidator.cancel()  # twice is harmless
+    await clock.advance(1.0)
+    assert rounds.hinted == [] and rounds.tasks == []
+
+
+@pytest.fixture
+def tracer() -> Iterator[Tracer]:
+    provider = TracerProvider()
+    previous = install(Tracing(provider.get_tracer("tests"), provider))
+    try:
+        yield provider.get_tracer("tests")
+    finally:
+        install(previous)
+        provider.shutdown()
+
+
+async def test_each_round_of_hints_links_each_contexts_traced_writes_up_to_max_links(
+    clock: ManualClock, tracer: Tracer
+) -> None:
+    rounds = _Rounds()
+    revalidator = rounds.revalidator(clock)
+    alices: list[SpanContext] = []
+    for n in range(MAX_LINKS + 2):
+        with tracer.start_as_current_span(f"alice's write {n}") as span:
+            revalidator.wrote("alice")
+            alices.append(span.get_span_context())
+    with tracer.start_as_current_span("bob's write") as span:
+        revalidator.wrote("bob")
+        bob = span.get_span_context()
+    revalidator.wrote("carol")  # outside any span: nothing to link to
+    await clock.advance(0.1)
+    [(contexts, links)] = rounds.hinted
+    assert contexts == {"alice", "bob", "carol"}
+    assert {context: [link.context for link in written] for context, written in links.items()} == {
+        "alice": alices[:MAX_LINKS],
+        "bob": [bob],
+    }
+    with tracer.start_as_current_span("alice's next write") as span:
+        revalidator.wrote("alice")
+    await clock.advance(0.1)
+    assert [link.context for link in rounds.hinted[1][1]["alice"]] == [span.get_span_context()], "a new window"
