@@ -300,18 +300,23 @@ class RedisCluster:
         owner's catch-up) is not: our watch takes the stored fingerprint and our streams are told it (the message
         that carried it may never have reached us), and the owner's next look tells whatever is newer."""
         key = event.key
+        watch = self._tracked.get(key)
+        base = self._generation.get(key, 0)
         for _ in range(2 if fresh else 1):
-            base = self._generation.get(key, 0)
             stamped = ChangeEvent(key, event.fingerprint, base + 1, event.detected_at)
             message = encode_event(stamped, self._instance)
             outcome, generation, told = await self._publish_change(
                 keys=[state, channel], args=[event.fingerprint, base, STATE_TTL_MS, *self._cmd(message)]
             )
-            self._generation[key] = max(int(generation), self._generation.get(key, 0))
+            base = max(int(generation), self._generation.get(key, base))
+            if watch is not None and self._tracked.get(key) is watch:
+                # Only a key still watched keeps its fence: one given up meanwhile starts afresh when watched
+                # again (its first interest write learns the generation), instead of taking that for a change
+                # it missed and telling its new streams an older fingerprint than their own first look.
+                self._generation[key] = base
             if int(outcome) != -1:
                 return
-        watch = self._tracked.get(key)
-        if watch is None or told is None or _text(told) == watch.fingerprint:
+        if watch is None or self._tracked.get(key) is not watch or told is None or _text(told) == watch.fingerprint:
             return
         watch.adopt(_text(told))
         if not fresh:
@@ -485,6 +490,8 @@ class RedisCluster:
                         await self._local.publish(ChangeEvent(key, told, stored, time.time()))
                 except REDIS_FAILURES as exc:
                     self._failed(exc)
+                if self._tracked.get(key) is not watch:
+                    continue  # given up while it was told: it keeps no fence (see `_publish_fenced`)
                 self._generation[key] = max(self._generation.get(key, 0), stored)
             watch.hint()
             logger.debug("poll ownership taken", extra={"watch": key.short_hash})
@@ -622,6 +629,10 @@ class RedisCluster:
                 self._wake.set()
                 continue
             await self._caught_up(key, told, int(generation or 0))
+            if key not in self._tracked:
+                # Given up while its missed change was told (that yields): the leave is queued, and owning it
+                # now would keep it polled, and counted as held, for nobody.
+                continue
             hashed = key_hash(key)
             self._joining.discard(hashed)
             interested = {_text(member) for member in members}
