@@ -49,6 +49,7 @@ STATE_TTL_MS = 24 * 3600 * 1000
 DEFAULT_LEASE_MS = 5_000
 _HEARD_WITHIN_S = 2.0
 _RETRY_S = 0.5
+_RETRY_MAX_S = 30.0
 
 
 class RedisUnavailable(Exception):
@@ -577,6 +578,7 @@ class RedisCluster:
 
     async def _interest_loop(self) -> None:
         """The one writer of our interest, so writes for a key happen in the order its streams came and went."""
+        failures = 0
         while True:
             _reraise_cancellation()
             await self._wake.wait()
@@ -588,15 +590,24 @@ class RedisCluster:
             leaves = [key for key in leaves if key not in self._tracked]
             try:
                 await self._write_interest(joins, leaves)
+                failures = 0
+                continue
             except _WRITE_FAILURES as exc:
                 _reraise_cancellation()
                 if not isinstance(exc, _NotHeard):  # a slow confirmation is no outage: try again
                     self._failed(exc)
-                for key in leaves:
-                    self._pending.setdefault(key, False)
-                await asyncio.sleep(_RETRY_S)
-                if self.degraded is None:
-                    self._queue((key, True) for key in joins)
+                delay = _RETRY_S
+            except Exception:  # the one writer must outlive a bug or a state it cannot read: others rely on it
+                _reraise_cancellation()
+                logger.exception("writing this replica's interest failed; retrying")
+                # Backing off, as the same failure may come back on every try: bounded, never a hot loop.
+                failures += 1
+                delay = min(_RETRY_S * 2**failures, _RETRY_MAX_S)
+            for key in leaves:
+                self._pending.setdefault(key, False)
+            await asyncio.sleep(delay)
+            if self.degraded is None:
+                self._queue((key, True) for key in joins)
 
     async def _write_interest(self, joins: list[WatchKey], leaves: list[WatchKey]) -> None:
         if not joins and not leaves:

@@ -1,6 +1,6 @@
 """The Redis coordinator's interest bookkeeping, against a real redis-server: a key given up while its interest is
-being written, while a change of it is published or while it is taken over leaves nothing behind; closing hands
-over even after a loop of the coordinator failed.
+being written, while a change of it is published or while it is taken over leaves nothing behind; the interest
+writer outlives an error that is not Redis's; closing hands over even after a loop of the coordinator failed.
 
 The coordinator is driven directly (no upstream): a watch here is the few fields a coordinator reads of one.
 """
@@ -8,6 +8,7 @@ The coordinator is driven directly (no upstream): a watch here is the few fields
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -24,6 +25,7 @@ from tests.cluster import LEASE_MS, RedisServer, redis_server
 from tests.helpers import eventually
 
 KEY = WatchKey("resource", "catalog://price", "public")
+OTHER = WatchKey("resource", "catalog://stock", "public")
 PAUSE_MS = 1_000
 """Under the client's socket timeout: the interest write waits for Redis, it does not fail."""
 
@@ -196,6 +198,24 @@ async def _watched_again_without_a_stale_change(cluster: RedisCluster, admin: ai
     await eventually(lambda: cluster.owned_count == 1)
     assert watch.fingerprint == "f-first-look"
     assert told == []
+
+
+async def test_after_the_interest_writer_failed_on_a_state_it_cannot_read_later_interest_is_still_written(
+    redis: RedisServer, admin: aioredis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.ERROR, logger="sidecar.bus.redis")
+    await admin.hset(_state_key(KEY), mapping={"f": "f1", "g": "not a number"})
+    cluster = RedisCluster(redis.url, instance="r1", metrics=Metrics(), lease_ms=LEASE_MS)
+    await cluster.start()
+    try:
+        cluster.track(_Watch(KEY))
+        await eventually(lambda: _interested(admin, KEY, "r1"))
+        # The writer carries on: a key watched later reaches Redis, so the other replicas learn of it.
+        cluster.track(_Watch(OTHER))
+        await eventually(lambda: _interested(admin, OTHER, "r1"))
+        assert any(record.name == "sidecar.bus.redis" for record in caplog.records), "the failure was not logged"
+    finally:
+        await cluster.aclose()
 
 
 async def _held_by_redis(admin: aioredis.Redis) -> bool:
