@@ -15,7 +15,7 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
 import orjson
@@ -118,6 +118,9 @@ class RedisCluster:
         self._beaten = False
         self._revalidate_listeners: list[Callable[[frozenset[str]], None]] = []
         self._tasks: list[asyncio.Task[None]] = []
+        self._background: set[asyncio.Task[None]] = set()
+        """One-off tasks (resyncs, clean-ups of dead replicas): held here, so none is collected while pending,
+        and each one's failure is logged when it ends; cancelled on close."""
         self._channels = Channels(
             self._conn.pubsub,
             self._layout,
@@ -169,7 +172,9 @@ class RedisCluster:
     async def aclose(self) -> None:
         """Hand over first: our interest leaves Redis and the others hear it (and that we left), so each key we
         polled gets its next owner now rather than when our heartbeat runs out."""
-        tasks = [*self._tasks, *([self._take_over_task] if self._take_over_task is not None else [])]
+        tasks = [*self._tasks, *self._background]
+        if self._take_over_task is not None:
+            tasks.append(self._take_over_task)
         for task in tasks:
             task.cancel()
         # A loop that died of a bug is reported, and must not keep our interest in Redis until our heartbeat
@@ -186,6 +191,7 @@ class RedisCluster:
                     await self._redis.publish(HINTS_CHANNEL, orjson.dumps({"o": self._instance, "left": True}))
         finally:
             self._metrics.leases_held.set(0)
+            await self._channels.aclose()
             await self._conn.aclose()
 
     def _failed(self, exc: Exception) -> None:
@@ -265,7 +271,17 @@ class RedisCluster:
         while it was not may have been missed; its keys' stored states say."""
         keys = [key for key in self._bucket_keys.get(bucket, ()) if key in self._registered]
         if keys:
-            asyncio.get_running_loop().create_task(self._resync(keys))
+            self._spawn(self._resync(keys))
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("a redis coordination task failed", exc_info=task.exception())
 
     async def _resync(self, keys: list[WatchKey]) -> None:
         ops = [Op(None, args=[self._state_of(key), "f", "g"], command="hmget") for key in keys]
@@ -512,7 +528,7 @@ class RedisCluster:
             instance = _text(member)
             if instance not in self._cleaning:
                 self._cleaning.add(instance)
-                asyncio.get_running_loop().create_task(self._clean_up(instance))
+                self._spawn(self._clean_up(instance))
 
     async def _heartbeat_loop(self) -> None:
         while True:

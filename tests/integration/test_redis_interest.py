@@ -1,6 +1,7 @@
 """The Redis coordinator's interest bookkeeping, against a real redis-server: a key given up while its interest is
 being written, while a change of it is published or while it is taken over leaves nothing behind; the interest
-writer outlives an error that is not Redis's; closing hands over even after a loop of the coordinator failed.
+writer outlives an error that is not Redis's, and a one-off task's failure is logged; closing hands over even after
+a loop of the coordinator failed.
 
 The coordinator is driven directly (no upstream): a watch here is the few fields a coordinator reads of one.
 """
@@ -214,6 +215,23 @@ async def test_after_the_interest_writer_failed_on_a_state_it_cannot_read_later_
         cluster.track(_Watch(OTHER))
         await eventually(lambda: _interested(admin, OTHER, "r1"))
         assert any(record.name == "sidecar.bus.redis" for record in caplog.records), "the failure was not logged"
+    finally:
+        await cluster.aclose()
+
+
+async def test_a_resync_that_fails_on_a_state_it_cannot_read_is_logged(
+    redis: RedisServer, admin: aioredis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.ERROR, logger="sidecar.bus.redis")
+    cluster = RedisCluster(redis.url, instance="r1", metrics=Metrics(), lease_ms=LEASE_MS)
+    await cluster.start()
+    try:
+        cluster.track(_Watch(KEY))
+        await eventually(lambda: cluster.owned_count == 1)
+        await admin.hset(_state_key(KEY), mapping={"f": "f1", "g": "not a number"})
+        # Subscribed afresh (as after a slot migration): the bucket's keys resync from their stored states.
+        assert cluster._channels.reopen()
+        await eventually(lambda: any(record.name == "sidecar.bus.redis" for record in caplog.records))
     finally:
         await cluster.aclose()
 
