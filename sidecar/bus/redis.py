@@ -15,7 +15,7 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
 import orjson
@@ -49,6 +49,7 @@ STATE_TTL_MS = 24 * 3600 * 1000
 DEFAULT_LEASE_MS = 5_000
 _HEARD_WITHIN_S = 2.0
 _RETRY_S = 0.5
+_RETRY_MAX_S = 30.0
 
 
 class RedisUnavailable(Exception):
@@ -117,6 +118,9 @@ class RedisCluster:
         self._beaten = False
         self._revalidate_listeners: list[Callable[[frozenset[str]], None]] = []
         self._tasks: list[asyncio.Task[None]] = []
+        self._background: set[asyncio.Task[None]] = set()
+        """One-off tasks (resyncs, clean-ups of dead replicas): held here, so none is collected while pending,
+        and each one's failure is logged when it ends; cancelled on close."""
         self._channels = Channels(
             self._conn.pubsub,
             self._layout,
@@ -168,7 +172,9 @@ class RedisCluster:
     async def aclose(self) -> None:
         """Hand over first: our interest leaves Redis and the others hear it (and that we left), so each key we
         polled gets its next owner now rather than when our heartbeat runs out."""
-        tasks = [*self._tasks, *([self._take_over_task] if self._take_over_task is not None else [])]
+        tasks = [*self._tasks, *self._background]
+        if self._take_over_task is not None:
+            tasks.append(self._take_over_task)
         for task in tasks:
             task.cancel()
         # A loop that died of a bug is reported, and must not keep our interest in Redis until our heartbeat
@@ -185,6 +191,7 @@ class RedisCluster:
                     await self._redis.publish(HINTS_CHANNEL, orjson.dumps({"o": self._instance, "left": True}))
         finally:
             self._metrics.leases_held.set(0)
+            await self._channels.aclose()
             await self._conn.aclose()
 
     def _failed(self, exc: Exception) -> None:
@@ -264,7 +271,17 @@ class RedisCluster:
         while it was not may have been missed; its keys' stored states say."""
         keys = [key for key in self._bucket_keys.get(bucket, ()) if key in self._registered]
         if keys:
-            asyncio.get_running_loop().create_task(self._resync(keys))
+            self._spawn(self._resync(keys))
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("a redis coordination task failed", exc_info=task.exception())
 
     async def _resync(self, keys: list[WatchKey]) -> None:
         ops = [Op(None, args=[self._state_of(key), "f", "g"], command="hmget") for key in keys]
@@ -300,18 +317,23 @@ class RedisCluster:
         owner's catch-up) is not: our watch takes the stored fingerprint and our streams are told it (the message
         that carried it may never have reached us), and the owner's next look tells whatever is newer."""
         key = event.key
+        watch = self._tracked.get(key)
+        base = self._generation.get(key, 0)
         for _ in range(2 if fresh else 1):
-            base = self._generation.get(key, 0)
             stamped = ChangeEvent(key, event.fingerprint, base + 1, event.detected_at)
             message = encode_event(stamped, self._instance)
             outcome, generation, told = await self._publish_change(
                 keys=[state, channel], args=[event.fingerprint, base, STATE_TTL_MS, *self._cmd(message)]
             )
-            self._generation[key] = max(int(generation), self._generation.get(key, 0))
+            base = max(int(generation), self._generation.get(key, base))
+            if watch is not None and self._tracked.get(key) is watch:
+                # Only a key still watched keeps its fence: one given up meanwhile starts afresh when watched
+                # again (its first interest write learns the generation), instead of taking that for a change
+                # it missed and telling its new streams an older fingerprint than their own first look.
+                self._generation[key] = base
             if int(outcome) != -1:
                 return
-        watch = self._tracked.get(key)
-        if watch is None or told is None or _text(told) == watch.fingerprint:
+        if watch is None or self._tracked.get(key) is not watch or told is None or _text(told) == watch.fingerprint:
             return
         watch.adopt(_text(told))
         if not fresh:
@@ -485,6 +507,8 @@ class RedisCluster:
                         await self._local.publish(ChangeEvent(key, told, stored, time.time()))
                 except REDIS_FAILURES as exc:
                     self._failed(exc)
+                if self._tracked.get(key) is not watch:
+                    continue  # given up while it was told: it keeps no fence (see `_publish_fenced`)
                 self._generation[key] = max(self._generation.get(key, 0), stored)
             watch.hint()
             logger.debug("poll ownership taken", extra={"watch": key.short_hash})
@@ -504,7 +528,7 @@ class RedisCluster:
             instance = _text(member)
             if instance not in self._cleaning:
                 self._cleaning.add(instance)
-                asyncio.get_running_loop().create_task(self._clean_up(instance))
+                self._spawn(self._clean_up(instance))
 
     async def _heartbeat_loop(self) -> None:
         while True:
@@ -570,6 +594,7 @@ class RedisCluster:
 
     async def _interest_loop(self) -> None:
         """The one writer of our interest, so writes for a key happen in the order its streams came and went."""
+        failures = 0
         while True:
             _reraise_cancellation()
             await self._wake.wait()
@@ -581,15 +606,24 @@ class RedisCluster:
             leaves = [key for key in leaves if key not in self._tracked]
             try:
                 await self._write_interest(joins, leaves)
+                failures = 0
+                continue
             except _WRITE_FAILURES as exc:
                 _reraise_cancellation()
                 if not isinstance(exc, _NotHeard):  # a slow confirmation is no outage: try again
                     self._failed(exc)
-                for key in leaves:
-                    self._pending.setdefault(key, False)
-                await asyncio.sleep(_RETRY_S)
-                if self.degraded is None:
-                    self._queue((key, True) for key in joins)
+                delay = _RETRY_S
+            except Exception:  # the one writer must outlive a bug or a state it cannot read: others rely on it
+                _reraise_cancellation()
+                logger.exception("writing this replica's interest failed; retrying")
+                # Backing off, as the same failure may come back on every try: bounded, never a hot loop.
+                failures += 1
+                delay = min(_RETRY_S * 2**failures, _RETRY_MAX_S)
+            for key in leaves:
+                self._pending.setdefault(key, False)
+            await asyncio.sleep(delay)
+            if self.degraded is None:
+                self._queue((key, True) for key in joins)
 
     async def _write_interest(self, joins: list[WatchKey], leaves: list[WatchKey]) -> None:
         if not joins and not leaves:
@@ -622,6 +656,10 @@ class RedisCluster:
                 self._wake.set()
                 continue
             await self._caught_up(key, told, int(generation or 0))
+            if key not in self._tracked:
+                # Given up while its missed change was told (that yields): the leave is queued, and owning it
+                # now would keep it polled, and counted as held, for nobody.
+                continue
             hashed = key_hash(key)
             self._joining.discard(hashed)
             interested = {_text(member) for member in members}
