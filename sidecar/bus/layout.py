@@ -23,9 +23,9 @@ import orjson
 from sidecar.changes import ChangeEvent, WatchKey, WatchKind
 
 __all__ = [
+    "CONTEXT_NAMING_KEY",
     "DEFAULT_BUCKETS",
     "HINTS_CHANNEL",
-    "PARTITION_KEY",
     "PREFIX",
     "REPLICAS",
     "Interest",
@@ -39,7 +39,7 @@ __all__ = [
 PREFIX = "mcp-sidecar:"
 REPLICAS = PREFIX + "replicas"
 HINTS_CHANNEL = PREFIX + "revalidate"
-PARTITION_KEY = PREFIX + "partition-key"
+CONTEXT_NAMING_KEY = PREFIX + "partition-key"  # the stored name stays: replicas of every version share it
 DEFAULT_BUCKETS = 1024
 """Channels a fleet's events spread over: a replica with streams on k keys listens to at most k of them, and
 hears the changes of about k/buckets of all keys. More buckets route more precisely and cost more channels."""

@@ -24,9 +24,9 @@ from sidecar.bus import scripts
 from sidecar.bus.channels import Channels
 from sidecar.bus.connect import REDIS_FAILURES, SLOTS_MOVING, Connection, Op, connect
 from sidecar.bus.layout import (
+    CONTEXT_NAMING_KEY,
     DEFAULT_BUCKETS,
     HINTS_CHANNEL,
-    PARTITION_KEY,
     REPLICAS,
     Interest,
     Layout,
@@ -145,12 +145,12 @@ class RedisCluster:
     # -- lifecycle ----------------------------------------------------------------------------------------
 
     async def start(self) -> bytes:
-        """Connect and return the shared partition key; raises RedisUnavailable unless falling back."""
+        """Connect and return the shared key that names contexts; raises RedisUnavailable unless falling back."""
         shared = None
         try:
             await self._conn.initialize()
-            await self._redis.set(PARTITION_KEY, secrets.token_hex(32), nx=True)
-            shared = await self._redis.get(PARTITION_KEY)
+            await self._redis.set(CONTEXT_NAMING_KEY, secrets.token_hex(32), nx=True)
+            shared = await self._redis.get(CONTEXT_NAMING_KEY)
             # A process restarted under the same name (MCP_SIDECAR_INSTANCE) forgets its predecessor's interest
             # first; then it is live before any interest of ours is read by others.
             await self._clean_up(self._instance)
