@@ -28,8 +28,14 @@ CONFIG = PollingConfig(
     backoff_initial_ms=1000,
     backoff_max_ms=8000,
 )
-MIDPOINT = Schedule(CONFIG, rand=lambda: 0.5)
-"""rand() = 0.5 puts interval and backoff jitter at zero; a hint's own spread is then 0.0125 s."""
+
+
+def _midpoint() -> Schedule:
+    """rand() = 0.5 puts interval and backoff jitter at zero; a hint's own spread is then 0.0125 s. (A fresh one
+    per watch: a schedule remembers when it last let a hint poll at once.)"""
+    return Schedule(CONFIG, rand=lambda: 0.5)
+
+
 HINT_SPREAD_S = 0.5 * CONFIG.jitter * CONFIG.min_interval_ms / 1000
 
 
@@ -127,7 +133,9 @@ class Upstream:
         return Observation(self.fingerprint, 2000, True)
 
 
-def _watch(clock: ManualClock, upstream: Upstream, events: list[ChangeEvent]) -> Watch:
+def _watch(
+    clock: ManualClock, upstream: Upstream, events: list[ChangeEvent], schedule: Schedule | None = None
+) -> Watch:
     tickets = itertools.count(1)
 
     async def sink(event: ChangeEvent) -> None:
@@ -137,7 +145,7 @@ def _watch(clock: ManualClock, upstream: Upstream, events: list[ChangeEvent]) ->
         WatchKey("resource", "x://1", "public"),
         Observation("fp-0", 2000, True),
         next(tickets),
-        schedule=MIDPOINT,
+        schedule=schedule or _midpoint(),
         reader=upstream.read,
         sink=sink,
         gate=asyncio.Semaphore(4),
@@ -237,9 +245,44 @@ async def test_a_hint_between_the_timer_firing_and_its_poll_starting_adds_no_sec
     upstream.held.set()
     upstream.held = None
     await clock.advance(0.5)
-    assert upstream.polled_at == [2.0, pytest.approx(3.0 + HINT_SPREAD_S)], "the hint is one poll after it"
+    # Past min_interval_ms and the only hint of its spread: it polls at once, without a pause.
+    assert upstream.polled_at == [2.0, pytest.approx(3.0)], "the hint is one poll after it"
     assert upstream.most_in_flight == 1
     await watch.stop()
+
+
+async def test_a_lone_hint_past_min_interval_polls_at_once(clock: ManualClock, upstream: Upstream) -> None:
+    # One write's key: nothing to spread it from, so no pause between the write's hint and its poll.
+    watch = _watch(clock, upstream, [])
+    await clock.advance(1.0)
+    watch.hint()
+    await clock.advance(0.0)
+    assert upstream.polled_at == [1.0]
+    await watch.stop()
+
+
+@pytest.mark.invariant(9)
+async def test_hints_to_many_watches_at_once_are_spread_after_the_first(clock: ManualClock) -> None:
+    # A write hinting many keys must not fire their polls in one instant: the first polls at once, the others
+    # over the spread (up to jitter x min_interval_ms); and a hint that waits out min_interval_ms is jittered.
+    draws: list[float] = []
+    schedule = Schedule(CONFIG, rand=lambda: draws.pop(0) if draws else 0.5)
+    spread_s = CONFIG.jitter * CONFIG.min_interval_ms / 1000
+    upstreams = [Upstream(clock) for _ in range(4)]
+    watches = [_watch(clock, upstream, [], schedule) for upstream in upstreams]
+    draws += [0.2, 0.6, 0.9]  # the hints' draws, after the starts' own (later ones draw 0.5)
+    await clock.advance(1.0)
+    for watch in watches:
+        watch.hint()
+    await clock.advance(0.1)
+    polled = [upstream.polled_at for upstream in upstreams]
+    assert polled == [[1.0], [pytest.approx(1.0 + 0.2 * spread_s)], [pytest.approx(1.0 + 0.6 * spread_s)],
+                      [pytest.approx(1.0 + 0.9 * spread_s)]]  # fmt: skip
+    watches[0].hint()  # 0.1 s after its poll: it waits out min_interval_ms, and that wait is jittered
+    await clock.advance(0.5)
+    assert upstreams[0].polled_at == [1.0, pytest.approx(1.25 + 0.5 * spread_s)]
+    for watch in watches:
+        await watch.stop()
 
 
 @pytest.mark.invariant(9)
