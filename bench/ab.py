@@ -18,6 +18,11 @@ Parts:
   (the fast upstream's `bump`): tools/call sent to the last stream notified, and first to last.
 - `memory`: RSS per idle listen stream with 10 URIs (2,000 streams after one warm stream on the same URIs).
 - `polls`: 2,000 watched URIs at 1 s (20 streams of 100 URIs): sidecar CPU per poll, schedule lag p50/p99.
+- `notify`: 1,000 listen streams on one URI of the SDK upstream (ttlMs 1 s, as `python -m bench`'s change
+  latency), `--notify-changes` changes through `tools/call set_value`, each after a random pause of 0.2-1 s (a
+  random phase of the poll schedule), at the defaults: tools/call sent to each stream's notification, p50 and
+  p99 over every stream of every change, and the tools/call's own answer time and the first stream's, which
+  split it into the write, the debounce and hinted poll, and the fan-out.
 
 At the end, issue 17's eight figures for each variant. The load average is printed with every part: read the
 ratios, not the absolute figures, when it is high.
@@ -29,6 +34,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -60,6 +66,7 @@ from bench.services import (
     start_naive_proxy,
     start_nginx,
     start_peer_proxy,
+    start_sdk_upstream,
     start_sidecar,
     uvloop_missing,
 )
@@ -67,7 +74,7 @@ from bench.services import (
 __all__ = ["main"]
 
 CONCURRENCY = 32
-PARTS = ("forward", "fanout", "memory", "polls")
+PARTS = ("forward", "fanout", "memory", "polls", "notify")
 _FANOUT_URI = "bench://items/fanout"
 
 
@@ -94,6 +101,7 @@ class Options:
     warmup_s: float
     fanout: list[int]
     changes: int
+    notify_changes: int
     idle_streams: int
     watch_uris: int
     cpu_window_s: float
@@ -292,6 +300,60 @@ async def _fanout_once(load: LoadClient, sidecar: Sidecar, n: int, changes: int)
     return max(lasts), statistics.median(spreads), n / opened["seconds"]
 
 
+# -- tools/call to notification, 1,000 streams ------------------------------------------------------------
+
+
+async def notify(opts: Options, workdir: Path, samples: Samples) -> None:
+    async with contextlib.AsyncExitStack() as stack:
+        upstream = await start_sdk_upstream(stack, workdir, read_ttl_ms=1000)
+        load = await start_loadgen(stack, workdir, "ab-loadgen-notify")
+        for round_index in range(opts.rounds):
+            for variant in _rotated(opts.variants, round_index):
+                _say(f"   notify round {round_index + 1}/{opts.rounds}: {variant.name} (load {_load()})")
+                async with contextlib.AsyncExitStack() as inner:
+                    sidecar = await start_sidecar(
+                        inner, workdir, f"ab-notify-{_slug(variant.name)}", upstream.url,
+                        {"streams": {"max_streams": 20_000}}, event_loop=variant.loop, tree=variant.tree,
+                    )  # fmt: skip
+                    await _notify_once(opts, load, sidecar, variant.name, samples, round_index)
+
+
+async def _notify_once(
+    opts: Options, load: LoadClient, sidecar: Sidecar, name: str, samples: Samples, round_index: int
+) -> None:
+    group, value = "notify", f"notify{round_index}"
+    uri = f"bench://values/{value}"
+    opened = await load.call("open", group=group, url=sidecar.url, uris=[uri], count=1000, concurrency=64)
+    if opened["opened"] != 1000:
+        raise RuntimeError(f"only {opened['opened']} of 1000 listen streams opened: {opened['reasons']}")
+    await asyncio.sleep(1.5)
+    latencies: list[float] = []
+    answered: list[float] = []
+    firsts: list[float] = []
+    try:
+        for index in range(opts.notify_changes):
+            await asyncio.sleep(random.uniform(0.2, 1.0))  # a random phase of the poll schedule
+            params = {"name": "set_value", "arguments": {"name": value, "value": round_index * 10_000 + index + 1}}
+            trigger = {
+                "url": sidecar.url,
+                "body": mcp_body("tools/call", params),
+                "headers": mcp_headers("tools/call", params),
+            }
+            answer = await load.call("change", group=group, trigger=trigger, timeout_s=10)
+            if answer["missing"]:
+                raise RuntimeError(f"{answer['missing']} of 1000 streams were not notified")
+            latencies.extend(answer["latencies"])
+            answered.append(answer["trigger_s"])
+            firsts.append(answer["latencies"][0])
+    finally:
+        await load.call("close", group=group)
+    latencies.sort()
+    samples.add(name, "notify_p50_ms", latencies[len(latencies) // 2] * 1000)
+    samples.add(name, "notify_p99_ms", latencies[int(len(latencies) * 0.99)] * 1000)
+    samples.add(name, "notify_answer_ms", statistics.median(answered) * 1000)
+    samples.add(name, "notify_first_ms", statistics.median(firsts) * 1000)
+
+
 # -- memory and polls -------------------------------------------------------------------------------------
 
 
@@ -399,6 +461,7 @@ def issue_table(opts: Options, samples: Samples) -> str:
         ),
         ("CPU per poll at 2,000 watches/s", lambda n: _fmt(samples.median(n, "cpu_us_per_poll"), 0, " us")),
         ("poll schedule lag p99 at 2,000 watches/s", lambda n: _fmt(samples.median(n, "lag_p99_ms"), 1, " ms")),
+        ("tools/call to notification p50, 1,000 streams", lambda n: _fmt(samples.median(n, "notify_p50_ms"), 1, " ms")),
     ]
     lines = ["| figure | " + " | ".join(names) + " |", "| --- |" + " --- |" * len(names)]
     lines += [f"| {label} | " + " | ".join(get(n) for n in names) + " |" for label, get in rows]
@@ -413,6 +476,12 @@ def issue_table(opts: Options, samples: Samples) -> str:
              lambda v, n=n: _fmt(samples.median(v, f"fanout_{n}_last_ms"), 0, " ms"))
         )  # fmt: skip
     extra += [
+        ("... p99, 1,000 streams", lambda n: _fmt(samples.median(n, "notify_p99_ms"), 1, " ms")),
+        ("... the tools/call's answer (median)", lambda n: _fmt(samples.median(n, "notify_answer_ms"), 1, " ms")),
+        (
+            "... the first stream's notification (median)",
+            lambda n: _fmt(samples.median(n, "notify_first_ms"), 1, " ms"),
+        ),
         ("forward req/s c=32", lambda n: _fmt(samples.median(n, "rps"), 0)),
         ("forward vs naive aiohttp proxy", lambda n: _fmt(samples.median(n, "rps_vs_naive aiohttp proxy"), unit="x")),
         ("CPU per forwarded request (c=32)", lambda n: _fmt(samples.median(n, "cpu_us_per_request"), 0, " us")),
@@ -443,6 +512,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--single-s", type=float, default=2.0, help="seconds per target at c=1 per round")
     parser.add_argument("--fanout", default="2000,10000", help="stream counts for the fan-out part")
     parser.add_argument("--changes", type=int, default=3, help="changes per fan-out measurement")
+    parser.add_argument("--notify-changes", type=int, default=10, help="changes per round of the notify part")
     parser.add_argument("--idle-streams", type=int, default=2000)
     parser.add_argument("--watch-uris", type=int, default=2000)
     parser.add_argument("--cpu-window-s", type=float, default=15.0)
@@ -477,6 +547,7 @@ def _options(args: argparse.Namespace) -> Options:
         warmup_s=0.5,
         fanout=[int(n) for n in args.fanout.split(",") if n.strip()],
         changes=args.changes,
+        notify_changes=args.notify_changes,
         idle_streams=args.idle_streams,
         watch_uris=args.watch_uris,
         cpu_window_s=args.cpu_window_s,
@@ -495,6 +566,8 @@ async def _run(opts: Options, workdir: Path) -> Samples:
         steps.append(("fanout", fanout))
     if "memory" in opts.parts or "polls" in opts.parts:
         steps.append(("memory/polls", streams_and_polls))
+    if "notify" in opts.parts:
+        steps.append(("notify", notify))
     for name, step in steps:
         started = time.monotonic()
         _say(f"== {name} (load {_load()})")

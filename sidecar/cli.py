@@ -21,7 +21,7 @@ from sidecar.bus.redis import RedisUnavailable
 from sidecar.config import ConfigError, SidecarConfig, load_config
 from sidecar.observability.logs import INSTANCE_ENV, configure_logging
 from sidecar.observability.tracing import TracingUnavailable, configure_tracing, install, tracing
-from sidecar.serving import GuardedRunner, install_quiet_errors, raise_open_files_limit, stop_signals
+from sidecar.serving import GuardedRunner, install_quiet_errors, raise_open_files_limit, settle_heap, stop_signals
 from sidecar.tls import CertificateWatch, server_context
 from sidecar.upstream.http.client import UpstreamClient
 from sidecar.upstream.stdio.process import StdioStartError
@@ -110,7 +110,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     if workers > 1 and os.environ.get(_WORKER_ENV) is None:
         return run_workers(workers, argv if argv is not None else sys.argv[1:])
     with asyncio.Runner(loop_factory=loop_factory) as runner:
-        return runner.run(serve(config, reuse_port=workers > 1))
+        return runner.run(_serve_settled(config, reuse_port=workers > 1))
+
+
+async def _serve_settled(config: SidecarConfig, *, reuse_port: bool) -> int:
+    # The process's own heap only: `serve` also runs inside test processes, whose heap is not the sidecar's.
+    ready = asyncio.Event()
+
+    async def settle() -> None:
+        await ready.wait()
+        settle_heap()
+
+    settling = asyncio.get_running_loop().create_task(settle())
+    try:
+        return await serve(config, ready, reuse_port=reuse_port)
+    finally:
+        settling.cancel()
 
 
 def _loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:

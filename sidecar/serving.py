@@ -10,12 +10,14 @@
   the hard limit is lower than the cap needs (1,024 under some runtimes), the cap is lowered to fit it.
 - asyncio's "accept() out of resources" and aiohttp's tracebacks for malformed HTTP are logged once per
   cause per interval at WARNING, not once per connection at ERROR.
+- Once serving, the heap the process started with is left out of garbage collection (`settle_heap`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import resource
 import signal
@@ -29,11 +31,32 @@ from aiohttp.web_protocol import RequestHandler
 from sidecar.config import ListenConfig
 from sidecar.observability.metrics import Metrics
 
-__all__ = ["GuardedRunner", "QuietErrors", "install_quiet_errors", "raise_open_files_limit", "stop_signals"]
+__all__ = [
+    "GuardedRunner",
+    "QuietErrors",
+    "install_quiet_errors",
+    "raise_open_files_limit",
+    "settle_heap",
+    "stop_signals",
+]
 
 logger = logging.getLogger(__name__)
 
 _LOG_INTERVAL_S = 10.0
+GC_YOUNG_THRESHOLD = 20_000
+"""Net new container objects between young collections (CPython's default is 700). Almost everything a request
+allocates is freed by reference counting; at 700 a collection ran every ~20 requests at c=32, and the objects
+of the requests in flight were promoted and later rescanned by full collections."""
+
+
+def settle_heap() -> None:
+    """Called once the sidecar serves: what is alive now (modules, configuration, the app) lives as long as the
+    process, so the collector stops scanning it (`gc.freeze`), and young collections run every
+    `GC_YOUNG_THRESHOLD` net allocations. Measured under load at c=32: collections took ~2% of the CPU and paused
+    the loop for up to 66 ms (full ones scanning the startup heap), the p99's size; after, almost none ran."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
 
 
 class GuardedRunner(web.AppRunner):

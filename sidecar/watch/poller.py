@@ -80,6 +80,8 @@ class Schedule:
     def __init__(self, config: PollingConfig, rand: Callable[[], float] = JITTER.random) -> None:
         self._config = config
         self._rand = rand
+        self._spread_until = float("-inf")
+        """Until when hinted polls are spread: a window opened by the last hint that polled at once."""
 
     @property
     def min_interval_s(self) -> float:
@@ -101,9 +103,16 @@ class Schedule:
             return self.interval_s(ttl_ms)
         return self._jittered(self._config.native_backstop_ms, self._config.jitter)
 
-    def hint_jitter_s(self) -> float:
-        """Spread for hinted polls: up to `jitter` of min_interval_ms."""
-        return self._rand() * self._config.jitter * self._config.min_interval_ms / 1000
+    def hint_jitter_s(self, now: float, *, waits: bool) -> float:
+        """Spread for hinted polls: up to `jitter` of min_interval_ms. A hint that `waits` out min_interval_ms is
+        an interval, always jittered; one that may poll at once does so when it is the first for that spread (a
+        lone write's key is polled without a pause), and every hint after it within the spread is spread over
+        it, so a burst across many keys still never fires in one instant."""
+        spread = self._config.jitter * self._config.min_interval_ms / 1000
+        if not waits and now >= self._spread_until:
+            self._spread_until = now + spread
+            return 0.0
+        return self._rand() * spread
 
     def backoff_s(self, consecutive_errors: int) -> float:
         config = self._config
@@ -259,7 +268,8 @@ class Watch:
         # A hinted poll: not sooner than min_interval_ms after the last one, jittered (a burst of hints across
         # many watches, or the recovery after an outage, must not fire them all in one instant), and within the
         # upstream's budget of hinted polls. A regular poll already due sooner is left alone.
-        due = max(self._last_start + self._schedule.min_interval_s, self._clock.now()) + self._schedule.hint_jitter_s()
+        now, floor = self._clock.now(), self._last_start + self._schedule.min_interval_s
+        due = max(floor, now) + self._schedule.hint_jitter_s(now, waits=floor > now)
         if scheduled is not None and scheduled <= due:
             return
         slot = self._budget.slot(due) if self._budget is not None else due

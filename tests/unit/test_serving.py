@@ -57,3 +57,20 @@ def test_a_hard_limit_below_the_cap_lowers_the_cap_to_what_it_leaves(hard: int, 
     in_force, limit, log = _start_under(hard, hard)
     assert (in_force, limit) == (cap, hard)
     assert "listen.max_connections lowered to fit the open-files limit" in log
+
+
+def test_a_settled_heap_is_frozen_and_collected_young_less_often() -> None:
+    # In a child process: freezing this test process's heap would outlive the test.
+    probe = (
+        "import gc, json\n"
+        "from sidecar.serving import GC_YOUNG_THRESHOLD, settle_heap\n"
+        "before = gc.get_threshold()\n"
+        "settle_heap()\n"
+        "print(json.dumps([before, gc.get_threshold(), gc.get_freeze_count() > 0, GC_YOUNG_THRESHOLD]))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=True
+    )
+    before, after, frozen, young = json.loads(done.stdout)
+    assert after == [young, *before[1:]]
+    assert frozen

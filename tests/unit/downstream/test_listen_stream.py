@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import orjson
 import pytest
 
-from sidecar.downstream.listen import ListenStream, parse_filter
+from sidecar.downstream.listen import ListenStream, _frame_around_id, parse_filter
 from sidecar.observability.metrics import Metrics
 from sidecar.protocol.errors import InvalidParams
+from sidecar.protocol.frames import notification
 
 
 @pytest.mark.invariant(11)
@@ -36,3 +38,19 @@ def test_filter_false_flags_subscribe_to_nothing() -> None:
 def test_a_uri_longer_than_the_limit_is_invalid_params() -> None:
     with pytest.raises(InvalidParams, match="longer than 16"):
         parse_filter({"notifications": {"resourceSubscriptions": ["x:" + "a" * 20]}}, 16)
+
+
+@pytest.mark.parametrize(
+    ("subscription_id", "method", "uri"),
+    [
+        (7, "notifications/resources/updated", "x://a"),
+        ("l-1", "notifications/resources/updated", 'x://"quoted"\x00and a NUL'),
+        ("l-2", "notifications/tools/list_changed", None),
+    ],
+    ids=["number id", "string id, odd URI", "list change"],
+)
+def test_a_frame_built_around_the_id_is_the_notification_byte_for_byte(
+    subscription_id: int | str, method: str, uri: str | None
+) -> None:
+    before, after = _frame_around_id(method, uri)
+    assert before + orjson.dumps(subscription_id) + after == orjson.dumps(notification(subscription_id, method, uri))

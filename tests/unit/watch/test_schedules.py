@@ -34,8 +34,14 @@ CONFIG = PollingConfig(
     backoff_initial_ms=1000,
     backoff_max_ms=8000,
 )
-MIDPOINT = Schedule(CONFIG, rand=lambda: 0.5)
-"""rand() = 0.5 puts interval and backoff jitter at zero; a hint's own spread is then 0.0125 s."""
+
+
+def _midpoint() -> Schedule:
+    """rand() = 0.5 puts interval and backoff jitter at zero; a hint's own spread is then 0.0125 s. (A fresh one
+    per watch: a schedule remembers when it last let a hint poll at once.)"""
+    return Schedule(CONFIG, rand=lambda: 0.5)
+
+
 HINT_SPREAD_S = 0.5 * CONFIG.jitter * CONFIG.min_interval_ms / 1000
 
 
@@ -153,7 +159,7 @@ def _watch(
     budget: HintBudget | None = None,
     metrics: Metrics | None = None,
     uri: str = "x://1",
-    schedule: Schedule = MIDPOINT,
+    schedule: Schedule | None = None,
 ) -> Watch:
     tickets = Tickets()
 
@@ -164,7 +170,7 @@ def _watch(
         WatchKey("resource", uri, "public"),
         Observation("fp-0", 2000, True),
         tickets.take(),
-        schedule=schedule,
+        schedule=schedule or _midpoint(),
         reader=upstream.read,
         sink=sink,
         gate=asyncio.Semaphore(4),
@@ -265,9 +271,44 @@ async def test_a_hint_between_the_timer_firing_and_its_poll_starting_adds_no_sec
     upstream.held.set()
     upstream.held = None
     await clock.advance(0.5)
-    assert upstream.polled_at == [2.0, pytest.approx(3.0 + HINT_SPREAD_S)], "the hint is one poll after it"
+    # Past min_interval_ms and the only hint of its spread: it polls at once, without a pause.
+    assert upstream.polled_at == [2.0, pytest.approx(3.0)], "the hint is one poll after it"
     assert upstream.most_in_flight == 1
     await watch.stop()
+
+
+async def test_a_lone_hint_past_min_interval_polls_at_once(clock: ManualClock, upstream: Upstream) -> None:
+    # One write's key: nothing to spread it from, so no pause between the write's hint and its poll.
+    watch = _watch(clock, upstream, [])
+    await clock.advance(1.0)
+    watch.hint()
+    await clock.advance(0.0)
+    assert upstream.polled_at == [1.0]
+    await watch.stop()
+
+
+@pytest.mark.invariant(9)
+async def test_hints_to_many_watches_at_once_are_spread_after_the_first(clock: ManualClock) -> None:
+    # A write hinting many keys must not fire their polls in one instant: the first polls at once, the others
+    # over the spread (up to jitter x min_interval_ms); and a hint that waits out min_interval_ms is jittered.
+    draws: list[float] = []
+    schedule = Schedule(CONFIG, rand=lambda: draws.pop(0) if draws else 0.5)
+    spread_s = CONFIG.jitter * CONFIG.min_interval_ms / 1000
+    upstreams = [Upstream(clock) for _ in range(4)]
+    watches = [_watch(clock, upstream, [], schedule=schedule) for upstream in upstreams]
+    draws += [0.2, 0.6, 0.9]  # the hints' draws, after the starts' own (later ones draw 0.5)
+    await clock.advance(1.0)
+    for watch in watches:
+        watch.hint()
+    await clock.advance(0.1)
+    polled = [upstream.polled_at for upstream in upstreams]
+    assert polled == [[1.0], [pytest.approx(1.0 + 0.2 * spread_s)], [pytest.approx(1.0 + 0.6 * spread_s)],
+                      [pytest.approx(1.0 + 0.9 * spread_s)]]  # fmt: skip
+    watches[0].hint()  # 0.1 s after its poll: it waits out min_interval_ms, and that wait is jittered
+    await clock.advance(0.5)
+    assert upstreams[0].polled_at == [1.0, pytest.approx(1.25 + 0.5 * spread_s)]
+    for watch in watches:
+        await watch.stop()
 
 
 @pytest.mark.invariant(9)
@@ -303,9 +344,10 @@ async def test_a_hint_after_a_poll_polls_min_interval_after_that_poll(clock: Man
 async def test_a_hint_just_before_a_regular_poll_is_answered_by_it_and_spends_no_budget(
     clock: ManualClock, upstream: Upstream
 ) -> None:
-    budget = HintBudget(per_s=1)
-    watch = _watch(clock, upstream, [], budget=budget)
+    budget, schedule = HintBudget(per_s=1), _midpoint()
+    watch = _watch(clock, upstream, [], budget=budget, schedule=schedule)
     await clock.advance(1.995)
+    schedule.hint_jitter_s(clock.now(), waits=False)  # another key was hinted first: this hint is spread
     watch.hint()  # a hinted poll could run at 2.0075 at the soonest: the regular one at 2.0 comes first
     await clock.advance(0.5)
     assert upstream.polled_at == [2.0]
@@ -419,7 +461,7 @@ async def test_a_key_the_upstreams_notifications_cover_polls_at_the_backstop_and
     assert upstream.polled_at == [2.0], "the poll armed before the cover, then the backstop's 60 s"
     watch.set_native(False)
     await clock.advance(1.0)
-    assert upstream.polled_at == [2.0, pytest.approx(30.0 + HINT_SPREAD_S)]
+    assert upstream.polled_at == [2.0, 30.0]  # polled soon: at once, the only key hinted (past min_interval_ms)
     assert watch.interval_s == 2.0
     await watch.stop()
 
@@ -443,7 +485,9 @@ async def test_the_upstream_answering_again_retries_a_failing_watch_once_per_fai
     await clock.advance(2.0)  # the regular poll at 6.2625 fails: a new streak, backing off to 7.2625
     watch.recover()
     await clock.advance(0.2)
-    assert upstream.polled_at[2:] == pytest.approx([4.2625, 6.2625, 7.0 + HINT_SPREAD_S])
+    assert upstream.polled_at[2:] == pytest.approx(
+        [4.2625, 6.2625, 7.0]
+    )  # the retry at once: a lone key, past the floor
     await watch.stop()
 
 
