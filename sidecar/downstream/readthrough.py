@@ -1,6 +1,6 @@
 """No re-read stampede: identical cacheable requests share one upstream request, and fresh results are reused.
 
-Keys are (method, the parameters that affect the result, partition): `public`, or the authorization
+Keys are (method, the parameters that affect the result, context): `public`, or the authorization
 context for private or unknown scope. A change published on the bus drops the cached entries of its
 key and makes requests already in flight for it unjoinable, before any notification is sent (the
 cache subscribes to the bus before the streams do), so a client that re-reads after `updated` gets a
@@ -53,7 +53,7 @@ _KINDS: dict[str, WatchKind] = {
 _MRTR_PARAMS = ("inputResponses", "requestState")
 _INDEX_PRUNE_EVERY = 1024
 _MAX_OBSERVATIONS = 100_000
-"""Watches' latest looks remembered (one per watched key and partition; least recently used go first)."""
+"""Watches' latest looks remembered (one per watched key and context; least recently used go first)."""
 _MAX_VERIFIED = 4096
 """Contexts remembered per public entry; past that, a new context's first read goes upstream (and is answered)."""
 
@@ -159,7 +159,7 @@ class ReadThrough:
         self._verify = config.public_requires_verified_context
         self._flights: dict[_FlightKey, _Flight] = {}
         self._latest: LRUCache[tuple[Group, str], tuple[int, str, int]] = LRUCache(maxsize=_MAX_OBSERVATIONS)
-        """(group, partition) -> the (ticket, fingerprint) of the latest look a watch applied, and the ticket of the
+        """(group, context) -> the (ticket, fingerprint) of the latest look a watch applied, and the ticket of the
         first of the looks in a row, up to it, that saw that same fingerprint."""
         self._index: dict[Group, set[CacheKey]] = {}
         self._inserts = 0
@@ -174,9 +174,9 @@ class ReadThrough:
             self._metrics.cache_misses.inc()
             return None
         params_key = _params_key(params)
-        for partition in (PUBLIC, context):
-            entry = self._cache.get((method, params_key, partition))
-            if entry is not None and partition == PUBLIC and context not in entry.verified and self._verify:
+        for entry_context in (PUBLIC, context):
+            entry = self._cache.get((method, params_key, entry_context))
+            if entry is not None and entry_context == PUBLIC and context not in entry.verified and self._verify:
                 continue  # the upstream has not answered this context yet: it may refuse it
             if entry is not None:
                 self._metrics.cache_hits.inc()
@@ -202,7 +202,7 @@ class ReadThrough:
             return
         if result.get("resultType", "complete") != "complete":
             return
-        partition = PUBLIC if result.get("cacheScope") == "public" else context
+        entry_context = PUBLIC if result.get("cacheScope") == "public" else context
         try:
             size = len(orjson.dumps(result))
         except TypeError:  # nested deeper than orjson writes: not cached, still answered
@@ -210,18 +210,18 @@ class ReadThrough:
         if size > self._config.max_bytes:
             return
         group = _group(method, params)
-        if self._contradicted(group, partition, result, ticket):
+        if self._contradicted(group, entry_context, result, ticket):
             return  # a watch has since seen something else: this answer is already stale
         kind = _KINDS.get(method)
         if self._routing is not None and kind is not None:
             if not self._routing.hold(kind, group[1], started, received_at + ttl / 1000):
                 return  # a change since the request started might not have reached us: kept from the next one
-        key = (method, _params_key(params), partition)
+        key = (method, _params_key(params), entry_context)
         while len(self._cache) >= self._config.max_entries and key not in self._cache:
             self._cache.popitem()
         previous = self._cache.get(key)
         verified = previous.verified if previous is not None else set()
-        if partition == PUBLIC and len(verified) < _MAX_VERIFIED:
+        if entry_context == PUBLIC and len(verified) < _MAX_VERIFIED:
             verified.add(context)
         self._cache[key] = _Entry(result, received_at + ttl / 1000, size, verified, ticket)
         self._index.setdefault(group, set()).add(key)
@@ -328,8 +328,8 @@ class ReadThrough:
                     self._cache.pop(cache_key, None)
         self._metrics.cache_bytes.set(self._cache.currsize)
 
-    def _contradicted(self, group: Group, partition: str, result: JsonObject, ticket: int) -> bool:
-        latest = self._latest.get((group, partition))
+    def _contradicted(self, group: Group, entry_context: str, result: JsonObject, ticket: int) -> bool:
+        latest = self._latest.get((group, entry_context))
         return latest is not None and ticket < latest[0] and _differs(group, result, latest[1])
 
     def on_change(self, event: ChangeEvent) -> None:
