@@ -247,10 +247,10 @@ class StreamHub:
         self._by_key.setdefault(handle.key, set()).add(sink)
 
     def detach(self, sink: SignalSink, handle: Handle) -> None:
-        holders = self._by_key.get(handle.key)
-        if holders is not None:
-            holders.discard(sink)
-            if not holders:
+        sinks = self._by_key.get(handle.key)
+        if sinks is not None:
+            sinks.discard(sink)
+            if not sinks:
                 del self._by_key[handle.key]
 
     def _on_change(self, event: ChangeEvent) -> None:
