@@ -218,9 +218,13 @@ async def forward(ctx: Context) -> None:
     nginx = many.get("nginx")
     if nginx is not None and nginx["rps"] > 0:
         share = sidecar / nginx["rps"]
-        r.add(scenario, "mcp-sidecar / nginx hop throughput", f"{share:.0%}", ">= 35%", share >= 0.35)
+        r.add(scenario, "mcp-sidecar / nginx hop throughput", f"{share:.0%}", ">= 50%", share >= 0.5)
+        ours, theirs = _sec(many["mcp-sidecar"], "p99_ms"), _sec(nginx, "p99_ms")
+        if ours is not None and theirs:
+            tail = ours / theirs
+            r.add(scenario, "mcp-sidecar p99 / nginx's p99", f"{tail:.2f}x", "<= 2x", tail <= 2)
     else:
-        r.add(scenario, "mcp-sidecar / nginx hop throughput", "n/a (no nginx)", ">= 35%")
+        r.add(scenario, "mcp-sidecar / nginx hop throughput", "n/a (no nginx)", ">= 50%")
     naive = many.get(NAIVE)
     if naive is not None and naive["rps"] > 0:
         r.add(scenario, "mcp-sidecar / naive aiohttp proxy throughput", f"{sidecar / naive['rps']:.2f}x")
