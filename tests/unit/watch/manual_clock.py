@@ -47,6 +47,10 @@ class ManualClock:
         heapq.heappush(self._timers, (when, next(self._order), timer))
         return timer
 
+    def pending(self) -> int:
+        """Timers armed and not cancelled (due or not)."""
+        return sum(not timer.cancelled for _, _, timer in self._timers)
+
     async def advance(self, seconds: float) -> None:
         """Move time on, firing each due timer at its own time and letting what it started finish."""
         until = self._now + seconds

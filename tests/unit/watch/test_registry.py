@@ -7,18 +7,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import cast
 
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import Tracer
 
 from sidecar.bus.memory import MemoryBus
-from sidecar.changes import ChangeEvent, WatchKey
+from sidecar.changes import ChangeEvent, WatchKey, WatchState
 from sidecar.config import PollingConfig
 from sidecar.fair_share import FairShare
 from sidecar.identity import ANONYMOUS_IDENTITY, PUBLIC, Identity
 from sidecar.observability.metrics import Metrics
+from sidecar.observability.tracing import Tracing, install
 from sidecar.protocol.errors import TooManyRequests, UpstreamHTTPError, UpstreamUnavailable
 from sidecar.upstream.base import Upstream
 from sidecar.watch.fingerprint import ABSENT, fingerprint_contents
@@ -40,6 +45,11 @@ CONFIG = PollingConfig(
 
 ALICE = Identity("alice", (("authorization", "Bearer a"),), client="alice-laptop")
 BOB = Identity("bob", (("authorization", "Bearer b"),), client="bob-laptop")
+JUST = 1 / 128
+"""A moment, exact in binary: times add up without rounding."""
+
+ALICE_PHONE = Identity("alice", ALICE.headers, client="alice-phone")
+CAROL = Identity("carol", (("authorization", "Bearer c"),), client="carol-laptop")
 ANON = ANONYMOUS_IDENTITY
 DOC = "file:///doc"
 OTHER = "file:///other"
@@ -71,24 +81,77 @@ class World:
         return self.metrics.registry.get_sample_value(name, labels)
 
 
-def _world(config: PollingConfig = CONFIG, *, capacity: int = 8, per_client: int = 4) -> World:
+class GatedBus(MemoryBus):
+    """The in-memory bus, whose publishing the test may hold (a slow bus)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate: asyncio.Event | None = None
+
+    async def publish(self, event: ChangeEvent) -> None:
+        if self.gate is not None:
+            await self.gate.wait()
+        await super().publish(event)
+
+
+class Coordinator:
+    """The replicas' coordination as one replica sees it: the lease, tracked keys, other replicas' writes."""
+
+    def __init__(self) -> None:
+        self.lease = True
+        self.tracked: list[WatchKey] = []
+        self.untracked: list[WatchKey] = []
+        self.announced: list[frozenset[str]] = []
+        self.others_wrote: Callable[[frozenset[str]], None] | None = None
+
+    def may_poll(self, key: WatchKey) -> bool:
+        return self.lease
+
+    def track(self, watch: WatchState) -> None:
+        self.tracked.append(watch.key)
+
+    def untrack(self, key: WatchKey) -> None:
+        self.untracked.append(key)
+
+    async def announce_revalidate(self, contexts: frozenset[str]) -> None:
+        self.announced.append(contexts)
+
+    def on_revalidate(self, listener: Callable[[frozenset[str]], None]) -> None:
+        self.others_wrote = listener
+
+
+def _world(
+    config: PollingConfig = CONFIG,
+    *,
+    capacity: int = 8,
+    per_client: int = 4,
+    bus: MemoryBus | None = None,
+    coordinator: Coordinator | None = None,
+) -> World:
     clock = ManualClock()
     upstream = ScriptedUpstream()
-    bus = MemoryBus()
+    bus = bus or MemoryBus()
     metrics = Metrics()
     fair_share = FairShare(capacity=capacity, per_client=per_client, max_queued_per_client=8, metrics=metrics)
-    registry = WatchRegistry(cast(Upstream, upstream), config, bus, metrics, fair_share, clock=clock)
+    registry = WatchRegistry(
+        cast(Upstream, upstream), config, bus, metrics, fair_share, coordinator=coordinator, clock=clock
+    )
     world = World(clock, upstream, bus, metrics, fair_share, registry)
     bus.subscribe(world.events.append)
     registry.on_auth_failure(lambda key, context: world.refusals.append((key, context)))
     return world
 
 
+def _failures(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING]
+
+
 @pytest.fixture
-async def world() -> AsyncIterator[World]:
+async def world(caplog: pytest.LogCaptureFixture) -> AsyncIterator[World]:
     world = _world()
     yield world
     await world.registry.aclose()
+    assert _failures(caplog) == [], "nothing the engine did failed (a crashed poll, a failed task) unless asked to"
 
 
 # -- a subscription's first read -----------------------------------------------------------------------------
@@ -319,10 +382,10 @@ async def test_the_last_release_lingers_unpolled_then_ends(world: World) -> None
     handle.release()
     handle.release()
     assert world.watches() == {handle.key: 0}
-    await world.clock.advance(7.99)
+    await world.clock.advance(8 - JUST)
     assert world.upstream.reads(DOC) == ["alice"], "no stream holds it: no credential to poll with"
     assert world.watches() == {handle.key: 0}
-    await world.clock.advance(0.01)
+    await world.clock.advance(JUST)
     assert world.watches() == {}
     assert world.gauge("mcp_sidecar_watches", kind="resource") == 0
     assert world.gauge("mcp_sidecar_watched_contexts") == 0
@@ -632,48 +695,52 @@ async def test_a_failing_publish_is_logged(world: World, caplog: pytest.LogCaptu
 
 
 async def test_first_reads_over_a_clients_rate_wait_their_turn_in_its_own_fair_share() -> None:
-    world = _world(CONFIG.model_copy(update={"max_baselines_per_s": 1.0}), capacity=1, per_client=1)
+    world = _world(CONFIG.model_copy(update={"max_baselines_per_s": 1.0}), capacity=2, per_client=1)
     world.upstream.resources[DOC] = contents(DOC, "v1")
     world.upstream.resources[OTHER] = contents(OTHER, "v1")
     assert await world.registry.acquire("resource", DOC, ALICE) is not None, "within the rate: at once"
     await world.fair_share.acquire(ALICE.client, within_s=60, limit="test")  # alice's forwarded request
-    paced = asyncio.create_task(world.registry.acquire("resource", OTHER, ALICE))
+    paced = [asyncio.create_task(world.registry.acquire("resource", OTHER, ALICE)) for _ in range(2)]
     await settle()
-    assert world.upstream.reads(OTHER) == [], "over the rate: behind alice's own request"
-    bob = await world.registry.acquire("resource", OTHER, BOB)
-    assert bob is not None, "bob does not wait on alice's paced read"
-    assert world.upstream.reads(OTHER) == ["bob"]
+    assert world.upstream.reads(OTHER) == [], "over the rate: behind alice's own request (a slot is free)"
+    phone = await world.registry.acquire("resource", OTHER, ALICE_PHONE)
+    assert phone is not None, "her phone, within its own rate, does not wait on her laptop's turn"
+    assert world.upstream.reads(OTHER) == ["alice"]
     world.fair_share.release(ALICE.client)
-    handle = await paced
-    assert handle is not None
-    assert world.upstream.reads(OTHER) == ["bob", "alice"]
+    handles = await asyncio.gather(*paced)
+    assert all(handle is not None for handle in handles)
+    assert world.upstream.reads(OTHER) == ["alice", "alice"], "the laptop's two first reads were one"
+    assert world.watches()[WatchKey("resource", OTHER, "alice")] == 3
     await world.registry.aclose()
 
 
 async def test_a_first_read_that_waits_too_long_for_its_turn_is_refused() -> None:
     config = CONFIG.model_copy(update={"max_baselines_per_s": 1.0, "baseline_wait_s": 0.001})
-    world = _world(config, capacity=1, per_client=1)
+    world = _world(config, capacity=2, per_client=1)
     world.upstream.resources[DOC] = contents(DOC, "v1")
     assert await world.registry.acquire("resource", DOC, ALICE) is not None
     await world.fair_share.acquire(ALICE.client, within_s=60, limit="test")
     with pytest.raises(TooManyRequests):
         await world.registry.acquire("resource", OTHER, ALICE)
     assert world.upstream.reads(OTHER) == []
+    assert world.gauge("mcp_sidecar_limit_rejections_total", limit="baseline_wait") == 1
     world.fair_share.release(ALICE.client)
     await world.registry.aclose()
 
 
 async def test_a_joiners_look_over_the_rate_waits_its_turn_too() -> None:
-    world = _world(CONFIG.model_copy(update={"max_baselines_per_s": 1.0}), capacity=1, per_client=1)
+    world = _world(CONFIG.model_copy(update={"max_baselines_per_s": 1.0}), capacity=2, per_client=1)
     world.upstream.resources[DOC] = contents(DOC, "v1")
     assert await world.registry.acquire("resource", DOC, ALICE) is not None
     await world.fair_share.acquire(ALICE.client, within_s=60, limit="test")
-    paced = asyncio.create_task(world.registry.acquire("resource", DOC, ALICE))
+    paced = [asyncio.create_task(world.registry.acquire("resource", DOC, ALICE)) for _ in range(2)]
     await settle()
     assert world.upstream.reads(DOC) == ["alice"]
-    world.fair_share.release(ALICE.client)
-    assert await paced is not None
+    assert await world.registry.acquire("resource", DOC, ALICE_PHONE) is not None, "not behind the laptop's turn"
     assert world.upstream.reads(DOC) == ["alice", "alice"]
+    world.fair_share.release(ALICE.client)
+    assert all(await asyncio.gather(*paced))
+    assert world.upstream.reads(DOC) == ["alice", "alice", "alice"], "the laptop's two joins shared one look"
     await world.registry.aclose()
 
 
@@ -705,3 +772,300 @@ async def test_shutdown_stops_every_watch_and_cancels_first_reads_in_flight() ->
     await world.clock.advance(60.0)
     assert world.upstream.calls == [], "nothing polls after shutdown, hinted or not"
     live.release()
+
+
+async def test_shutdown_leaves_nothing_scheduled_and_finishes_what_it_had_started(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    world = _world()
+    world.upstream.resources[DOC] = contents(DOC, "v1")
+    world.upstream.resources[OTHER] = contents(OTHER, "v1")
+    assert await world.registry.acquire("resource", DOC, ALICE) is not None
+    lingering = await world.registry.acquire("resource", OTHER, ALICE)
+    assert lingering is not None
+    lingering.release()
+    world.registry.after_forward("tools/call", {}, ALICE, {"result": {}}, world.registry.ticket())
+    world.registry.after_forward(
+        "resources/read", {"uri": DOC}, ALICE, {"result": contents(DOC, "v2")}, world.registry.ticket()
+    )
+    world.upstream.gate = asyncio.Event()
+    starting = asyncio.create_task(world.registry.acquire("resource", "file:///new", BOB))
+    await settle()
+    await world.registry.aclose()
+    assert world.changes() == [(WatchKey("resource", DOC, "alice"), fp(DOC, "v2"))], "told before it returned"
+    assert world.clock.pending() == 0, "no poll, linger or debounce is left to fire"
+    with pytest.raises(asyncio.CancelledError):
+        await starting
+    await settle()
+    assert _failures(caplog) == []
+
+
+async def test_shutdown_does_not_fail_for_a_publish_that_failed(caplog: pytest.LogCaptureFixture) -> None:
+    world = _world()
+    world.upstream.resources[DOC] = contents(DOC, "v1")
+    assert await world.registry.acquire("resource", DOC, ALICE) is not None
+
+    async def publish(event: ChangeEvent) -> None:
+        raise RuntimeError("the bus is broken")
+
+    world.bus.publish = publish  # type: ignore[method-assign]
+    world.registry.after_forward(
+        "resources/read", {"uri": DOC}, ALICE, {"result": contents(DOC, "v2")}, world.registry.ticket()
+    )
+    await world.registry.aclose()
+    assert world.clock.pending() == 0
+
+
+# -- more than one context at once ----------------------------------------------------------------------------
+
+
+async def test_contexts_joining_a_public_watch_at_once_share_a_look_once_each_proved_access(world: World) -> None:
+    world.upstream.resources[DOC] = contents(DOC, "v1", cacheScope="public")
+    for identity in (ALICE, BOB):
+        assert await world.registry.acquire("resource", DOC, identity) is not None
+    world.upstream.calls.clear()
+    world.upstream.gate = asyncio.Event()
+    joiners = [asyncio.create_task(world.registry.acquire("resource", DOC, i)) for i in (ALICE, BOB, CAROL, ANON)]
+    await settle()
+    assert sorted(world.upstream.reads(DOC)) == ["alice", "anon", "carol"], (
+        "alice and bob share one look; carol and anon, not verified yet, each read for themselves"
+    )
+    world.upstream.gate.set()
+    assert all(await asyncio.gather(*joiners))
+    assert world.watches() == {WatchKey("resource", DOC, PUBLIC): 6}
+
+
+async def test_a_context_refused_must_prove_access_again_before_sharing_a_look(world: World) -> None:
+    world.upstream.resources[DOC] = contents(DOC, "v1", cacheScope="public")
+    for identity in (ALICE, BOB):
+        assert await world.registry.acquire("resource", DOC, identity) is not None
+    world.registry.refused("resources/read", {"uri": DOC}, BOB)
+    world.upstream.calls.clear()
+    world.upstream.gate = asyncio.Event()
+    joiners = [asyncio.create_task(world.registry.acquire("resource", DOC, i)) for i in (ALICE, BOB)]
+    await settle()
+    assert sorted(world.upstream.reads(DOC)) == ["alice", "bob"]
+    world.upstream.gate.set()
+    assert all(await asyncio.gather(*joiners))
+
+
+async def test_a_context_whose_poll_was_refused_must_prove_access_again(world: World) -> None:
+    world.upstream.resources[DOC] = contents(DOC, "v1", cacheScope="public")
+    for identity in (BOB, ALICE):
+        assert await world.registry.acquire("resource", DOC, identity) is not None
+    world.upstream.failure = UpstreamHTTPError(URL, 403, "Forbidden")
+    await world.clock.advance(5.0)
+    assert world.refusals == [(WatchKey("resource", DOC, PUBLIC), "bob")]
+    world.upstream.failure = None
+    world.upstream.calls.clear()
+    world.upstream.gate = asyncio.Event()
+    joiners = [asyncio.create_task(world.registry.acquire("resource", DOC, i)) for i in (ALICE, BOB)]
+    await settle()
+    assert sorted(world.upstream.reads(DOC)) == ["alice", "bob"]
+    world.upstream.gate.set()
+    assert all(await asyncio.gather(*joiners))
+
+
+# -- a watch's first moments --------------------------------------------------------------------------------------
+
+
+async def test_a_first_read_of_a_lingering_public_watch_keeps_it_a_moment_for_its_caller() -> None:
+    world = _world(CONFIG.model_copy(update={"linger_ms": 0}))
+    world.upstream.resources[DOC] = contents(DOC, "v1", cacheScope="public")
+    world.upstream.gate = asyncio.Event()
+    alice = asyncio.create_task(world.registry.acquire("resource", DOC, ALICE))
+    await settle()
+    alice.cancel()
+    world.upstream.gate.set()
+    await settle()
+    key = WatchKey("resource", DOC, PUBLIC)
+    await world.clock.advance(0.5)
+    assert world.watches() == {key: 0}, "lingering its first moment"
+    world.upstream.gate.clear()
+    bob = asyncio.create_task(world.registry.acquire("resource", DOC, BOB))
+    await settle()
+    bob.cancel()
+    world.upstream.gate.set()
+    await settle()
+    await world.clock.advance(0.9)
+    assert world.watches() == {key: 0}, "bob's read started the moment again"
+    await world.clock.advance(0.1)
+    assert world.watches() == {}
+    await world.registry.aclose()
+
+
+async def test_a_first_read_of_a_watch_lingering_longer_restarts_its_linger(world: World) -> None:
+    world.upstream.resources[DOC] = contents(DOC, "v1", cacheScope="public")
+    alice = await world.registry.acquire("resource", DOC, ALICE)
+    assert alice is not None
+    alice.release()
+    await world.clock.advance(7.0)
+    world.upstream.gate = asyncio.Event()
+    bob = asyncio.create_task(world.registry.acquire("resource", DOC, BOB))
+    await settle()
+    bob.cancel()
+    world.upstream.gate.set()
+    await settle()
+    await world.clock.advance(8 - JUST)
+    assert world.watches() == {alice.key: 0}
+    await world.clock.advance(JUST)
+    assert world.watches() == {}
+
+
+async def test_a_watch_joined_while_its_first_look_is_published_ends_after_its_last_stream() -> None:
+    bus = GatedBus()
+    world = _world(bus=bus)
+    world.upstream.resources[DOC] = contents(DOC, "v1")
+    bus.gate = asyncio.Event()
+    first = asyncio.create_task(world.registry.acquire("resource", DOC, ALICE))
+    await settle()
+    joiner = await world.registry.acquire("resource", DOC, ALICE_PHONE)
+    assert joiner is not None, "the watch is there while its first look is published: joined with a look"
+    first.cancel()
+    bus.gate.set()
+    await settle()
+    assert world.watches() == {joiner.key: 1}
+    await world.clock.advance(20.0)
+    assert world.watches() == {joiner.key: 1}, "held: it does not end"
+    assert len(world.upstream.reads(DOC)) == 2 + 4, "and it polls"
+    joiner.release()
+    await world.clock.advance(8.0)
+    assert world.watches() == {}
+    await world.registry.aclose()
+
+
+async def test_the_first_look_is_stamped_with_the_time_it_was_seen(world: World) -> None:
+    world.upstream.resources[DOC] = contents(DOC, "v1")
+    assert await world.registry.acquire("resource", DOC, ALICE) is not None
+    [event] = world.events
+    assert isinstance(event.detected_at, float) and event.detected_at > 0
+
+
+async def test_the_cache_is_told_each_look_with_its_ticket(world: World) -> None:
+    tickets: list[int] = []
+    world.registry.on_observation(lambda key, fingerprint, ticket: tickets.append(ticket))
+    world.upstream.resources[DOC] = contents(DOC, "v1")
+    before = world.registry.ticket()
+    assert await world.registry.acquire("resource", DOC, ALICE) is not None
+    await world.clock.advance(10.0)
+    assert len(tickets) == 3
+    assert before < tickets[0] < tickets[1] < tickets[2] < world.registry.ticket()
+
+
+async def test_starting_and_ending_a_watch_are_logged_without_its_uri(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    world.upstream.resources[DOC] = contents(DOC, "v1")
+    with caplog.at_level(logging.DEBUG, logger="sidecar.watch.registry"):
+        handle = await world.registry.acquire("resource", DOC, ALICE)
+        assert handle is not None
+        handle.release()
+        await world.clock.advance(8.0)
+    lines = [
+        (r.getMessage(), getattr(r, "watch", None), getattr(r, "kind", None))
+        for r in caplog.records
+        if r.name == "sidecar.watch.registry"
+    ]
+    assert lines == [
+        ("watch started", handle.key.short_hash, "resource"),
+        ("watch stopped", handle.key.short_hash, "resource"),
+    ]
+
+
+# -- other replicas ------------------------------------------------------------------------------------------------
+
+
+async def test_the_lease_is_tracked_while_streams_hold_a_watch_and_polls_need_it() -> None:
+    coordinator = Coordinator()
+    world = _world(coordinator=coordinator)
+    world.upstream.resources[DOC] = contents(DOC, "v1")
+    first = await world.registry.acquire("resource", DOC, ALICE)
+    second = await world.registry.acquire("resource", DOC, ALICE)
+    assert first is not None and second is not None
+    assert coordinator.tracked == [first.key], "tracked once, with its first stream"
+    coordinator.lease = False
+    world.upstream.calls.clear()
+    await world.clock.advance(10.0)
+    assert world.upstream.calls == [], "another replica holds the lease: it polls"
+    first.release()
+    assert coordinator.untracked == []
+    second.release()
+    assert coordinator.untracked == [first.key]
+    await world.registry.aclose()
+
+
+async def test_another_replicas_writes_hint_the_watches_they_concern() -> None:
+    coordinator = Coordinator()
+    world = _world(coordinator=coordinator)
+    world.upstream.private[(DOC, "alice")] = contents(DOC, "alice's")
+    world.upstream.private[(DOC, "bob")] = contents(DOC, "bob's")
+    for identity in (ALICE, BOB):
+        assert await world.registry.acquire("resource", DOC, identity) is not None
+    world.upstream.calls.clear()
+    assert coordinator.others_wrote is not None
+    coordinator.others_wrote(frozenset({"bob"}))
+    await world.clock.advance(0.5)
+    assert world.upstream.calls == [("resources/read", DOC, "bob")]
+    world.registry.after_forward("tools/call", {}, ALICE, {"result": {}}, world.registry.ticket())
+    await world.clock.advance(0.5)
+    assert coordinator.announced == [frozenset({"alice"})], "this replica's writes are told to the others"
+    await world.registry.aclose()
+
+
+async def test_hinted_polls_over_the_hint_budget_are_deferred() -> None:
+    world = _world(CONFIG.model_copy(update={"max_hinted_polls_per_s": 1.0}))
+    uris = [f"file:///{n}" for n in range(4)]
+    for uri in uris:
+        world.upstream.resources[uri] = contents(uri, "v1", cacheScope="public")
+        assert await world.registry.acquire("resource", uri, ALICE) is not None
+    world.upstream.calls.clear()
+    world.registry.after_forward("tools/call", {}, ALICE, {"result": {}}, world.registry.ticket())
+    await world.clock.advance(0.5)
+    assert len(world.upstream.calls) == 2, "a burst of per_s + 1, the rest later"
+    await world.clock.advance(2.0)
+    assert len(world.upstream.calls) == 4
+    await world.registry.aclose()
+
+
+@pytest.fixture
+def spans() -> Iterator[tuple[Tracer, InMemorySpanExporter]]:
+    provider = TracerProvider()
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    previous = install(Tracing(provider.get_tracer("tests"), provider))
+    try:
+        yield provider.get_tracer("tests"), exporter
+    finally:
+        install(previous)
+        provider.shutdown()
+
+
+async def test_a_hinted_poll_links_the_writes_that_may_concern_it(
+    world: World, spans: tuple[Tracer, InMemorySpanExporter]
+) -> None:
+    tracer, exporter = spans
+    world.upstream.resources[DOC] = contents(DOC, "v1", cacheScope="public")
+    world.upstream.private[(OTHER, "alice")] = contents(OTHER, "alice's")
+    world.upstream.private[(OTHER, "bob")] = contents(OTHER, "bob's")
+    world.upstream.private[(OTHER, "carol")] = contents(OTHER, "carol's")
+    for identity in (ALICE, BOB, CAROL):
+        assert await world.registry.acquire("resource", DOC, identity) is not None
+        assert await world.registry.acquire("resource", OTHER, identity) is not None
+    writes = {}
+    for identity in (ALICE, BOB):
+        with tracer.start_as_current_span(f"{identity.context}'s write") as span:
+            world.registry.after_forward("tools/call", {}, identity, {"result": {}}, world.registry.ticket())
+            writes[identity.context] = span.get_span_context()
+    world.registry.after_forward("tools/call", {}, CAROL, {"result": {}}, world.registry.ticket())  # untraced
+    await world.clock.advance(0.5)
+    links = {
+        span.attributes["mcp_sidecar.watch"]: [link.context for link in span.links]
+        for span in exporter.get_finished_spans()
+        if span.name == "poll" and span.attributes is not None
+    }
+    assert links == {
+        WatchKey("resource", DOC, PUBLIC).short_hash: [writes["alice"], writes["bob"]],
+        WatchKey("resource", OTHER, "alice").short_hash: [writes["alice"]],
+        WatchKey("resource", OTHER, "bob").short_hash: [writes["bob"]],
+        WatchKey("resource", OTHER, "carol").short_hash: [],
+    }
