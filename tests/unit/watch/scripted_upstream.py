@@ -6,7 +6,9 @@ A stand-in for the engine's own logic only: the integration tests read real SDK 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+from collections import defaultdict
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from sidecar.identity import Identity
@@ -40,6 +42,10 @@ class ScriptedUpstream:
         self.gate: asyncio.Event | None = None
         self.calls: list[tuple[str, Any, str]] = []
         """(method, the URI or cursor asked for, the context it was asked as), in the order asked."""
+        self.asked: defaultdict[str, asyncio.Event] = defaultdict(asyncio.Event)
+        """Set once a method is asked (the test clears it to wait for the next time)."""
+        self.pushed: asyncio.Queue[JsonObject] = asyncio.Queue()
+        """Notifications the upstream sends on its own, on the notification stream."""
 
     @property
     def url(self) -> str:
@@ -51,12 +57,15 @@ class ScriptedUpstream:
 
     async def call(self, method: str, params: JsonObject, identity: Identity) -> JsonObject:
         self.calls.append((method, params.get("uri", params.get("cursor")), identity.context))
+        self.asked[method].set()
         if self.gate is not None:
             await self.gate.wait()
         if self.failure is not None:
             raise self.failure
         if method in self.errors:
             raise UpstreamRpcError(URL, self.errors[method])
+        if method in ("resources/subscribe", "resources/unsubscribe"):
+            return {}
         if method == "resources/read":
             uri = params["uri"]
             result = self.private.get((uri, identity.context), self.resources.get(uri))
@@ -67,3 +76,15 @@ class ScriptedUpstream:
         if pages is None:
             raise UpstreamRpcError(URL, {"code": -32601, "message": "Method not found"})
         return pages[int(params.get("cursor", 0))]
+
+    @contextlib.asynccontextmanager
+    async def open_notifications(
+        self, identity: Identity, wanted: JsonObject
+    ) -> AsyncIterator[AsyncIterator[JsonObject]]:
+        """A 2025-11-25 session's stream: what the test pushes."""
+
+        async def messages() -> AsyncIterator[JsonObject]:
+            while True:
+                yield await self.pushed.get()
+
+        yield messages()

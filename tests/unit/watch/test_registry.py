@@ -25,6 +25,7 @@ from sidecar.identity import ANONYMOUS_IDENTITY, PUBLIC, Identity
 from sidecar.observability.metrics import Metrics
 from sidecar.observability.tracing import Tracing, install
 from sidecar.protocol.errors import TooManyRequests, UpstreamHTTPError, UpstreamUnavailable
+from sidecar.upstream.answers import UpstreamInfo
 from sidecar.upstream.base import Upstream
 from sidecar.watch.fingerprint import ABSENT, fingerprint_contents
 from sidecar.watch.registry import WatchRegistry
@@ -151,7 +152,9 @@ async def world(caplog: pytest.LogCaptureFixture) -> AsyncIterator[World]:
     world = _world()
     yield world
     await world.registry.aclose()
-    assert _failures(caplog) == [], "nothing the engine did failed (a crashed poll, a failed task) unless asked to"
+    records = [*caplog.get_records("call"), *caplog.records]
+    failures = [record.getMessage() for record in records if record.levelno >= logging.WARNING]
+    assert failures == [], "nothing the engine did failed (a crashed poll, a failed task) unless asked to"
 
 
 # -- a subscription's first read -----------------------------------------------------------------------------
@@ -672,7 +675,8 @@ async def test_the_cache_is_told_every_look_a_watch_applies(world: World) -> Non
     assert seen == [(handle.key, fp(DOC, "v1"))] * 2
 
 
-async def test_a_failing_publish_is_logged(world: World, caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_failing_publish_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    world = _world()
     world.upstream.resources[DOC] = contents(DOC, "v1")
     assert await world.registry.acquire("resource", DOC, ALICE) is not None
 
@@ -980,9 +984,11 @@ async def test_the_lease_is_tracked_while_streams_hold_a_watch_and_polls_need_it
     world = _world(coordinator=coordinator)
     world.upstream.resources[DOC] = contents(DOC, "v1")
     first = await world.registry.acquire("resource", DOC, ALICE)
+    assert first is not None
+    assert coordinator.tracked == [first.key], "tracked with its first stream"
     second = await world.registry.acquire("resource", DOC, ALICE)
-    assert first is not None and second is not None
-    assert coordinator.tracked == [first.key], "tracked once, with its first stream"
+    assert second is not None
+    assert coordinator.tracked == [first.key], "and only then"
     coordinator.lease = False
     world.upstream.calls.clear()
     await world.clock.advance(10.0)
@@ -1069,3 +1075,55 @@ async def test_a_hinted_poll_links_the_writes_that_may_concern_it(
         WatchKey("resource", OTHER, "bob").short_hash: [writes["bob"]],
         WatchKey("resource", OTHER, "carol").short_hash: [],
     }
+
+
+async def test_shutdown_waits_for_a_publish_in_flight_and_does_not_fail_for_one_that_fails() -> None:
+    bus = GatedBus()
+    world = _world(bus=bus)
+    world.upstream.resources[DOC] = contents(DOC, "v1")
+    assert await world.registry.acquire("resource", DOC, ALICE) is not None
+    bus.gate = asyncio.Event()
+    world.registry.after_forward(
+        "resources/read", {"uri": DOC}, ALICE, {"result": contents(DOC, "v2")}, world.registry.ticket()
+    )
+
+    async def publish(event: ChangeEvent) -> None:
+        raise RuntimeError("the bus is broken")
+
+    world.bus.publish = publish  # type: ignore[method-assign]
+    world.registry.after_forward(
+        "resources/read", {"uri": DOC}, ALICE, {"result": contents(DOC, "v3")}, world.registry.ticket()
+    )
+    closing = asyncio.create_task(world.registry.aclose())
+    await settle()
+    assert not closing.done(), "a publish is in flight"
+    bus.gate.set()
+    await closing
+    assert world.changes() == [(WatchKey("resource", DOC, "alice"), fp(DOC, "v2"))]
+
+
+async def test_a_watch_the_upstream_can_push_is_subscribed_upstream_while_held_and_polls_on_its_notice(
+    world: World,
+) -> None:
+    world.upstream.info = UpstreamInfo("legacy", {"resources": {"subscribe": True}}, None, None)
+    world.upstream.resources[DOC] = contents(DOC, "v1")
+    handle = await world.registry.acquire("resource", DOC, ALICE)
+    assert handle is not None
+    await world.upstream.asked["resources/subscribe"].wait()
+    assert ("resources/subscribe", DOC, "alice") in world.upstream.calls
+    await settle()
+    assert world.gauge("mcp_sidecar_native_watches") == 1
+    assert world.gauge("mcp_sidecar_native_streams") == 1
+    world.upstream.calls.clear()
+    world.upstream.resources[DOC] = contents(DOC, "v2")
+    world.upstream.pushed.put_nowait({"method": "notifications/resources/updated", "params": {"uri": DOC}})
+    await settle()
+    await world.clock.advance(0.5)
+    assert world.upstream.reads(DOC) == ["alice"], "polled on the upstream's notice, not a whole interval later"
+    assert world.changes() == [(handle.key, fp(DOC, "v2"))]
+    handle.release()
+    await settle()
+    assert world.gauge("mcp_sidecar_native_streams") == 0, "the credential leaves with its last stream"
+    await world.clock.advance(8.0)
+    assert world.watches() == {}
+    assert world.gauge("mcp_sidecar_native_watches") == 0
