@@ -6,10 +6,8 @@ Nothing here sleeps: `ManualClock.advance` fires what has come due and waits for
 from __future__ import annotations
 
 import asyncio
-import heapq
-import itertools
 import logging
-from collections.abc import Callable, Coroutine, Iterator, Mapping
+from collections.abc import Coroutine, Iterator, Mapping
 from typing import Any
 
 import pytest
@@ -25,6 +23,7 @@ from sidecar.watch.generations import Tickets
 from sidecar.watch.observe import Observation
 from sidecar.watch.poller import HintBudget, Schedule, Watch
 from sidecar.watch.revalidate import Revalidator
+from tests.unit.watch.manual_clock import ManualClock
 
 CONFIG = PollingConfig(
     default_interval_ms=5000,
@@ -43,81 +42,6 @@ def _midpoint() -> Schedule:
 
 
 HINT_SPREAD_S = 0.5 * CONFIG.jitter * CONFIG.min_interval_ms / 1000
-
-
-class _ManualTimer:
-    def __init__(self, when: float, callback: Callable[[], None]) -> None:
-        self._when = when
-        self.callback = callback
-        self.cancelled = False
-
-    def when(self) -> float:
-        return self._when
-
-    def cancel(self) -> None:
-        self.cancelled = True
-
-
-_MOST_TIMERS_PER_ADVANCE = 10_000
-"""Far more than any test here fires in one advance (a minute of polls every 250 ms is 240)."""
-
-
-class ManualClock:
-    """A Clock whose time moves only when the test says so."""
-
-    def __init__(self) -> None:
-        self._now = 0.0
-        self._timers: list[tuple[float, int, _ManualTimer]] = []
-        self._order = itertools.count()
-
-    def now(self) -> float:
-        return self._now
-
-    def call_at(self, when: float, callback: Callable[[], None]) -> _ManualTimer:
-        timer = _ManualTimer(when, callback)
-        heapq.heappush(self._timers, (when, next(self._order), timer))
-        return timer
-
-    async def advance(self, seconds: float) -> None:
-        """Move time on, firing each due timer at its own time and letting what it started finish."""
-        until = self._now + seconds
-        await _settle()  # what the test just released runs first, and may arm timers
-        fired = 0
-        while self._timers and self._timers[0][0] <= until:
-            when, _, timer = heapq.heappop(self._timers)
-            if timer.cancelled:
-                continue
-            fired += 1
-            assert fired <= _MOST_TIMERS_PER_ADVANCE, "timers fire without end: something re-arms at a past time"
-            self._now = max(self._now, when)
-            timer.callback()
-            await _settle()
-        self._now = until
-
-    def fire_next(self) -> None:
-        """Fire the next timer now, and return before anything it started has run."""
-        while self._timers:
-            when, _, timer = heapq.heappop(self._timers)
-            if not timer.cancelled:
-                self._now = max(self._now, when)
-                timer.callback()
-                return
-
-
-async def _settle() -> None:
-    """Wait until every task but this one has finished or is blocked on something the test controls."""
-    while True:
-        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
-        if not others:
-            return
-        done, _ = await asyncio.wait(others, timeout=0)  # one turn of the loop for them
-        if not done and all(_blocked(t) for t in others):
-            return
-
-
-def _blocked(task: asyncio.Task[object]) -> bool:
-    waiter = getattr(task, "_fut_waiter", None)
-    return waiter is not None and not waiter.done()
 
 
 class Upstream:
