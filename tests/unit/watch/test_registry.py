@@ -839,11 +839,8 @@ async def test_contexts_joining_a_public_watch_at_once_share_a_look_once_each_pr
     assert world.watches() == {WatchKey("resource", DOC, PUBLIC): 6}
 
 
-async def test_a_context_refused_must_prove_access_again_before_sharing_a_look(world: World) -> None:
-    world.upstream.resources[DOC] = contents(DOC, "v1", cacheScope="public")
-    for identity in (ALICE, BOB):
-        assert await world.registry.acquire("resource", DOC, identity) is not None
-    world.registry.refused("resources/read", {"uri": DOC}, BOB)
+async def _each_proves_access_with_its_own_read(world: World) -> None:
+    """Alice and Bob join the public watch of DOC at once: each is read with its own credential, none shares."""
     world.upstream.calls.clear()
     world.upstream.gate = asyncio.Event()
     joiners = [asyncio.create_task(world.registry.acquire("resource", DOC, i)) for i in (ALICE, BOB)]
@@ -851,6 +848,14 @@ async def test_a_context_refused_must_prove_access_again_before_sharing_a_look(w
     assert sorted(world.upstream.reads(DOC)) == ["alice", "bob"]
     world.upstream.gate.set()
     assert all(await asyncio.gather(*joiners))
+
+
+async def test_a_context_refused_must_prove_access_again_before_sharing_a_look(world: World) -> None:
+    world.upstream.resources[DOC] = contents(DOC, "v1", cacheScope="public")
+    for identity in (ALICE, BOB):
+        assert await world.registry.acquire("resource", DOC, identity) is not None
+    world.registry.refused("resources/read", {"uri": DOC}, BOB)
+    await _each_proves_access_with_its_own_read(world)
 
 
 async def test_a_context_whose_poll_was_refused_must_prove_access_again(world: World) -> None:
@@ -861,13 +866,7 @@ async def test_a_context_whose_poll_was_refused_must_prove_access_again(world: W
     await world.clock.advance(5.0)
     assert world.refusals == [(WatchKey("resource", DOC, PUBLIC), "bob")]
     world.upstream.failure = None
-    world.upstream.calls.clear()
-    world.upstream.gate = asyncio.Event()
-    joiners = [asyncio.create_task(world.registry.acquire("resource", DOC, i)) for i in (ALICE, BOB)]
-    await settle()
-    assert sorted(world.upstream.reads(DOC)) == ["alice", "bob"]
-    world.upstream.gate.set()
-    assert all(await asyncio.gather(*joiners))
+    await _each_proves_access_with_its_own_read(world)
 
 
 # -- a watch's first moments --------------------------------------------------------------------------------------
