@@ -62,9 +62,10 @@ class _Changes:
         self._prices = itertools.count(500)
 
     async def one(self, *, failing_over: bool = False) -> None:
-        # During a master's failover a change may be told twice, never lost: Redis replicates asynchronously, so
-        # the promoted replica can lack the state written with the last change, and its key's owner, seeing that
-        # state behind its own look, tells the change again.
+        # During a master's failover a change may be told up to three times, never lost: by its key's owner; again
+        # by that owner when the promoted replica lacks the state written with the last change (Redis replicates
+        # asynchronously) and it sees that state behind its own look; and by a replica that lost Redis for the
+        # moment and polled on its own meanwhile (degraded). Each is a signal: the client re-reads.
         marks = [stream.mark() for stream in self.streams]
         self.windows.append(marks)
         if failing_over:
@@ -88,13 +89,15 @@ class _Changes:
 
     def assert_each_told_once(self) -> None:
         """Every window but the last (its repeats may still be on their way): each URI exactly once; during the
-        failover at least once and at most twice."""
+        failover at least once and at most three times (see `one`: more would be a storm, not a failover)."""
         for n, (start, end) in enumerate(itertools.pairwise(self.windows), start=1):
             for stream, since, until in zip(self.streams, start, end, strict=True):
                 frames = stream.frames[since:until]
                 counts = Counter(frame["params"]["uri"] for frame in frames if frame.get("method") == UPDATED)
                 if n in self.at_least_once:
-                    assert set(counts) == set(URIS) and max(counts.values()) <= 2, f"change {n} on {stream.label}"
+                    assert set(counts) == set(URIS) and max(counts.values()) <= 3, (
+                        f"change {n} on {stream.label}: {counts}"
+                    )
                 else:
                     assert counts == dict.fromkeys(URIS, 1), f"change {n} on {stream.label}: {counts}"
 
