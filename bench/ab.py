@@ -48,11 +48,10 @@ from bench.common import (
     REPO_ROOT,
     cpu_seconds,
     histogram_quantile,
-    mcp_body,
-    mcp_headers,
     raise_fd_limit,
     rss_bytes,
     scrape,
+    tools_call_trigger,
 )
 from bench.services import (
     LoadClient,
@@ -284,11 +283,7 @@ async def _fanout_once(load: LoadClient, sidecar: Sidecar, n: int, changes: int)
         for _ in range(changes):
             await asyncio.sleep(0.6)  # past min_interval_ms since the previous poll of the key
             params = {"name": "bump", "arguments": {"uri": _FANOUT_URI}}
-            trigger = {
-                "url": sidecar.url,
-                "body": mcp_body("tools/call", params),
-                "headers": mcp_headers("tools/call", params),
-            }
+            trigger = tools_call_trigger(sidecar.url, params)
             answer = await load.call("change", group=group, trigger=trigger, timeout_s=30)
             if answer["missing"]:
                 raise RuntimeError(f"{answer['missing']} of {n} streams were not notified")
@@ -334,11 +329,7 @@ async def _notify_once(
         for index in range(opts.notify_changes):
             await asyncio.sleep(random.uniform(0.2, 1.0))  # a random phase of the poll schedule
             params = {"name": "set_value", "arguments": {"name": value, "value": round_index * 10_000 + index + 1}}
-            trigger = {
-                "url": sidecar.url,
-                "body": mcp_body("tools/call", params),
-                "headers": mcp_headers("tools/call", params),
-            }
+            trigger = tools_call_trigger(sidecar.url, params)
             answer = await load.call("change", group=group, trigger=trigger, timeout_s=10)
             if answer["missing"]:
                 raise RuntimeError(f"{answer['missing']} of 1000 streams were not notified")

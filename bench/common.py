@@ -74,6 +74,11 @@ def mcp_body(method: str, params: dict[str, Any] | None = None, request_id: int 
     return {"jsonrpc": "2.0", "id": request_id, "method": method, "params": {**(params or {}), "_meta": META}}
 
 
+def tools_call_trigger(url: str, params: dict[str, Any]) -> dict[str, Any]:
+    """What the load generator's `change` sends through the sidecar at `url`: one `tools/call` with `params`."""
+    return {"url": url, "body": mcp_body("tools/call", params), "headers": mcp_headers("tools/call", params)}
+
+
 # -- processes --------------------------------------------------------------------------------------------
 
 

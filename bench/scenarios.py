@@ -23,11 +23,10 @@ from bench.common import (
     children,
     cpu_seconds,
     histogram_quantile,
-    mcp_body,
-    mcp_headers,
     percentile,
     rss_bytes,
     scrape,
+    tools_call_trigger,
 )
 from bench.report import Results, fmt
 from bench.services import (
@@ -401,7 +400,7 @@ def _oob_trigger(upstream: Service, name: str) -> dict[str, Any]:
 def _tool_trigger(sidecar: Sidecar, name: str) -> dict[str, Any]:
     """A change through the sidecar: `tools/call set_value`, which makes its watches poll at once."""
     params = {"name": "set_value", "arguments": {"name": name, "value": next(_values)}}
-    return {"url": sidecar.url, "body": mcp_body("tools/call", params), "headers": mcp_headers("tools/call", params)}
+    return tools_call_trigger(sidecar.url, params)
 
 
 async def _read_times(upstream: Service, uri: str) -> list[float]:

@@ -428,6 +428,16 @@ async def test_a_release_while_another_stream_holds_the_watch_keeps_it_live(worl
     assert world.watches() == {first.key: 1}
 
 
+async def _a_first_read_whose_only_caller_gave_up(world: World) -> None:
+    """Alice's first read of DOC, cancelled while the upstream holds it, then answered."""
+    world.upstream.gate = asyncio.Event()
+    quitter = asyncio.create_task(world.registry.acquire("resource", DOC, ALICE))
+    await settle()
+    quitter.cancel()
+    world.upstream.gate.set()
+    await settle()
+
+
 async def test_a_linger_of_zero_ends_the_watch_with_its_last_stream_but_a_new_one_waits_for_its_callers() -> None:
     world = _world(CONFIG.model_copy(update={"linger_ms": 0}))
     world.upstream.resources[DOC] = contents(DOC, "v1")
@@ -437,12 +447,7 @@ async def test_a_linger_of_zero_ends_the_watch_with_its_last_stream_but_a_new_on
     await world.clock.advance(0.0)
     assert world.watches() == {}, "a linger of 0 ends it at once"
     # A first look whose only caller gave up: kept a moment, for callers that have yet to resume and take it.
-    world.upstream.gate = asyncio.Event()
-    quitter = asyncio.create_task(world.registry.acquire("resource", DOC, ALICE))
-    await settle()
-    quitter.cancel()
-    world.upstream.gate.set()
-    await settle()
+    await _a_first_read_whose_only_caller_gave_up(world)
     assert world.watches() == {handle.key: 0}
     await world.clock.advance(0.99)
     assert world.watches() == {handle.key: 0}
@@ -453,12 +458,7 @@ async def test_a_linger_of_zero_ends_the_watch_with_its_last_stream_but_a_new_on
 
 async def test_a_first_read_nobody_waits_for_any_more_leaves_a_watch_that_lingers(world: World) -> None:
     world.upstream.resources[DOC] = contents(DOC, "v1")
-    world.upstream.gate = asyncio.Event()
-    quitter = asyncio.create_task(world.registry.acquire("resource", DOC, ALICE))
-    await settle()
-    quitter.cancel()
-    world.upstream.gate.set()
-    await settle()
+    await _a_first_read_whose_only_caller_gave_up(world)
     key = WatchKey("resource", DOC, "alice")
     assert world.watches() == {key: 0}
     await world.clock.advance(7.99)
