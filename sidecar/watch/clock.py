@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Awaitable, Callable
+from typing import Protocol, TypeVar
 
-__all__ = ["LOOP_CLOCK", "Clock", "LoopClock", "Timer"]
+__all__ = ["LOOP_CLOCK", "Clock", "LoopClock", "Timer", "sleep", "within"]
+
+T = TypeVar("T")
 
 
 class Timer(Protocol):
@@ -42,3 +44,38 @@ class LoopClock:
 
 
 LOOP_CLOCK = LoopClock()
+
+
+async def sleep(clock: Clock, seconds: float) -> None:
+    """Wait `seconds` on `clock` (`asyncio.sleep` on the loop's; on a hand-moved one, until the test moves it)."""
+    woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def wake() -> None:
+        if not woken.done():
+            woken.set_result(None)
+
+    timer = clock.call_at(clock.now() + seconds, wake)
+    try:
+        await woken
+    finally:
+        timer.cancel()
+
+
+async def within(clock: Clock, seconds: float, awaitable: Awaitable[T]) -> T:
+    """`awaitable`'s result, or TimeoutError once `seconds` pass on `clock` first (`asyncio.wait_for` on it)."""
+    task = asyncio.ensure_future(awaitable)
+    expired: list[bool] = []
+
+    def expire() -> None:
+        expired.append(True)
+        task.cancel()
+
+    timer = clock.call_at(clock.now() + seconds, expire)
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if expired:
+            raise TimeoutError from None
+        raise
+    finally:
+        timer.cancel()

@@ -1,11 +1,13 @@
-"""The event loop's clock: monotonic seconds, and callbacks at a time on that scale."""
+"""The event loop's clock: monotonic seconds, and callbacks at a time on that scale; sleeping and waiting with a
+timeout on any clock."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 
-from sidecar.watch.clock import LOOP_CLOCK
+from sidecar.watch.clock import LOOP_CLOCK, sleep, within
+from tests.unit.watch.manual_clock import ManualClock, settle
 
 
 async def test_the_loop_clock_reads_monotonic_seconds_and_runs_a_callback_at_its_time() -> None:
@@ -34,3 +36,55 @@ async def test_a_cancelled_timer_never_runs() -> None:
     LOOP_CLOCK.call_at(LOOP_CLOCK.now() + 0.01, later.set)
     await asyncio.wait_for(later.wait(), timeout=1.0)
     assert ran == []
+
+
+async def test_sleep_on_a_clock_wakes_when_that_clock_reaches_the_time() -> None:
+    clock = ManualClock()
+    sleeper = asyncio.create_task(sleep(clock, 2.0))
+    await clock.advance(1.99)
+    assert not sleeper.done()
+    await clock.advance(0.01)
+    assert sleeper.done() and sleeper.exception() is None
+    assert clock.pending() == 0
+
+
+async def test_a_sleep_called_off_leaves_no_timer() -> None:
+    clock = ManualClock()
+    sleeper = asyncio.create_task(sleep(clock, 2.0))
+    await settle()
+    assert clock.pending() == 1
+    sleeper.cancel()
+    await asyncio.gather(sleeper, return_exceptions=True)
+    assert clock.pending() == 0
+
+
+async def test_within_gives_the_result_in_time_and_leaves_no_timer() -> None:
+    clock = ManualClock()
+    answer: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    waiting = asyncio.create_task(within(clock, 1.0, answer))
+    await clock.advance(0.5)
+    answer.set_result("on time")
+    assert await waiting == "on time"
+    assert clock.pending() == 0
+
+
+async def test_within_raises_timeout_once_the_clock_passes_and_stops_the_wait() -> None:
+    clock = ManualClock()
+    answer: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    waiting = asyncio.create_task(within(clock, 1.0, answer))
+    await clock.advance(0.99)
+    assert not waiting.done()
+    await clock.advance(0.01)
+    assert isinstance(waiting.exception(), TimeoutError)
+    assert answer.cancelled(), "what it waited for is stopped"
+
+
+async def test_within_cancelled_from_outside_is_a_cancellation_not_a_timeout() -> None:
+    clock = ManualClock()
+    answer: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    waiting = asyncio.create_task(within(clock, 1.0, answer))
+    await settle()
+    waiting.cancel()
+    await asyncio.gather(waiting, return_exceptions=True)
+    assert waiting.cancelled() and answer.cancelled()
+    assert clock.pending() == 0
