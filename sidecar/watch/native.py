@@ -28,6 +28,7 @@ from sidecar.observability.metrics import Metrics
 from sidecar.protocol.constants import LIST_CHANGED_METHODS, RESOURCE_UPDATED_METHOD
 from sidecar.protocol.errors import UpstreamError, UpstreamHTTPError, UpstreamRpcError
 from sidecar.upstream.base import Upstream
+from sidecar.watch.clock import LOOP_CLOCK, Clock, sleep, within
 from sidecar.watch.poller import JITTER, Watch
 
 __all__ = ["NativeNotifications"]
@@ -111,7 +112,7 @@ class _NativeStream:
                     await self._serve_session_stream()
                 failures = 0
             except UpstreamError as exc:
-                failures += 1
+                failures = 1 if self._open else failures + 1  # a stream that was up starts a new streak
                 if failures == 1:
                     logger.info("upstream notification stream failed", extra={"reason": exc.reason})
                 if _unsupported(exc):
@@ -121,13 +122,13 @@ class _NativeStream:
                     self.owner.unsupported = True
                     return
             except Exception:  # boundary: a bug here must leave polling working, never stop it
-                failures += 1
+                failures = 1 if self._open else failures + 1
                 logger.exception("upstream notification stream crashed")
             finally:
                 self._closed()
             if self.wanted:
                 base = min(_RETRY_S[1], _RETRY_S[0] * 2 ** max(failures - 1, 0))
-                await asyncio.sleep(base * (0.5 + JITTER.random()))
+                await sleep(self.owner.clock, base * (0.5 + JITTER.random()))
 
     def _opened(self) -> None:
         if not self._open:
@@ -165,7 +166,7 @@ class _NativeStream:
                 try:
                     upstream = self.owner.upstream
                     messages = await stack.enter_async_context(upstream.open_notifications(self.identity, wanted))
-                    ack = await asyncio.wait_for(anext(messages), _ACK_TIMEOUT_S)
+                    ack = await self._acknowledgment(messages)
                     reader = asyncio.get_running_loop().create_task(self._read(messages))
                 except BaseException:
                     await stack.aclose()
@@ -179,7 +180,7 @@ class _NativeStream:
                 lists = frozenset(k for k, (field, _) in _FILTER_FIELDS.items() if honoured.get(field) is True)
                 self.cover(uris, lists, hint_new=True)
                 await self._until_changed_or_ended(reader)
-                await asyncio.sleep(_REFILTER_DEBOUNCE_S)
+                await sleep(self.owner.clock, _REFILTER_DEBOUNCE_S)
         finally:
             if current is not None:
                 await _close(current)
@@ -210,9 +211,18 @@ class _NativeStream:
                     )
                     self.cover(frozenset(subscribed), lists, hint_new=True)
                     await self._until_changed_or_ended(reader)
-                    await asyncio.sleep(_REFILTER_DEBOUNCE_S)
+                    await sleep(self.owner.clock, _REFILTER_DEBOUNCE_S)
             finally:
                 reader.cancel()
+
+    async def _acknowledgment(self, messages: Any) -> JsonObject:
+        try:
+            ack: JsonObject = await within(self.owner.clock, _ACK_TIMEOUT_S, anext(messages))
+        except StopAsyncIteration:
+            raise _StreamEnded from None
+        except TimeoutError:
+            raise UpstreamError(self.owner.upstream.url, f"no acknowledgment within {_ACK_TIMEOUT_S:g} s") from None
+        return ack
 
     async def _until_changed_or_ended(self, reader: asyncio.Task[None]) -> None:
         changed = asyncio.get_running_loop().create_task(self.changed.wait())
@@ -279,8 +289,10 @@ class NativeNotifications:
         metrics: Metrics,
         *,
         watch_of: Callable[[WatchKey], Watch | None],
+        clock: Clock = LOOP_CLOCK,
     ) -> None:
         self.upstream = upstream
+        self.clock = clock
         self._config = config
         self._metrics = metrics
         self._watch_of = watch_of
@@ -338,7 +350,10 @@ class NativeNotifications:
             del counts[item]
             stream.changed.set()
         if not stream.wanted and stream.task is not None:
-            stream.task.cancel()  # the credential leaves memory with the stream (see _run)
+            # Out of the table now, not when the task has finished: a hold before then gets a stream of its own
+            # instead of one whose task is ending. The credential leaves memory with the task (see _run).
+            del self._streams[context]
+            stream.task.cancel()
 
     def covers(self, kind: WatchKind, uri: str | None, context: str) -> bool:
         """Whether the upstream's notifications cover this key now (for a public key: any context's)."""

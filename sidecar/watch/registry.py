@@ -143,7 +143,7 @@ class WatchRegistry:
         self._admission = Admission(
             absent_ttl_s=config.default_interval_ms / 1000, rate_per_s=config.max_baselines_per_s
         )
-        self._native = NativeNotifications(upstream, config, metrics, watch_of=self._watch)
+        self._native = NativeNotifications(upstream, config, metrics, watch_of=self._watch, clock=self._clock)
         upstream.on_recovered = self._upstream_recovered
         self._unsubscribe = bus.subscribe(self._on_change)
         self._revalidator = Revalidator(
