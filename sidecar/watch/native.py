@@ -366,8 +366,8 @@ class NativeNotifications:
         try:
             await stream.run()
         finally:
-            if self._streams.get(stream.context) is stream and (not stream.wanted or self.unsupported):
-                del self._streams[stream.context]
+            if self.unsupported:  # no stream is opened again: none keeps its context's credential
+                self._streams.pop(stream.context, None)
 
     # -- called by streams ----------------------------------------------------------------------------
 

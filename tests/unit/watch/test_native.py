@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ from sidecar.protocol.errors import UpstreamError, UpstreamHTTPError, UpstreamRp
 from sidecar.upstream.answers import UpstreamInfo
 from sidecar.upstream.base import Upstream
 from sidecar.watch import native as native_module
-from sidecar.watch.native import NativeNotifications
+from sidecar.watch.native import NativeNotifications, _NativeStream
 from sidecar.watch.poller import Watch
 from tests.unit.watch.manual_clock import ManualClock, settle
 from tests.unit.watch.scripted_upstream import URL, ScriptedUpstream
@@ -786,3 +787,33 @@ async def test_shutdown_closes_every_stream() -> None:
     assert bench.upstream.open == []
     assert bench.gauge("mcp_sidecar_native_streams") == 0
     bench.native.drop("alice", "resource", DOC)  # a release after shutdown is harmless
+
+
+async def _streams_in_memory(bench: Bench) -> int:
+    """The bench's notification streams still in memory, each keeping its context's credential."""
+    for _ in range(3):  # the loop's last callbacks of an ended task let go of it
+        await asyncio.sleep(0)
+    gc.collect()
+    return sum(isinstance(thing, _NativeStream) and thing.owner is bench.native for thing in gc.get_objects())
+
+
+async def test_no_credential_stays_in_memory_after_a_contexts_last_drop(legacy: Bench) -> None:
+    legacy.watch("resource", DOC, ALICE)
+    legacy.watch("tools_list", None, BOB)
+    await settle()
+    assert await _streams_in_memory(legacy) == 2
+    legacy.native.drop("alice", "resource", DOC)
+    await settle()
+    assert await _streams_in_memory(legacy) == 1
+    legacy.native.drop("bob", "tools_list", None)
+    await settle()
+    assert await _streams_in_memory(legacy) == 0
+
+
+async def test_no_credential_stays_in_memory_once_the_upstream_refused_its_stream(legacy: Bench) -> None:
+    legacy.upstream.refusals = [UpstreamHTTPError(URL, 405, "Method Not Allowed")] * 2
+    legacy.watch("resource", DOC, ALICE)
+    legacy.watch("resource", DOC, BOB)
+    await settle()
+    assert legacy.native.unsupported
+    assert await _streams_in_memory(legacy) == 0
