@@ -122,11 +122,13 @@ class Schedule:
 
 class HintBudget:
     """Polls that hints may add, across every watch of one upstream: `per_s` a second, in bursts of as many
-    (the generic cell rate algorithm). A hinted poll past the budget is deferred to its slot, never dropped."""
+    (at least one), by the generic cell rate algorithm. A hinted poll past the budget is deferred to its slot,
+    never dropped."""
 
     def __init__(self, per_s: float) -> None:
         self._interval = 1 / per_s
-        self._window = per_s * self._interval  # the burst: one second's worth
+        # The tolerance: a burst of n runs at once when the last of them is at most (n - 1) intervals early.
+        self._window = max(per_s - 1, 0) * self._interval
         self._tat = 0.0
 
     def slot(self, earliest: float) -> float:

@@ -1026,8 +1026,10 @@ async def test_hinted_polls_over_the_hint_budget_are_deferred() -> None:
     world.upstream.calls.clear()
     world.registry.after_forward("tools/call", {}, ALICE, {"result": {}}, world.registry.ticket())
     await world.clock.advance(0.5)
-    assert len(world.upstream.calls) == 2, "a burst of per_s + 1, the rest later"
+    assert len(world.upstream.calls) == 1, "a burst of per_s, the rest one a second"
     await world.clock.advance(2.0)
+    assert len(world.upstream.calls) == 3
+    await world.clock.advance(1.0)
     assert len(world.upstream.calls) == 4
     await world.registry.aclose()
 

@@ -275,7 +275,7 @@ async def test_a_hint_just_before_a_regular_poll_is_answered_by_it_and_spends_no
     watch.hint()  # a hinted poll could run at 2.0075 at the soonest: the regular one at 2.0 comes first
     await clock.advance(0.5)
     assert upstream.polled_at == [2.0]
-    assert [budget.slot(2.5) for _ in range(2)] == [2.5, 2.5], "the budget is whole"
+    assert budget.slot(2.5) == 2.5, "the budget is whole"
     await watch.stop()
 
 
@@ -297,11 +297,15 @@ async def test_a_hint_during_a_poll_is_answered_by_the_next_regular_poll_when_th
 
 def test_the_hint_budget_lets_a_seconds_worth_through_at_once_then_spaces_the_rest_and_refills() -> None:
     budget = HintBudget(per_s=4)
-    # The generic cell rate algorithm with a one-second burst tolerance: per_s + 1 at once, then one every
-    # 1/per_s seconds.
-    assert [budget.slot(0.0) for _ in range(8)] == pytest.approx([0.0] * 5 + [0.25, 0.5, 0.75])
-    assert budget.slot(0.6) == pytest.approx(1.0), "a poll wanted later still waits its turn"
-    assert [budget.slot(10.0) for _ in range(6)] == pytest.approx([10.0] * 5 + [10.25]), "a quiet spell refills it"
+    assert [budget.slot(0.0) for _ in range(8)] == pytest.approx([0.0] * 4 + [0.25, 0.5, 0.75, 1.0])
+    assert budget.slot(0.6) == pytest.approx(1.25), "a poll wanted later still waits its turn"
+    assert [budget.slot(10.0) for _ in range(6)] == pytest.approx([10.0] * 4 + [10.25, 10.5]), "a quiet spell refills it"
+
+
+def test_a_hint_budget_under_one_a_second_lets_one_through_at_a_time() -> None:
+    budget = HintBudget(per_s=0.5)
+    assert [budget.slot(0.0) for _ in range(3)] == pytest.approx([0.0, 2.0, 4.0])
+    assert budget.slot(100.0) == 100.0
 
 
 async def test_hinted_polls_past_the_budget_are_deferred_to_their_slot_and_counted_never_dropped(
@@ -309,13 +313,13 @@ async def test_hinted_polls_past_the_budget_are_deferred_to_their_slot_and_count
 ) -> None:
     metrics = Metrics()
     budget = HintBudget(per_s=1)
-    watches = [_watch(clock, upstream, [], budget=budget, metrics=metrics, uri=f"x://{n}") for n in range(3)]
+    watches = [_watch(clock, upstream, [], budget=budget, metrics=metrics, uri=f"x://{n}") for n in range(2)]
     await clock.advance(0.1)
     for watch in watches:
         watch.hint()
     await clock.advance(1.5)
     soonest = 0.25 + HINT_SPREAD_S
-    assert upstream.polled_at == pytest.approx([soonest, soonest, soonest + 1.0])
+    assert upstream.polled_at == pytest.approx([soonest, soonest + 1.0])
     labels = {"limit": "hinted_polls"}
     assert metrics.registry.get_sample_value("mcp_sidecar_queue_wait_seconds_count", labels) == 1
     assert metrics.registry.get_sample_value("mcp_sidecar_queue_wait_seconds_sum", labels) == pytest.approx(1.0)
@@ -327,13 +331,13 @@ async def test_a_hint_deferred_past_the_next_regular_poll_leaves_that_poll_where
     clock: ManualClock, upstream: Upstream
 ) -> None:
     budget = HintBudget(per_s=1)
-    watches = [_watch(clock, upstream, [], budget=budget, uri=f"x://{n}") for n in range(4)]
+    watches = [_watch(clock, upstream, [], budget=budget, uri=f"x://{n}") for n in range(3)]
     await clock.advance(0.1)
     for watch in watches:
         watch.hint()  # the last one's slot, 2.2625, is after its regular poll at 2.0
     await clock.advance(2.0)
     soonest = 0.25 + HINT_SPREAD_S
-    assert upstream.polled_at == pytest.approx([soonest, soonest, soonest + 1.0, 2.0])
+    assert upstream.polled_at == pytest.approx([soonest, soonest + 1.0, 2.0])
     for watch in watches:
         await watch.stop()
 
