@@ -106,6 +106,8 @@ class RedisCluster:
         """Interest messages heard for keys whose interest of ours is still being written (hash -> instance ->
         present): newer than the members that write reads back, so they win over them."""
         self._bucket_keys: dict[int, set[WatchKey]] = {}
+        self._unreadable: set[str] = set()
+        """Tracked keys (hashes) whose stored state could not be read: reported once, while tracked."""
         self._unpublished: dict[WatchKey, ChangeEvent] = {}
         """Changes told here whose publishing failed (the latest per key): published when Redis answers again,
         so the other replicas' streams are told too."""
@@ -292,19 +294,36 @@ class RedisCluster:
             return
         for key, (told, generation) in zip(keys, states, strict=True):
             if key in self._generation:
-                await self._caught_up(key, told, int(generation or 0))
+                await self._caught_up(key, *self._stored(key, told, generation))
 
-    async def _caught_up(self, key: WatchKey, told: bytes | str | None, stored: int) -> None:
+    def _stored(self, key: WatchKey, told: bytes | str | None, generation: Any) -> tuple[str | None, int]:
+        """A key's stored state (its last fingerprint told, its generation) as read: (None, 0) when there is
+        none, or none this version can read (garbage, or a newer version's form): the key then starts from its
+        own first look, as if nobody had told it yet, and the next change told is recorded over it. Reported
+        once a key (by its hash, never its URI) while it is tracked."""
+        stored = _generation(generation)
+        if stored is not None:
+            return (None if told is None else _text(told)), stored
+        hashed = key_hash(key)
+        if hashed not in self._unreadable:
+            self._unreadable.add(hashed)
+            logger.warning(
+                "a key's stored state cannot be read; it is taken as none (the key starts from its first look)",
+                extra={"watch": key.short_hash},
+            )
+        return None, 0
+
+    async def _caught_up(self, key: WatchKey, told: str | None, stored: int) -> None:
         """Our interest was written again (Redis came back, our subscriptions were renewed): a change told while
         we were not listening is in the key's stored state; our streams are told it now. (A first write only
         learns the generation: the watch's own first look is newer than anything stored.)"""
         known = self._generation.get(key)
         self._generation[key] = max(stored, known or 0)
         watch = self._tracked.get(key)
-        if known is None or stored <= known or told is None or watch is None or _text(told) == watch.fingerprint:
+        if known is None or stored <= known or told is None or watch is None or told == watch.fingerprint:
             return
-        watch.adopt(_text(told))
-        await self._local.publish(ChangeEvent(key, _text(told), stored, time.time()))
+        watch.adopt(told)
+        await self._local.publish(ChangeEvent(key, told, stored, time.time()))
 
     def _state_of(self, key: WatchKey) -> str:
         return self._layout.state(self._layout.bucket_of(key), key_hash(key))
@@ -429,6 +448,7 @@ class RedisCluster:
         hashed = key_hash(key)
         self._by_hash.pop(hashed, None)
         self._early.pop(hashed, None)
+        self._unreadable.discard(hashed)
         self._unpublished.pop(key, None)
         same_bucket = self._bucket_keys.get(self._layout.bucket_of(key))
         if same_bucket is not None:
@@ -488,13 +508,12 @@ class RedisCluster:
         except REDIS_FAILURES as exc:
             self._failed(exc)
             stored_states = [(None, None)] * len(keys)
-        for key, state, (told, generation) in zip(keys, states, stored_states, strict=True):
+        for key, state, (raw_told, generation) in zip(keys, states, stored_states, strict=True):
             watch = self._tracked.get(key)
             if watch is None:
                 continue
+            told, stored = self._stored(key, raw_told, generation)
             if told is not None:
-                told = _text(told)
-                stored = int(generation or 0)
                 known = self._generation.get(key, 0)
                 try:
                     if known >= stored and told != watch.fingerprint:
@@ -619,6 +638,9 @@ class RedisCluster:
                 # Backing off, as the same failure may come back on every try: bounded, never a hot loop.
                 failures += 1
                 delay = min(_RETRY_S * 2**failures, _RETRY_MAX_S)
+                # A join written but not yet settled is written again, not skipped as registered: else its
+                # interest messages would wait for it (in `_early`) for ever, and its owner never change.
+                self._registered.difference_update(key for key in joins if key_hash(key) in self._joining)
             for key in leaves:
                 self._pending.setdefault(key, False)
             await asyncio.sleep(delay)
@@ -655,7 +677,7 @@ class RedisCluster:
                 self._pending.setdefault(key, False)  # gone while we wrote: take it back out
                 self._wake.set()
                 continue
-            await self._caught_up(key, told, int(generation or 0))
+            await self._caught_up(key, *self._stored(key, told, generation))
             if key not in self._tracked:
                 # Given up while its missed change was told (that yields): the leave is queued, and owning it
                 # now would keep it polled, and counted as held, for nobody.
@@ -692,3 +714,14 @@ def _pairs(items: list[Any]) -> Iterable[tuple[Any, Any]]:
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def _generation(raw: Any) -> int | None:
+    """A stored generation (absent: 0), or None when it is not a whole number from 0 on (as the scripts read it)."""
+    if raw is None:
+        return 0
+    try:
+        generation = int(_text(raw)) if isinstance(raw, bytes | str) else int(raw)
+    except (TypeError, ValueError):
+        return None
+    return generation if 0 <= generation < 2**53 else None
