@@ -78,6 +78,7 @@ class RedisCluster:
         self._publish_command = "SPUBLISH" if self._conn.sharded else "PUBLISH"
         self._layout = Layout(buckets)
         self._heartbeat = self._redis.register_script(scripts.HEARTBEAT)
+        self._claim = self._redis.register_script(scripts.CLAIM)
         self._join = self._redis.register_script(scripts.JOIN)
         self._leave = self._redis.register_script(scripts.LEAVE)
         self._publish_change = self._redis.register_script(scripts.PUBLISH_CHANGE)
@@ -155,7 +156,7 @@ class RedisCluster:
             shared = await self._redis.get(CONTEXT_NAMING_KEY)
             # A process restarted under the same name (MCP_SIDECAR_INSTANCE) forgets its predecessor's interest
             # first; then it is live before any interest of ours is read by others.
-            await self._clean_up(self._instance)
+            await self._clean_up(self._instance, restarted=True)
             await self._beat()
         except REDIS_FAILURES as exc:
             if not self._fallback:
@@ -578,9 +579,22 @@ class RedisCluster:
             if self._channels.reopen():
                 self._slots = slots
 
-    async def _clean_up(self, instance: str) -> None:
+    async def _clean_up(self, instance: str, *, restarted: bool = False) -> None:
         """A replica's heartbeat ran out (or it restarted under its name): its interest leaves Redis, each
-        removal told on its bucket (the others ignore a dead replica already; a restarted one is live)."""
+        removal told on its bucket (the others ignore a dead replica already; a restarted one is live).
+
+        It is first taken out of the replicas, and only while still dead: one that beat again since it was
+        listed (it was only slow) keeps its place, its interest and its keys; and one that beats after this
+        finds itself unlisted, so writes its interest again (whatever a removal here met of it). A clean-up cut
+        short lists it again as it was, so the next heartbeat that lists it tries again."""
+        try:
+            claimed = await self._claim(keys=[REPLICAS], args=[instance, self._lease_ms, "1" if restarted else "0"])
+        except _CLEAN_UP_FAILURES:
+            self._cleaning.discard(instance)
+            return  # the next heartbeat that lists it tries again
+        if claimed is None:
+            self._cleaning.discard(instance)
+            return
         try:
             index = self._layout.interest_of(instance)
             entries = [_text(entry) for entry in await self._redis.smembers(index)]
@@ -593,10 +607,15 @@ class RedisCluster:
                 ops.append(Op(self._leave, keys, [instance, *self._cmd(message)]))
             await self._conn.batch(ops)
             await self._redis.delete(index)
-            await self._redis.zrem(REPLICAS, instance)
             self._own.forget(instance)
+            if await self._redis.zscore(REPLICAS, instance) is not None:
+                # It beat while its interest was being removed (so writes it again): a removal here may have met
+                # what it wrote. Unlisted once more, its next beat writes all of it again, after this.
+                await self._redis.zrem(REPLICAS, instance)
         except _CLEAN_UP_FAILURES:
-            pass  # the next heartbeat that lists it tries again
+            with contextlib.suppress(*_CLEAN_UP_FAILURES):
+                # Listed again as dead (unless it beat meanwhile): the next heartbeat that lists it tries again.
+                await self._redis.zadd(REPLICAS, {instance: float(_text(claimed))}, nx=True)
         finally:
             self._cleaning.discard(instance)
 

@@ -3,7 +3,7 @@ Redis Cluster; the channel is passed as a key too, as sharded pub/sub wants) or 
 
 from __future__ import annotations
 
-__all__ = ["BASELINE", "HEARTBEAT", "JOIN", "LEAVE", "PUBLISH_CHANGE"]
+__all__ = ["BASELINE", "CLAIM", "HEARTBEAT", "JOIN", "LEAVE", "PUBLISH_CHANGE"]
 
 _GENERATION = """
 -- A stored generation as a number, or nil when this version cannot read it (not a whole number from 0 on).
@@ -25,6 +25,21 @@ local added = redis.call('ZADD', KEYS[1], ms + life, ARGV[1])
 local live = redis.call('ZRANGEBYSCORE', KEYS[1], ms, '+inf')
 local dead = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. (ms - life), 'LIMIT', 0, 16)
 return {live, dead, added}
+"""
+
+CLAIM = """
+-- KEYS[1] replicas; ARGV[1] instance, ARGV[2] life in ms, ARGV[3] '1' to claim it whatever its deadline (a process
+-- restarted under its name). Takes a dead instance out of the replicas before its interest is removed, so one
+-- replica cleans it up, and only while it is still dead. Returns its deadline (0 when it was not listed), or false
+-- when it is live again or listed no more (someone else cleaned it up).
+local deadline = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if ARGV[3] ~= '1' then
+  local now = redis.call('TIME')
+  local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+  if not deadline or tonumber(deadline) >= ms - tonumber(ARGV[2]) then return false end
+end
+redis.call('ZREM', KEYS[1], ARGV[1])
+return deadline or '0'
 """
 
 JOIN = """

@@ -348,6 +348,99 @@ async def test_a_first_look_of_a_key_whose_stored_state_cannot_be_read_becomes_i
         await cluster.aclose()
 
 
+async def test_a_replica_taken_for_dead_that_beats_again_before_its_clean_up_keeps_its_place_and_its_interest(
+    redis: RedisServer, admin: aioredis.Redis
+) -> None:
+    hashed = key_hash(KEY)
+    slow, peer = ("ra", "rb") if rendezvous_owner(("ra", "rb"), hashed) == "ra" else ("rb", "ra")
+    cleaner = RedisCluster(redis.url, instance=peer, metrics=Metrics(), lease_ms=LEASE_MS)
+    late = RedisCluster(redis.url, instance=slow, metrics=Metrics(), lease_ms=LEASE_MS)
+    await cleaner.start()
+    await late.start()
+    try:
+        cleaner.track(_Watch(KEY))
+        late.track(_Watch(KEY))
+        await eventually(lambda: late.owned_count == 1 and cleaner.owned_count == 0)
+        await eventually(lambda: _interested(admin, KEY, peer))
+        # The late replica stops beating for a while, long enough to be listed dead...
+        beats_go = asyncio.Event()
+        late_beat = late._beat
+
+        async def held_beat() -> None:
+            await beats_go.wait()
+            await late_beat()
+
+        late._beat = held_beat  # type: ignore[method-assign]
+        clean_up_reached, clean_up_go, clean_up_done = asyncio.Event(), asyncio.Event(), asyncio.Event()
+        clean_up = cleaner._clean_up
+
+        async def gated_clean_up(instance: str) -> None:
+            if instance != slow:
+                return await clean_up(instance)
+            clean_up_reached.set()
+            await clean_up_go.wait()
+            try:
+                await clean_up(instance)
+            finally:
+                clean_up_done.set()
+
+        cleaner._clean_up = gated_clean_up  # type: ignore[method-assign]
+        seconds, micros = await admin.time()
+        now_ms = seconds * 1000 + micros // 1000
+        await admin.zadd(REPLICAS, {slow: now_ms - 3 * LEASE_MS}, xx=True)
+        async with asyncio.timeout(10):
+            await clean_up_reached.wait()
+        # ... then beats again (it was only slow) before the clean-up that listing started has run.
+        beats_go.set()
+        await eventually(lambda: _beat_since(admin, slow, now_ms))
+        clean_up_go.set()
+        async with asyncio.timeout(10):
+            await clean_up_done.wait()
+        # The live replica keeps its place among the replicas and its interest, as any replica reading them sees;
+        # the key it won is its own again once it is heard live.
+        assert await admin.zscore(REPLICAS, slow) is not None
+        assert await _interested(admin, KEY, slow)
+        await eventually(lambda: cleaner.owned_count == 0)
+    finally:
+        await cleaner.aclose()
+        await late.aclose()
+
+
+async def test_a_replica_whose_heartbeat_ran_out_leaves_the_replicas_and_every_interest(
+    redis: RedisServer, admin: aioredis.Redis
+) -> None:
+    survivor = RedisCluster(redis.url, instance="r1", metrics=Metrics(), lease_ms=LEASE_MS)
+    frozen = RedisCluster(redis.url, instance="r2", metrics=Metrics(), lease_ms=LEASE_MS)
+    await survivor.start()
+    await frozen.start()
+    try:
+        survivor.track(_Watch(KEY))
+        frozen.track(_Watch(KEY))
+        frozen.track(_Watch(OTHER))
+        await eventually(lambda: _interested(admin, KEY, "r2"))
+        await eventually(lambda: _interested(admin, OTHER, "r2"))
+        never = asyncio.Event()
+
+        async def no_beat() -> None:
+            await never.wait()
+
+        frozen._beat = no_beat  # type: ignore[method-assign]
+        # Silent for twice its life: cleaned up by the survivor, whose polling of the shared key resumes.
+        await eventually(lambda: _no_interest(admin, OTHER))
+        assert not await _interested(admin, KEY, "r2")
+        assert await admin.zscore(REPLICAS, "r2") is None
+        assert not await admin.exists(Layout.interest_of("r2"))
+        await eventually(lambda: survivor.owned_count == 1)
+    finally:
+        await survivor.aclose()
+        await frozen.aclose()
+
+
+async def _beat_since(admin: aioredis.Redis, instance: str, now_ms: int) -> bool:
+    deadline = await admin.zscore(REPLICAS, instance)
+    return deadline is not None and deadline > now_ms
+
+
 async def _held_by_redis(admin: aioredis.Redis) -> bool:
     return int((await admin.info("clients"))["blocked_clients"]) >= 1
 
