@@ -3,7 +3,16 @@ Redis Cluster; the channel is passed as a key too, as sharded pub/sub wants) or 
 
 from __future__ import annotations
 
-__all__ = ["BASELINE", "HEARTBEAT", "JOIN", "LEAVE", "PUBLISH_CHANGE"]
+__all__ = ["BASELINE", "CLAIM", "HEARTBEAT", "JOIN", "LEAVE", "PUBLISH_CHANGE"]
+
+_GENERATION = """
+-- A stored generation as a number, or nil when this version cannot read it (not a whole number from 0 on).
+local function generation(text)
+  local g = tonumber(text)
+  if g == nil or g < 0 or g ~= math.floor(g) or g >= 2^53 then return nil end
+  return g
+end
+"""
 
 HEARTBEAT = """
 -- KEYS[1] replicas; ARGV[1] instance, ARGV[2] life in ms. Returns {live instances, dead instances, 1 when this
@@ -18,13 +27,29 @@ local dead = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. (ms - life), 'L
 return {live, dead, added}
 """
 
+CLAIM = """
+-- KEYS[1] replicas; ARGV[1] instance, ARGV[2] life in ms, ARGV[3] '1' to claim it whatever its deadline (a process
+-- restarted under its name). Takes a dead instance out of the replicas before its interest is removed, so one
+-- replica cleans it up, and only while it is still dead. Returns its deadline (0 when it was not listed), or false
+-- when it is live again or listed no more (someone else cleaned it up).
+local deadline = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if ARGV[3] ~= '1' then
+  local now = redis.call('TIME')
+  local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+  if not deadline or tonumber(deadline) >= ms - tonumber(ARGV[2]) then return false end
+end
+redis.call('ZREM', KEYS[1], ARGV[1])
+return deadline or '0'
+"""
+
 JOIN = """
 -- KEYS[1] interest set, KEYS[2] state, KEYS[3] channel; ARGV[1] instance, ARGV[2] publish command, ARGV[3]
--- interest message. Returns {members, state fingerprint or false, state generation}.
+-- interest message. Returns {members, state fingerprint or false, state generation as stored or false}: the
+-- caller reads the generation (one it cannot read must not cut the reply short, as a nil would).
 redis.call('SADD', KEYS[1], ARGV[1])
 redis.call(ARGV[2], KEYS[3], ARGV[3])
 local state = redis.call('HMGET', KEYS[2], 'f', 'g')
-return {redis.call('SMEMBERS', KEYS[1]), state[1], tonumber(state[2] or '0')}
+return {redis.call('SMEMBERS', KEYS[1]), state[1], state[2]}
 """
 
 LEAVE = """
@@ -33,13 +58,17 @@ if redis.call('SREM', KEYS[1], ARGV[1]) == 1 then redis.call(ARGV[2], KEYS[2], A
 return 1
 """
 
-PUBLISH_CHANGE = """
+PUBLISH_CHANGE = (
+    _GENERATION
+    + """
 -- KEYS[1] state, KEYS[2] channel; ARGV[1] fingerprint, ARGV[2] the generation the publisher last knew,
 -- ARGV[3] state life in ms, ARGV[4] publish command, ARGV[5] message.
 -- Returns {1, new generation, f} published; {0, g, f} already told (fenced: another replica told it);
 -- {-1, g, f} the publisher's view is stale (someone told a change it has not heard of: it re-reads).
+-- A state whose generation cannot be read is none: the change is recorded over it.
 local f = redis.call('HGET', KEYS[1], 'f')
-local g = tonumber(redis.call('HGET', KEYS[1], 'g') or '0')
+local g = generation(redis.call('HGET', KEYS[1], 'g') or '0')
+if not g then f, g = false, 0 end
 if f == ARGV[1] then return {0, g, f} end
 if g ~= tonumber(ARGV[2]) then return {-1, g, f or false} end
 redis.call('HSET', KEYS[1], 'f', ARGV[1], 'g', g + 1)
@@ -47,14 +76,18 @@ redis.call('PEXPIRE', KEYS[1], ARGV[3])
 redis.call(ARGV[4], KEYS[2], ARGV[5])
 return {1, g + 1, ARGV[1]}
 """
+)
 
-BASELINE = """
+BASELINE = (
+    _GENERATION
+    + """
 -- KEYS[1] state, KEYS[2] channel; ARGV[1] fingerprint, ARGV[2] state life in ms, ARGV[3] publish command,
--- ARGV[4] message. A first look is the key's state only when the cluster has none yet.
-if redis.call('HSETNX', KEYS[1], 'f', ARGV[1]) == 1 then
-  redis.call('HSET', KEYS[1], 'g', 0)
+-- ARGV[4] message. A first look is the key's state only when the cluster has none yet (or none it can read).
+if redis.call('HSETNX', KEYS[1], 'f', ARGV[1]) == 1 or not generation(redis.call('HGET', KEYS[1], 'g') or '0') then
+  redis.call('HSET', KEYS[1], 'f', ARGV[1], 'g', 0)
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 redis.call(ARGV[3], KEYS[2], ARGV[4])
 return 1
 """
+)

@@ -1,7 +1,8 @@
 """The Redis coordinator's interest bookkeeping, against a real redis-server: a key given up while its interest is
-being written, while a change of it is published or while it is taken over leaves nothing behind; the interest
-writer outlives an error that is not Redis's, and a one-off task's failure is logged; closing hands over even after
-a loop of the coordinator failed.
+being written, while a change of it is published or while it is taken over leaves nothing behind; a key whose stored
+state this version cannot read starts from its own first look (polled, following interest, its changes told, reported
+once by hash); the interest writer outlives an error that is not Redis's and writes the failed key again, and a
+one-off task's failure is logged; closing hands over.
 
 The coordinator is driven directly (no upstream): a watch here is the few fields a coordinator reads of one.
 """
@@ -83,11 +84,11 @@ async def test_a_key_given_up_while_its_interest_is_written_leaves_no_interest_a
         await cluster.aclose()
 
 
-async def test_closing_hands_over_even_after_the_interest_writer_failed_on_a_state_it_cannot_read(
+async def test_closing_hands_over_a_key_whose_stored_state_it_cannot_read(
     redis: RedisServer, admin: aioredis.Redis
 ) -> None:
     layout = Layout()
-    # A state this version cannot read (written by hand, or by another version): the interest write fails on it.
+    # A state this version cannot read (written by hand, or by another version).
     await admin.hset(layout.state(layout.bucket_of(KEY), key_hash(KEY)), mapping={"f": "f1", "g": "not a number"})
     cluster = RedisCluster(redis.url, instance="r1", metrics=Metrics(), lease_ms=LEASE_MS)
     await cluster.start()
@@ -197,39 +198,247 @@ async def _watched_again_without_a_stale_change(cluster: RedisCluster, admin: ai
     assert told == []
 
 
-async def test_after_the_interest_writer_failed_on_a_state_it_cannot_read_later_interest_is_still_written(
+class _WatchBug(Exception):
+    pass
+
+
+class _BrokenWatch(_Watch):
+    """A watch with a bug: taking a fingerprint told by the cluster fails (an error that is not Redis's)."""
+
+    def adopt(self, fingerprint: str) -> None:
+        raise _WatchBug("a watch that cannot take a fingerprint")
+
+
+class _OnceBrokenWatch(_Watch):
+    """A watch whose first take of a fingerprint told by the cluster fails."""
+
+    failed = False
+
+    def adopt(self, fingerprint: str) -> None:
+        if not self.failed:
+            self.failed = True
+            raise _WatchBug("a watch that cannot take a fingerprint")
+        super().adopt(fingerprint)
+
+
+async def test_after_the_interest_writer_failed_on_an_error_not_redis_s_it_retries_and_follows_interest(
     redis: RedisServer, admin: aioredis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.ERROR, logger="sidecar.bus.redis")
-    await admin.hset(_state_key(KEY), mapping={"f": "f1", "g": "not a number"})
-    cluster = RedisCluster(redis.url, instance="r1", metrics=Metrics(), lease_ms=LEASE_MS)
+    caplog.set_level(logging.ERROR, logger="sidecar.bus")
+    hashed = key_hash(KEY)
+    first, winner = ("ra", "rb") if rendezvous_owner(("ra", "rb"), hashed) == "rb" else ("rb", "ra")
+    cluster = RedisCluster(redis.url, instance=first, metrics=Metrics(), lease_ms=LEASE_MS)
+    rival = RedisCluster(redis.url, instance=winner, metrics=Metrics(), lease_ms=LEASE_MS)
     await cluster.start()
+    await rival.start()
     try:
-        cluster.track(_Watch(KEY))
-        await eventually(lambda: _interested(admin, KEY, "r1"))
+        cluster.track(_OnceBrokenWatch(KEY, "f0"))
+        await eventually(lambda: cluster.owned_count == 1)
+        # A change it missed, told to its watch when its interest is written again (taken for dead): the watch fails.
+        await admin.hset(_state_key(KEY), mapping={"f": "f1", "g": 5})
+        await admin.zrem(REPLICAS, first)
+        await eventually(lambda: any(record.name.startswith("sidecar.bus") for record in caplog.records))
         # The writer carries on: a key watched later reaches Redis, so the other replicas learn of it.
         cluster.track(_Watch(OTHER))
-        await eventually(lambda: _interested(admin, OTHER, "r1"))
-        assert any(record.name == "sidecar.bus.redis" for record in caplog.records), "the failure was not logged"
+        await eventually(lambda: _interested(admin, OTHER, first))
+        # The failed key is written again: a replica joining it that wins its draw takes its polling over.
+        rival.track(_Watch(KEY, "f1"))
+        await eventually(lambda: rival.owned_count == 1 and cluster.owned_count == 1)
+        assert hashed not in cluster._joining
     finally:
         await cluster.aclose()
+        await rival.aclose()
 
 
-async def test_a_resync_that_fails_on_a_state_it_cannot_read_is_logged(
+async def test_a_resync_that_fails_on_an_error_not_redis_s_is_logged(
     redis: RedisServer, admin: aioredis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.ERROR, logger="sidecar.bus.redis")
+    caplog.set_level(logging.ERROR, logger="sidecar.bus")
     cluster = RedisCluster(redis.url, instance="r1", metrics=Metrics(), lease_ms=LEASE_MS)
     await cluster.start()
     try:
-        cluster.track(_Watch(KEY))
+        cluster.track(_BrokenWatch(KEY))
         await eventually(lambda: cluster.owned_count == 1)
-        await admin.hset(_state_key(KEY), mapping={"f": "f1", "g": "not a number"})
+        await admin.hset(_state_key(KEY), mapping={"f": "f1", "g": 5})
         # Subscribed afresh (as after a slot migration): the bucket's keys resync from their stored states.
         assert cluster._channels.reopen()
-        await eventually(lambda: any(record.name == "sidecar.bus.redis" for record in caplog.records))
+        await eventually(lambda: any(record.name.startswith("sidecar.bus") for record in caplog.records))
     finally:
         await cluster.aclose()
+
+
+async def test_a_key_whose_stored_state_cannot_be_read_is_polled_from_its_first_look_and_follows_interest(
+    redis: RedisServer, admin: aioredis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="sidecar.bus")
+    await admin.hset(_state_key(KEY), mapping={"f": "f1", "g": "not a number"})
+    hashed = key_hash(KEY)
+    first, winner = ("ra", "rb") if rendezvous_owner(("ra", "rb"), hashed) == "rb" else ("rb", "ra")
+    alone = RedisCluster(redis.url, instance=first, metrics=Metrics(), lease_ms=LEASE_MS)
+    other = RedisCluster(redis.url, instance=winner, metrics=Metrics(), lease_ms=LEASE_MS)
+    await alone.start()
+    await other.start()
+    try:
+        watch = _Watch(KEY, "f-first-look")
+        alone.track(watch)
+        # The one replica interested polls the key, from its own first look: the unreadable state is no change.
+        await eventually(lambda: alone.owned_count == 1)
+        assert watch.fingerprint == "f-first-look"
+        reports = [record for record in caplog.records if getattr(record, "watch", None) == KEY.short_hash]
+        assert len(reports) == 1, [record.getMessage() for record in caplog.records]
+        # Another replica's interest comes and goes: the poller follows it (its messages applied, none kept).
+        other.track(_Watch(KEY, "f-first-look"))
+        await eventually(lambda: other.owned_count == 1 and alone.owned_count == 0)
+        other.untrack(KEY)
+        await eventually(lambda: alone.owned_count == 1)
+        assert alone._early == {}
+        assert hashed not in alone._joining
+        assert all(KEY.uri not in record.getMessage() for record in caplog.records)
+        assert all(KEY.uri not in str(record.__dict__) for record in caplog.records)
+    finally:
+        await alone.aclose()
+        await other.aclose()
+
+
+async def test_a_change_of_a_key_whose_stored_state_cannot_be_read_is_told_to_the_other_replicas(
+    redis: RedisServer, admin: aioredis.Redis
+) -> None:
+    await admin.hset(_state_key(KEY), mapping={"f": "f1", "g": "not a number"})
+    owner = RedisCluster(redis.url, instance="r1", metrics=Metrics(), lease_ms=LEASE_MS)
+    other = RedisCluster(redis.url, instance="r2", metrics=Metrics(), lease_ms=LEASE_MS)
+    await owner.start()
+    await other.start()
+    try:
+        owner.track(_Watch(KEY))
+        other.track(_Watch(KEY))
+        await eventually(lambda: _interested(admin, KEY, "r1"))
+        await eventually(lambda: _interested(admin, KEY, "r2"))
+        await eventually(lambda: owner.owned_count + other.owned_count == 1)
+        poller, listener = (owner, other) if owner.owned_count else (other, owner)
+        heard = asyncio.Event()
+        told: list[ChangeEvent] = []
+        listener.subscribe(lambda event: (told.append(event), heard.set()) and None)
+        here: list[ChangeEvent] = []
+        poller.subscribe(here.append)
+        await poller.publish(ChangeEvent(KEY, "f2", 0, time.time()))
+        async with asyncio.timeout(10):
+            await heard.wait()
+        assert [event.fingerprint for event in told] == ["f2"]
+        assert [event.fingerprint for event in here] == ["f2"]
+        # The key's stored state is readable again: the change is recorded over what could not be read.
+        assert await admin.hgetall(_state_key(KEY)) == {"f": "f2", "g": "1"}
+    finally:
+        await owner.aclose()
+        await other.aclose()
+
+
+async def test_a_first_look_of_a_key_whose_stored_state_cannot_be_read_becomes_its_stored_state(
+    redis: RedisServer, admin: aioredis.Redis
+) -> None:
+    await admin.hset(_state_key(KEY), mapping={"f": "f1", "g": "1.5"})
+    cluster = RedisCluster(redis.url, instance="r1", metrics=Metrics(), lease_ms=LEASE_MS)
+    await cluster.start()
+    try:
+        cluster.track(_Watch(KEY, "f-first-look"))
+        await eventually(lambda: cluster.owned_count == 1)
+        await cluster.publish(ChangeEvent(KEY, "f-first-look", 0, time.time(), baseline=True))
+        # What a replica joining later starts from: this first look, at generation 0.
+        assert await admin.hgetall(_state_key(KEY)) == {"f": "f-first-look", "g": "0"}
+    finally:
+        await cluster.aclose()
+
+
+async def test_a_replica_taken_for_dead_that_beats_again_before_its_clean_up_keeps_its_place_and_its_interest(
+    redis: RedisServer, admin: aioredis.Redis
+) -> None:
+    hashed = key_hash(KEY)
+    slow, peer = ("ra", "rb") if rendezvous_owner(("ra", "rb"), hashed) == "ra" else ("rb", "ra")
+    cleaner = RedisCluster(redis.url, instance=peer, metrics=Metrics(), lease_ms=LEASE_MS)
+    late = RedisCluster(redis.url, instance=slow, metrics=Metrics(), lease_ms=LEASE_MS)
+    await cleaner.start()
+    await late.start()
+    try:
+        cleaner.track(_Watch(KEY))
+        late.track(_Watch(KEY))
+        await eventually(lambda: late.owned_count == 1 and cleaner.owned_count == 0)
+        await eventually(lambda: _interested(admin, KEY, peer))
+        # The late replica stops beating for a while, long enough to be listed dead...
+        beats_go = asyncio.Event()
+        late_beat = late._beat
+
+        async def held_beat() -> None:
+            await beats_go.wait()
+            await late_beat()
+
+        late._beat = held_beat  # type: ignore[method-assign]
+        clean_up_reached, clean_up_go, clean_up_done = asyncio.Event(), asyncio.Event(), asyncio.Event()
+        clean_up = cleaner._clean_up
+
+        async def gated_clean_up(instance: str) -> None:
+            if instance != slow:
+                return await clean_up(instance)
+            clean_up_reached.set()
+            await clean_up_go.wait()
+            try:
+                await clean_up(instance)
+            finally:
+                clean_up_done.set()
+
+        cleaner._clean_up = gated_clean_up  # type: ignore[method-assign]
+        seconds, micros = await admin.time()
+        now_ms = seconds * 1000 + micros // 1000
+        await admin.zadd(REPLICAS, {slow: now_ms - 3 * LEASE_MS}, xx=True)
+        async with asyncio.timeout(10):
+            await clean_up_reached.wait()
+        # ... then beats again (it was only slow) before the clean-up that listing started has run.
+        beats_go.set()
+        await eventually(lambda: _beat_since(admin, slow, now_ms))
+        clean_up_go.set()
+        async with asyncio.timeout(10):
+            await clean_up_done.wait()
+        # The live replica keeps its place among the replicas and its interest, as any replica reading them sees;
+        # the key it won is its own again once it is heard live.
+        assert await admin.zscore(REPLICAS, slow) is not None
+        assert await _interested(admin, KEY, slow)
+        await eventually(lambda: cleaner.owned_count == 0)
+    finally:
+        await cleaner.aclose()
+        await late.aclose()
+
+
+async def test_a_replica_whose_heartbeat_ran_out_leaves_the_replicas_and_every_interest(
+    redis: RedisServer, admin: aioredis.Redis
+) -> None:
+    survivor = RedisCluster(redis.url, instance="r1", metrics=Metrics(), lease_ms=LEASE_MS)
+    frozen = RedisCluster(redis.url, instance="r2", metrics=Metrics(), lease_ms=LEASE_MS)
+    await survivor.start()
+    await frozen.start()
+    try:
+        survivor.track(_Watch(KEY))
+        frozen.track(_Watch(KEY))
+        frozen.track(_Watch(OTHER))
+        await eventually(lambda: _interested(admin, KEY, "r2"))
+        await eventually(lambda: _interested(admin, OTHER, "r2"))
+        never = asyncio.Event()
+
+        async def no_beat() -> None:
+            await never.wait()
+
+        frozen._beat = no_beat  # type: ignore[method-assign]
+        # Silent for twice its life: cleaned up by the survivor, whose polling of the shared key resumes.
+        await eventually(lambda: _no_interest(admin, OTHER))
+        assert not await _interested(admin, KEY, "r2")
+        assert await admin.zscore(REPLICAS, "r2") is None
+        assert not await admin.exists(Layout.interest_of("r2"))
+        await eventually(lambda: survivor.owned_count == 1)
+    finally:
+        await survivor.aclose()
+        await frozen.aclose()
+
+
+async def _beat_since(admin: aioredis.Redis, instance: str, now_ms: int) -> bool:
+    deadline = await admin.zscore(REPLICAS, instance)
+    return deadline is not None and deadline > now_ms
 
 
 async def _held_by_redis(admin: aioredis.Redis) -> bool:
