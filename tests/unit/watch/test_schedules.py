@@ -299,7 +299,9 @@ def test_the_hint_budget_lets_a_seconds_worth_through_at_once_then_spaces_the_re
     budget = HintBudget(per_s=4)
     assert [budget.slot(0.0) for _ in range(8)] == pytest.approx([0.0] * 4 + [0.25, 0.5, 0.75, 1.0])
     assert budget.slot(0.6) == pytest.approx(1.25), "a poll wanted later still waits its turn"
-    assert [budget.slot(10.0) for _ in range(6)] == pytest.approx([10.0] * 4 + [10.25, 10.5]), "a quiet spell refills it"
+    assert [budget.slot(10.0) for _ in range(6)] == pytest.approx([10.0] * 4 + [10.25, 10.5]), (
+        "a quiet spell refills it"
+    )
 
 
 def test_a_hint_budget_under_one_a_second_lets_one_through_at_a_time() -> None:
