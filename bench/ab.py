@@ -456,16 +456,18 @@ def issue_table(opts: Options, samples: Samples) -> str:
     ]
     lines = ["| figure | " + " | ".join(names) + " |", "| --- |" + " --- |" * len(names)]
     lines += [f"| {label} | " + " | ".join(get(n) for n in names) + " |" for label, get in rows]
-    extra = []
+
+    def median_of(measure: str, digits: int) -> Callable[[str], str]:
+        return lambda name: _fmt(samples.median(name, measure), digits, " ms")
+
+    extra: list[tuple[str, Callable[[str], str]]] = []
     for n in opts.fanout:
         extra.append(
-            (f"fan-out first to last, {n:,} streams (median of changes)",
-             lambda v, n=n: _fmt(samples.median(v, f"fanout_{n}_spread_ms"), 0, " ms"))
-        )  # fmt: skip
+            (f"fan-out first to last, {n:,} streams (median of changes)", median_of(f"fanout_{n}_spread_ms", 0))
+        )
         extra.append(
-            (f"fan-out tools/call to last, {n:,} streams (worst of changes)",
-             lambda v, n=n: _fmt(samples.median(v, f"fanout_{n}_last_ms"), 0, " ms"))
-        )  # fmt: skip
+            (f"fan-out tools/call to last, {n:,} streams (worst of changes)", median_of(f"fanout_{n}_last_ms", 0))
+        )
     extra += [
         ("... p99, 1,000 streams", lambda n: _fmt(samples.median(n, "notify_p99_ms"), 1, " ms")),
         ("... the tools/call's answer (median)", lambda n: _fmt(samples.median(n, "notify_answer_ms"), 1, " ms")),
