@@ -346,6 +346,20 @@ async def test_a_missing_resource_is_not_read_again_so_soon_by_the_same_context(
     assert world.upstream.reads(OTHER) == ["alice"]
 
 
+async def test_a_missing_resource_is_read_again_by_the_same_context_once_an_interval_has_passed(
+    world: World,
+) -> None:
+    assert await world.registry.acquire("resource", DOC, ALICE) is None
+    world.upstream.resources[DOC] = contents(DOC, "v1")
+    moment = 1 / 1024  # under the 5 ms a thousandth of the interval is, and exact in binary
+    await world.clock.advance(5.0 - moment)
+    assert await world.registry.acquire("resource", DOC, ALICE) is None, "remembered missing for one interval"
+    assert world.upstream.reads(DOC) == ["alice"]
+    await world.clock.advance(moment)
+    assert await world.registry.acquire("resource", DOC, ALICE) is not None, "and read again once it passed"
+    assert world.upstream.reads(DOC) == ["alice", "alice"]
+
+
 async def test_a_missing_resource_is_read_again_once_a_forwarded_read_of_that_context_finds_it(
     world: World,
 ) -> None:
