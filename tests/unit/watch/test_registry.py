@@ -88,11 +88,15 @@ class GatedBus(MemoryBus):
     def __init__(self) -> None:
         super().__init__()
         self.gate: asyncio.Event | None = None
+        self.published = asyncio.Event()
+        """Set as a publish returns to its publisher, before the publisher's next step (the test clears it to wait
+        for the next one)."""
 
     async def publish(self, event: ChangeEvent) -> None:
         if self.gate is not None:
             await self.gate.wait()
         await super().publish(event)
+        self.published.set()
 
 
 class Coordinator:
@@ -479,6 +483,26 @@ async def test_a_first_read_nobody_waits_for_any_more_leaves_a_watch_that_linger
     assert world.watches() == {key: 0}
     await world.clock.advance(0.01)
     assert world.watches() == {}
+
+
+async def test_a_caller_resuming_after_the_watch_of_its_first_read_ended_starts_anew() -> None:
+    bus = GatedBus()
+    world = _world(CONFIG.model_copy(update={"linger_ms": 0}), bus=bus)
+    world.upstream.resources[DOC] = contents(DOC, "v1")
+    late = asyncio.create_task(world.registry.acquire("resource", DOC, ALICE))
+    await bus.published.wait()  # its first look is published: the caller resumes a loop turn or two later
+    key = WatchKey("resource", DOC, "alice")
+    assert world.watches() == {key: 0}
+    world.clock.fire_next()  # before it does, the watch's grace of a second runs out (a stalled loop)
+    assert world.watches() == {}
+    handle = await late
+    assert handle is not None and handle.key == key, "the same subscription, started anew"
+    assert world.watches() == {key: 1}, "held by the caller, not ended with the watch it missed"
+    assert world.upstream.reads(DOC) == ["alice", "alice"], "with a first read of its own"
+    assert [e.baseline for e in world.events] == [True, True]
+    await world.clock.advance(5.0)
+    assert world.upstream.reads(DOC) == ["alice"] * 3, "and it polls"
+    await world.registry.aclose()
 
 
 # -- what forwarded requests teach -----------------------------------------------------------------------------
