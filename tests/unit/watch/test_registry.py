@@ -669,6 +669,25 @@ async def test_a_refused_poll_of_a_public_watch_concerns_only_the_context_it_was
     assert world.upstream.reads(DOC) == ["bob", "alice"], "bob proves access again; alice joins with a sync"
 
 
+async def test_a_poll_refused_after_its_watch_ended_ends_no_contexts_subscriptions(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    world.upstream.resources[DOC] = contents(DOC, "v1", cacheScope="public")
+    handle = await world.registry.acquire("resource", DOC, ALICE)
+    assert handle is not None
+    world.upstream.gate = asyncio.Event()
+    await world.clock.advance(5.0)
+    assert world.upstream.reads(DOC) == ["alice", "alice"], "a poll in flight, held by the upstream"
+    handle.release()
+    world.upstream.failure = UpstreamHTTPError(URL, 401, "Unauthorized")
+    world.upstream.gate.set()  # the refusal is on its way back...
+    world.clock.fire_next()  # ...when the linger ends the watch: the poll outlives it
+    await settle()
+    assert world.watches() == {}
+    assert world.refusals == [], "a refusal for a watch that is gone concerns nobody"
+    assert _failures(caplog) == [], "nor is it a crash"
+
+
 async def test_every_failing_watch_reads_again_as_soon_as_the_upstream_is_back(world: World) -> None:
     world.upstream.resources[DOC] = contents(DOC, "v1")
     assert await world.registry.acquire("resource", DOC, ALICE) is not None
