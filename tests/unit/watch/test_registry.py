@@ -749,7 +749,10 @@ async def test_a_failing_publish_is_logged(caplog: pytest.LogCaptureFixture) -> 
     )
     with caplog.at_level(logging.ERROR, logger="sidecar.watch.registry"):
         await settle()
-    assert [r.getMessage() for r in caplog.records if r.name == "sidecar.watch.registry"] == ["a registry task failed"]
+    [record] = [r for r in caplog.records if r.name == "sidecar.watch.registry"]
+    assert record.getMessage() == "a registry task failed"
+    assert record.exc_info is not None, "with the failure's traceback"
+    assert isinstance(record.exc_info[1], RuntimeError) and str(record.exc_info[1]) == "the bus is broken"
 
 
 # -- a client's rate of first reads -------------------------------------------------------------------------------
@@ -1138,12 +1141,13 @@ async def test_shutdown_waits_for_a_publish_in_flight_and_does_not_fail_for_one_
     world = _world(bus=bus)
     world.upstream.resources[DOC] = contents(DOC, "v1")
     assert await world.registry.acquire("resource", DOC, ALICE) is not None
-    bus.gate = asyncio.Event()
+    gate = bus.gate = asyncio.Event()
     world.registry.after_forward(
         "resources/read", {"uri": DOC}, ALICE, {"result": contents(DOC, "v2")}, world.registry.ticket()
     )
 
     async def publish(event: ChangeEvent) -> None:
+        await gate.wait()  # in flight too when shutdown begins, and failing once let through
         raise RuntimeError("the bus is broken")
 
     world.bus.publish = publish  # type: ignore[method-assign]
