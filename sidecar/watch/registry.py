@@ -141,7 +141,7 @@ class WatchRegistry:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._auth_listeners: list[AuthFailureListener] = []
         self._admission = Admission(
-            absent_ttl_s=config.default_interval_ms / 1000, rate_per_s=config.max_baselines_per_s
+            absent_ttl_s=config.default_interval_ms / 1000, rate_per_s=config.max_baselines_per_s, clock=clock.now
         )
         self._native = NativeNotifications(upstream, config, metrics, watch_of=self._watch, clock=self._clock)
         upstream.on_recovered = self._upstream_recovered

@@ -79,13 +79,22 @@ class ManualClock:
 
 async def settle() -> None:
     """Wait until every task but this one has finished or is blocked on something the test controls."""
+    loop = asyncio.get_running_loop()
     while True:
         others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
         if not others:
             return
         done, _ = await asyncio.wait(others, timeout=0)  # one turn of the loop for them
-        if not done and all(_blocked(t) for t in others):
+        # And nothing due at the next turn: a task just created, or a gather whose last child just finished, looks
+        # blocked until then.
+        if not done and all(_blocked(t) for t in others) and not _due(loop):
             return
+
+
+def _due(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether callbacks are due at the loop's next turn (asyncio's own loops keep them in `_ready`; on a loop that
+    does not, uvloop's, only the tasks are asked)."""
+    return bool(getattr(loop, "_ready", ()))
 
 
 def _blocked(task: asyncio.Task[object]) -> bool:

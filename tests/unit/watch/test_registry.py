@@ -88,11 +88,15 @@ class GatedBus(MemoryBus):
     def __init__(self) -> None:
         super().__init__()
         self.gate: asyncio.Event | None = None
+        self.published = asyncio.Event()
+        """Set as a publish returns to its publisher, before the publisher's next step (the test clears it to wait
+        for the next one)."""
 
     async def publish(self, event: ChangeEvent) -> None:
         if self.gate is not None:
             await self.gate.wait()
         await super().publish(event)
+        self.published.set()
 
 
 class Coordinator:
@@ -346,6 +350,20 @@ async def test_a_missing_resource_is_not_read_again_so_soon_by_the_same_context(
     assert world.upstream.reads(OTHER) == ["alice"]
 
 
+async def test_a_missing_resource_is_read_again_by_the_same_context_once_an_interval_has_passed(
+    world: World,
+) -> None:
+    assert await world.registry.acquire("resource", DOC, ALICE) is None
+    world.upstream.resources[DOC] = contents(DOC, "v1")
+    moment = 1 / 1024  # under the 5 ms a thousandth of the interval is, and exact in binary
+    await world.clock.advance(5.0 - moment)
+    assert await world.registry.acquire("resource", DOC, ALICE) is None, "remembered missing for one interval"
+    assert world.upstream.reads(DOC) == ["alice"]
+    await world.clock.advance(moment)
+    assert await world.registry.acquire("resource", DOC, ALICE) is not None, "and read again once it passed"
+    assert world.upstream.reads(DOC) == ["alice", "alice"]
+
+
 async def test_a_missing_resource_is_read_again_once_a_forwarded_read_of_that_context_finds_it(
     world: World,
 ) -> None:
@@ -465,6 +483,26 @@ async def test_a_first_read_nobody_waits_for_any_more_leaves_a_watch_that_linger
     assert world.watches() == {key: 0}
     await world.clock.advance(0.01)
     assert world.watches() == {}
+
+
+async def test_a_caller_resuming_after_the_watch_of_its_first_read_ended_starts_anew() -> None:
+    bus = GatedBus()
+    world = _world(CONFIG.model_copy(update={"linger_ms": 0}), bus=bus)
+    world.upstream.resources[DOC] = contents(DOC, "v1")
+    late = asyncio.create_task(world.registry.acquire("resource", DOC, ALICE))
+    await bus.published.wait()  # its first look is published: the caller resumes a loop turn or two later
+    key = WatchKey("resource", DOC, "alice")
+    assert world.watches() == {key: 0}
+    world.clock.fire_next()  # before it does, the watch's grace of a second runs out (a stalled loop)
+    assert world.watches() == {}
+    handle = await late
+    assert handle is not None and handle.key == key, "the same subscription, started anew"
+    assert world.watches() == {key: 1}, "held by the caller, not ended with the watch it missed"
+    assert world.upstream.reads(DOC) == ["alice", "alice"], "with a first read of its own"
+    assert [e.baseline for e in world.events] == [True, True]
+    await world.clock.advance(5.0)
+    assert world.upstream.reads(DOC) == ["alice"] * 3, "and it polls"
+    await world.registry.aclose()
 
 
 # -- what forwarded requests teach -----------------------------------------------------------------------------
@@ -631,6 +669,25 @@ async def test_a_refused_poll_of_a_public_watch_concerns_only_the_context_it_was
     assert world.upstream.reads(DOC) == ["bob", "alice"], "bob proves access again; alice joins with a sync"
 
 
+async def test_a_poll_refused_after_its_watch_ended_ends_no_contexts_subscriptions(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    world.upstream.resources[DOC] = contents(DOC, "v1", cacheScope="public")
+    handle = await world.registry.acquire("resource", DOC, ALICE)
+    assert handle is not None
+    world.upstream.gate = asyncio.Event()
+    await world.clock.advance(5.0)
+    assert world.upstream.reads(DOC) == ["alice", "alice"], "a poll in flight, held by the upstream"
+    handle.release()
+    world.upstream.failure = UpstreamHTTPError(URL, 401, "Unauthorized")
+    world.upstream.gate.set()  # the refusal is on its way back...
+    world.clock.fire_next()  # ...when the linger ends the watch: the poll outlives it
+    await settle()
+    assert world.watches() == {}
+    assert world.refusals == [], "a refusal for a watch that is gone concerns nobody"
+    assert _failures(caplog) == [], "nor is it a crash"
+
+
 async def test_every_failing_watch_reads_again_as_soon_as_the_upstream_is_back(world: World) -> None:
     world.upstream.resources[DOC] = contents(DOC, "v1")
     assert await world.registry.acquire("resource", DOC, ALICE) is not None
@@ -692,7 +749,10 @@ async def test_a_failing_publish_is_logged(caplog: pytest.LogCaptureFixture) -> 
     )
     with caplog.at_level(logging.ERROR, logger="sidecar.watch.registry"):
         await settle()
-    assert [r.getMessage() for r in caplog.records if r.name == "sidecar.watch.registry"] == ["a registry task failed"]
+    [record] = [r for r in caplog.records if r.name == "sidecar.watch.registry"]
+    assert record.getMessage() == "a registry task failed"
+    assert record.exc_info is not None, "with the failure's traceback"
+    assert isinstance(record.exc_info[1], RuntimeError) and str(record.exc_info[1]) == "the bus is broken"
 
 
 # -- a client's rate of first reads -------------------------------------------------------------------------------
@@ -1083,12 +1143,13 @@ async def test_shutdown_waits_for_a_publish_in_flight_and_does_not_fail_for_one_
     world = _world(bus=bus)
     world.upstream.resources[DOC] = contents(DOC, "v1")
     assert await world.registry.acquire("resource", DOC, ALICE) is not None
-    bus.gate = asyncio.Event()
+    gate = bus.gate = asyncio.Event()
     world.registry.after_forward(
         "resources/read", {"uri": DOC}, ALICE, {"result": contents(DOC, "v2")}, world.registry.ticket()
     )
 
     async def publish(event: ChangeEvent) -> None:
+        await gate.wait()  # in flight too when shutdown begins, and failing once let through
         raise RuntimeError("the bus is broken")
 
     world.bus.publish = publish  # type: ignore[method-assign]
