@@ -1183,6 +1183,13 @@ async def test_a_watch_the_upstream_can_push_is_subscribed_upstream_while_held_a
     await world.clock.advance(0.5)
     assert world.upstream.reads(DOC) == ["alice"], "polled on the upstream's notice, not a whole interval later"
     assert world.changes() == [(handle.key, fp(DOC, "v2"))]
+    world.upstream.resources[OTHER] = contents(OTHER, "v1")
+    other = await world.registry.acquire("resource", OTHER, ALICE)
+    assert other is not None
+    await world.clock.advance(0.05)  # the notification stream's pause before it asks again, on the engine's clock
+    assert ("resources/subscribe", OTHER, "alice") in world.upstream.calls
+    assert world.gauge("mcp_sidecar_native_watches") == 2
+    other.release()
     handle.release()
     await settle()
     assert world.gauge("mcp_sidecar_native_streams") == 0, "the credential leaves with its last stream"
