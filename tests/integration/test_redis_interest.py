@@ -10,6 +10,7 @@ The coordinator is driven directly (no upstream): a watch here is the few fields
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -59,6 +60,23 @@ async def admin(redis: RedisServer) -> AsyncIterator[aioredis.Redis]:
         yield client
 
 
+@contextlib.asynccontextmanager
+async def _replicas(
+    redis: RedisServer, *instances: str, metrics: Metrics | None = None
+) -> AsyncIterator[tuple[RedisCluster, ...]]:
+    """Replicas on `redis`, started in order and closed however the test ends (closing twice is harmless)."""
+    started: list[RedisCluster] = []
+    try:
+        for instance in instances:
+            cluster = RedisCluster(redis.url, instance=instance, metrics=metrics or Metrics(), lease_ms=LEASE_MS)
+            await cluster.start()
+            started.append(cluster)
+        yield tuple(started)
+    finally:
+        for cluster in started:
+            await cluster.aclose()
+
+
 def _interest_key(key: WatchKey) -> str:
     layout = Layout()
     return layout.interest(layout.bucket_of(key), key_hash(key))
@@ -68,9 +86,7 @@ async def test_a_key_given_up_while_its_interest_is_written_leaves_no_interest_a
     redis: RedisServer, admin: aioredis.Redis
 ) -> None:
     metrics = Metrics()
-    cluster = RedisCluster(redis.url, instance="r1", metrics=metrics, lease_ms=LEASE_MS)
-    await cluster.start()
-    try:
+    async with _replicas(redis, "r1", metrics=metrics) as (cluster,):
         channel = Layout().channel(Layout().bucket_of(KEY))
         await admin.execute_command("CLIENT", "PAUSE", PAUSE_MS, "WRITE")  # type: ignore[no-untyped-call]
         cluster.track(_Watch(KEY))
@@ -80,8 +96,6 @@ async def test_a_key_given_up_while_its_interest_is_written_leaves_no_interest_a
         await admin.execute_command("CLIENT", "UNPAUSE")  # type: ignore[no-untyped-call]
         # Whatever order the write and the give-up met in, the key ends with neither interest nor an owner here.
         await _neither_interested_nor_owning(admin, cluster, metrics)
-    finally:
-        await cluster.aclose()
 
 
 async def test_closing_hands_over_a_key_whose_stored_state_it_cannot_read(
@@ -105,9 +119,7 @@ async def test_a_key_given_up_while_a_change_it_missed_is_told_on_rejoining_is_n
     redis: RedisServer, admin: aioredis.Redis
 ) -> None:
     metrics = Metrics()
-    cluster = RedisCluster(redis.url, instance="r1", metrics=metrics, lease_ms=LEASE_MS)
-    await cluster.start()
-    try:
+    async with _replicas(redis, "r1", metrics=metrics) as (cluster,):
         cluster.track(_Watch(KEY))
         await eventually(lambda: cluster.owned_count == 1)
         # A change told while this replica was taken for dead (its message never reached it), stored beside the key.
@@ -118,16 +130,12 @@ async def test_a_key_given_up_while_a_change_it_missed_is_told_on_rejoining_is_n
         await admin.zrem(REPLICAS, "r1")  # taken for dead: its next heartbeat writes its interest again
         await eventually(lambda: bool(told))
         await _neither_interested_nor_owning(admin, cluster, metrics)
-    finally:
-        await cluster.aclose()
 
 
 async def test_a_key_given_up_while_its_change_is_published_starts_afresh_when_watched_again(
     redis: RedisServer, admin: aioredis.Redis
 ) -> None:
-    cluster = RedisCluster(redis.url, instance="r1", metrics=Metrics(), lease_ms=LEASE_MS)
-    await cluster.start()
-    try:
+    async with _replicas(redis, "r1") as (cluster,):
         cluster.track(_Watch(KEY))
         await eventually(lambda: cluster.owned_count == 1)
         await admin.execute_command("CLIENT", "PAUSE", PAUSE_MS, "WRITE")  # type: ignore[no-untyped-call]
@@ -140,8 +148,6 @@ async def test_a_key_given_up_while_its_change_is_published_starts_afresh_when_w
         await publishing
         await eventually(lambda: _no_interest(admin, KEY))
         await _watched_again_without_a_stale_change(cluster, admin)
-    finally:
-        await cluster.aclose()
 
 
 async def test_a_key_given_up_while_it_is_taken_over_starts_afresh_when_watched_again(
@@ -149,11 +155,7 @@ async def test_a_key_given_up_while_it_is_taken_over_starts_afresh_when_watched_
 ) -> None:
     hashed = key_hash(KEY)
     names = ("ra", "rb") if rendezvous_owner(("ra", "rb"), hashed) == "rb" else ("rb", "ra")
-    heir = RedisCluster(redis.url, instance=names[0], metrics=Metrics(), lease_ms=LEASE_MS)
-    owner = RedisCluster(redis.url, instance=names[1], metrics=Metrics(), lease_ms=LEASE_MS)
-    await heir.start()
-    await owner.start()
-    try:
+    async with _replicas(redis, names[0], names[1]) as (heir, owner):
         heir.track(_Watch(KEY))
         owner.track(_Watch(KEY))
         await eventually(lambda: owner.owned_count == 1 and heir.owned_count == 0)
@@ -169,9 +171,6 @@ async def test_a_key_given_up_while_it_is_taken_over_starts_afresh_when_watched_
         unsubscribe()
         await eventually(lambda: _no_interest(admin, KEY))
         await _watched_again_without_a_stale_change(heir, admin)
-    finally:
-        await heir.aclose()
-        await owner.aclose()
 
 
 def _giving_up(cluster: RedisCluster, told: list[ChangeEvent]) -> Callable[[ChangeEvent], None]:
@@ -227,11 +226,7 @@ async def test_after_the_interest_writer_failed_on_an_error_not_redis_s_it_retri
     caplog.set_level(logging.ERROR, logger="sidecar.bus")
     hashed = key_hash(KEY)
     first, winner = ("ra", "rb") if rendezvous_owner(("ra", "rb"), hashed) == "rb" else ("rb", "ra")
-    cluster = RedisCluster(redis.url, instance=first, metrics=Metrics(), lease_ms=LEASE_MS)
-    rival = RedisCluster(redis.url, instance=winner, metrics=Metrics(), lease_ms=LEASE_MS)
-    await cluster.start()
-    await rival.start()
-    try:
+    async with _replicas(redis, first, winner) as (cluster, rival):
         cluster.track(_OnceBrokenWatch(KEY, "f0"))
         await eventually(lambda: cluster.owned_count == 1)
         # A change it missed, told to its watch when its interest is written again (taken for dead): the watch fails.
@@ -245,26 +240,19 @@ async def test_after_the_interest_writer_failed_on_an_error_not_redis_s_it_retri
         rival.track(_Watch(KEY, "f1"))
         await eventually(lambda: rival.owned_count == 1 and cluster.owned_count == 1)
         assert hashed not in cluster._joining
-    finally:
-        await cluster.aclose()
-        await rival.aclose()
 
 
 async def test_a_resync_that_fails_on_an_error_not_redis_s_is_logged(
     redis: RedisServer, admin: aioredis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.ERROR, logger="sidecar.bus")
-    cluster = RedisCluster(redis.url, instance="r1", metrics=Metrics(), lease_ms=LEASE_MS)
-    await cluster.start()
-    try:
+    async with _replicas(redis, "r1") as (cluster,):
         cluster.track(_BrokenWatch(KEY))
         await eventually(lambda: cluster.owned_count == 1)
         await admin.hset(_state_key(KEY), mapping={"f": "f1", "g": 5})
         # Subscribed afresh (as after a slot migration): the bucket's keys resync from their stored states.
         assert cluster._channels.reopen()
         await eventually(lambda: any(record.name.startswith("sidecar.bus") for record in caplog.records))
-    finally:
-        await cluster.aclose()
 
 
 async def test_a_key_whose_stored_state_cannot_be_read_is_polled_from_its_first_look_and_follows_interest(
@@ -274,11 +262,7 @@ async def test_a_key_whose_stored_state_cannot_be_read_is_polled_from_its_first_
     await admin.hset(_state_key(KEY), mapping={"f": "f1", "g": "not a number"})
     hashed = key_hash(KEY)
     first, winner = ("ra", "rb") if rendezvous_owner(("ra", "rb"), hashed) == "rb" else ("rb", "ra")
-    alone = RedisCluster(redis.url, instance=first, metrics=Metrics(), lease_ms=LEASE_MS)
-    other = RedisCluster(redis.url, instance=winner, metrics=Metrics(), lease_ms=LEASE_MS)
-    await alone.start()
-    await other.start()
-    try:
+    async with _replicas(redis, first, winner) as (alone, other):
         watch = _Watch(KEY, "f-first-look")
         alone.track(watch)
         # The one replica interested polls the key, from its own first look: the unreadable state is no change.
@@ -295,20 +279,13 @@ async def test_a_key_whose_stored_state_cannot_be_read_is_polled_from_its_first_
         assert hashed not in alone._joining
         assert all(KEY.uri not in record.getMessage() for record in caplog.records)
         assert all(KEY.uri not in str(record.__dict__) for record in caplog.records)
-    finally:
-        await alone.aclose()
-        await other.aclose()
 
 
 async def test_a_change_of_a_key_whose_stored_state_cannot_be_read_is_told_to_the_other_replicas(
     redis: RedisServer, admin: aioredis.Redis
 ) -> None:
     await admin.hset(_state_key(KEY), mapping={"f": "f1", "g": "not a number"})
-    owner = RedisCluster(redis.url, instance="r1", metrics=Metrics(), lease_ms=LEASE_MS)
-    other = RedisCluster(redis.url, instance="r2", metrics=Metrics(), lease_ms=LEASE_MS)
-    await owner.start()
-    await other.start()
-    try:
+    async with _replicas(redis, "r1", "r2") as (owner, other):
         owner.track(_Watch(KEY))
         other.track(_Watch(KEY))
         await eventually(lambda: _interested(admin, KEY, "r1"))
@@ -327,25 +304,18 @@ async def test_a_change_of_a_key_whose_stored_state_cannot_be_read_is_told_to_th
         assert [event.fingerprint for event in here] == ["f2"]
         # The key's stored state is readable again: the change is recorded over what could not be read.
         assert await admin.hgetall(_state_key(KEY)) == {"f": "f2", "g": "1"}
-    finally:
-        await owner.aclose()
-        await other.aclose()
 
 
 async def test_a_first_look_of_a_key_whose_stored_state_cannot_be_read_becomes_its_stored_state(
     redis: RedisServer, admin: aioredis.Redis
 ) -> None:
     await admin.hset(_state_key(KEY), mapping={"f": "f1", "g": "1.5"})
-    cluster = RedisCluster(redis.url, instance="r1", metrics=Metrics(), lease_ms=LEASE_MS)
-    await cluster.start()
-    try:
+    async with _replicas(redis, "r1") as (cluster,):
         cluster.track(_Watch(KEY, "f-first-look"))
         await eventually(lambda: cluster.owned_count == 1)
         await cluster.publish(ChangeEvent(KEY, "f-first-look", 0, time.time(), baseline=True))
         # What a replica joining later starts from: this first look, at generation 0.
         assert await admin.hgetall(_state_key(KEY)) == {"f": "f-first-look", "g": "0"}
-    finally:
-        await cluster.aclose()
 
 
 async def test_a_replica_taken_for_dead_that_beats_again_before_its_clean_up_keeps_its_place_and_its_interest(
@@ -353,11 +323,7 @@ async def test_a_replica_taken_for_dead_that_beats_again_before_its_clean_up_kee
 ) -> None:
     hashed = key_hash(KEY)
     slow, peer = ("ra", "rb") if rendezvous_owner(("ra", "rb"), hashed) == "ra" else ("rb", "ra")
-    cleaner = RedisCluster(redis.url, instance=peer, metrics=Metrics(), lease_ms=LEASE_MS)
-    late = RedisCluster(redis.url, instance=slow, metrics=Metrics(), lease_ms=LEASE_MS)
-    await cleaner.start()
-    await late.start()
-    try:
+    async with _replicas(redis, peer, slow) as (cleaner, late):
         cleaner.track(_Watch(KEY))
         late.track(_Watch(KEY))
         await eventually(lambda: late.owned_count == 1 and cleaner.owned_count == 0)
@@ -401,19 +367,12 @@ async def test_a_replica_taken_for_dead_that_beats_again_before_its_clean_up_kee
         assert await admin.zscore(REPLICAS, slow) is not None
         assert await _interested(admin, KEY, slow)
         await eventually(lambda: cleaner.owned_count == 0)
-    finally:
-        await cleaner.aclose()
-        await late.aclose()
 
 
 async def test_a_replica_whose_heartbeat_ran_out_leaves_the_replicas_and_every_interest(
     redis: RedisServer, admin: aioredis.Redis
 ) -> None:
-    survivor = RedisCluster(redis.url, instance="r1", metrics=Metrics(), lease_ms=LEASE_MS)
-    frozen = RedisCluster(redis.url, instance="r2", metrics=Metrics(), lease_ms=LEASE_MS)
-    await survivor.start()
-    await frozen.start()
-    try:
+    async with _replicas(redis, "r1", "r2") as (survivor, frozen):
         survivor.track(_Watch(KEY))
         frozen.track(_Watch(KEY))
         frozen.track(_Watch(OTHER))
@@ -431,9 +390,6 @@ async def test_a_replica_whose_heartbeat_ran_out_leaves_the_replicas_and_every_i
         assert await admin.zscore(REPLICAS, "r2") is None
         assert not await admin.exists(Layout.interest_of("r2"))
         await eventually(lambda: survivor.owned_count == 1)
-    finally:
-        await survivor.aclose()
-        await frozen.aclose()
 
 
 async def _beat_since(admin: aioredis.Redis, instance: str, now_ms: int) -> bool:
