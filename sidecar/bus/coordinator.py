@@ -203,11 +203,17 @@ def _text(value: bytes | str) -> str:
 
 
 def _generation(raw: Any) -> int | None:
-    """A stored generation (absent: 0), or None when it is not a whole number from 0 on (as the scripts read it)."""
+    """A stored generation (absent: 0), or None when it is not decimal digits alone below 2**53 (as the scripts
+    read it: `int` alone would take " 7" or "7_0", Lua's `tonumber` "7.0" or "0x10")."""
     if raw is None:
         return 0
-    try:
-        generation = int(_text(raw)) if isinstance(raw, bytes | str) else int(raw)
-    except (TypeError, ValueError):
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        text = str(raw)
+    elif isinstance(raw, bytes | str):
+        text = _text(raw)
+    else:
         return None
-    return generation if 0 <= generation < 2**53 else None
+    if not (text.isascii() and text.isdigit()):
+        return None
+    generation = int(text)
+    return generation if generation < 2**53 else None

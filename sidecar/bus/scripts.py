@@ -6,10 +6,11 @@ from __future__ import annotations
 __all__ = ["BASELINE", "CLAIM", "HEARTBEAT", "JOIN", "LEAVE", "PUBLISH_CHANGE"]
 
 _GENERATION = """
--- A stored generation as a number, or nil when this version cannot read it (not a whole number from 0 on).
+-- A stored generation as a number, or nil when this version cannot read it (not decimal digits alone below 2^53).
 local function generation(text)
+  if type(text) ~= 'string' or not string.match(text, '^%d+$') then return nil end
   local g = tonumber(text)
-  if g == nil or g < 0 or g ~= math.floor(g) or g >= 2^53 then return nil end
+  if g >= 2^53 then return nil end
   return g
 end
 """
@@ -28,18 +29,16 @@ return {live, dead, added}
 """
 
 CLAIM = """
--- KEYS[1] replicas; ARGV[1] instance, ARGV[2] life in ms, ARGV[3] '1' to claim it whatever its deadline (a process
--- restarted under its name). Takes a dead instance out of the replicas before its interest is removed, so one
--- replica cleans it up, and only while it is still dead. Returns its deadline (0 when it was not listed), or false
--- when it is live again or listed no more (someone else cleaned it up).
+-- KEYS[1] replicas; ARGV[1] instance, ARGV[2] life in ms. Claims a dead instance's clean-up, only while it is still
+-- dead: its deadline is set just behind now, so it is neither live nor listed dead for one life (one replica
+-- cleans it up), and listed dead again after that unless the clean-up ends by removing it (a cleaner that stopped
+-- half-way leaves it for the next). Returns true, or false when it is live again or listed no more.
 local deadline = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if ARGV[3] ~= '1' then
-  local now = redis.call('TIME')
-  local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-  if not deadline or tonumber(deadline) >= ms - tonumber(ARGV[2]) then return false end
-end
-redis.call('ZREM', KEYS[1], ARGV[1])
-return deadline or '0'
+local now = redis.call('TIME')
+local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+if not deadline or tonumber(deadline) >= ms - tonumber(ARGV[2]) then return false end
+redis.call('ZADD', KEYS[1], 'XX', ms - 1, ARGV[1])
+return true
 """
 
 JOIN = """

@@ -143,18 +143,20 @@ class Takeover(Publishing):
         """A replica's heartbeat ran out (or it restarted under its name): its interest leaves Redis, each
         removal told on its bucket (the others ignore a dead replica already; a restarted one is live).
 
-        It is first taken out of the replicas, and only while still dead: one that beat again since it was
-        listed (it was only slow) keeps its place, its interest and its keys; and one that beats after this
-        finds itself unlisted, so writes its interest again (whatever a removal here met of it). A clean-up cut
-        short lists it again as it was, so the next heartbeat that lists it tries again."""
-        try:
-            claimed = await self._claim(keys=[REPLICAS], args=[instance, self._lease_ms, "1" if restarted else "0"])
-        except _CLEAN_UP_FAILURES:
-            self._cleaning.discard(instance)
-            return  # the next heartbeat that lists it tries again
-        if claimed is None:
-            self._cleaning.discard(instance)
-            return
+        A dead one is claimed first, and only while still dead (see `scripts.CLAIM`): one that beat again since
+        it was listed (it was only slow) keeps its place, its interest and its keys. It leaves the replicas
+        last, so one that beats after this finds itself unlisted and writes its interest again (whatever a
+        removal here met of it); a clean-up cut short (an error, this replica closing) leaves its claim to run
+        out, and the next heartbeat that lists it dead tries again."""
+        if not restarted:
+            try:
+                claimed = await self._claim(keys=[REPLICAS], args=[instance, self._lease_ms])
+            except _CLEAN_UP_FAILURES:
+                self._cleaning.discard(instance)
+                return  # the next heartbeat that lists it tries again
+            if not claimed:
+                self._cleaning.discard(instance)
+                return
         try:
             index = self._layout.interest_of(instance)
             entries = [_text(entry) for entry in await self._redis.smembers(index)]
@@ -168,13 +170,8 @@ class Takeover(Publishing):
             await self._conn.batch(ops)
             await self._redis.delete(index)
             self._own.forget(instance)
-            if await self._redis.zscore(REPLICAS, instance) is not None:
-                # It beat while its interest was being removed (so writes it again): a removal here may have met
-                # what it wrote. Unlisted once more, its next beat writes all of it again, after this.
-                await self._redis.zrem(REPLICAS, instance)
+            await self._redis.zrem(REPLICAS, instance)
         except _CLEAN_UP_FAILURES:
-            with contextlib.suppress(*_CLEAN_UP_FAILURES):
-                # Listed again as dead (unless it beat meanwhile): the next heartbeat that lists it tries again.
-                await self._redis.zadd(REPLICAS, {instance: float(_text(claimed))}, nx=True)
+            pass  # its claim runs out: the next heartbeat that lists it dead tries again
         finally:
             self._cleaning.discard(instance)

@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
+from sidecar.bus import scripts
+from sidecar.bus.coordinator import _generation
 from sidecar.bus.layout import REPLICAS, Layout, key_hash
 from sidecar.bus.ownership import rendezvous_owner
 from sidecar.bus.redis import RedisCluster
@@ -390,6 +392,48 @@ async def test_a_replica_whose_heartbeat_ran_out_leaves_the_replicas_and_every_i
         assert await admin.zscore(REPLICAS, "r2") is None
         assert not await admin.exists(Layout.interest_of("r2"))
         await eventually(lambda: survivor.owned_count == 1)
+
+
+async def test_a_clean_up_cut_short_is_taken_up_by_another_replica(redis: RedisServer, admin: aioredis.Redis) -> None:
+    async with _replicas(redis, "r1", "r2", "r3") as (first, second, frozen):
+        frozen.track(_Watch(OTHER))
+        await eventually(lambda: _interested(admin, OTHER, "r3"))
+        claimed, never = asyncio.Event(), asyncio.Event()
+        first_clean_up, second_clean_up = first._clean_up, second._clean_up
+
+        async def claims_then_stops(instance: str, *, restarted: bool = False) -> None:
+            if instance != "r3":
+                return await first_clean_up(instance, restarted=restarted)
+            if await first._claim(keys=[REPLICAS], args=[instance, LEASE_MS, "0"]) is not None:
+                claimed.set()
+                await never.wait()  # the replica cleaning up shuts down before it removes anything
+
+        async def after_the_first_claims(instance: str, *, restarted: bool = False) -> None:
+            if instance == "r3":
+                await claimed.wait()
+            return await second_clean_up(instance, restarted=restarted)
+
+        async def no_beat() -> None:
+            await never.wait()
+
+        first._clean_up = claims_then_stops  # type: ignore[method-assign]
+        second._clean_up = after_the_first_claims  # type: ignore[method-assign]
+        frozen._beat = no_beat  # type: ignore[method-assign]
+        async with asyncio.timeout(10):
+            await claimed.wait()
+        await first.aclose()
+        # Its claim runs out unfinished: the dead replica is listed dead again and the other replica cleans it up.
+        await eventually(lambda: _no_interest(admin, OTHER))
+        assert await admin.zscore(REPLICAS, "r3") is None
+        assert not await admin.exists(Layout.interest_of("r3"))
+
+
+@pytest.mark.parametrize(
+    "text", ["0", "7", "9007199254740991", "9007199254740992", "-1", "7.0", "1e3", "0x10", " 7", "7_0", "", "seven"]
+)
+async def test_the_scripts_and_the_replica_read_a_stored_generation_alike(admin: aioredis.Redis, text: str) -> None:
+    lua = await admin.eval(scripts._GENERATION + "return generation(ARGV[1]) or -1", 0, text)  # type: ignore[misc]
+    assert (None if lua == -1 else lua) == _generation(text)
 
 
 async def _beat_since(admin: aioredis.Redis, instance: str, now_ms: int) -> bool:
