@@ -5,7 +5,6 @@ new owner's take-over from stored states, and the clean-up of dead replicas.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 
