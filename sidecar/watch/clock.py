@@ -74,8 +74,9 @@ async def within(clock: Clock, seconds: float, awaitable: Awaitable[T]) -> T:
     try:
         return await task
     except asyncio.CancelledError:
-        if expired:
+        current = asyncio.current_task()
+        if expired and (current is None or not current.cancelling()):
             raise TimeoutError from None
-        raise
+        raise  # the caller was cancelled (perhaps as the timer fired): a cancellation, never a timeout
     finally:
         timer.cancel()

@@ -50,6 +50,9 @@ _REFILTER_DEBOUNCE_S = 0.05
 """A burst of new subscriptions becomes one new upstream listen, not one each."""
 _RETRY_S = (0.5, 30.0)
 """Backoff between attempts to reopen a broken stream: from half a second to half a minute."""
+_STEADY_S = _RETRY_S[1]
+"""A stream up this long that breaks starts a new streak of failures (backoff from the start, logged again); one
+that breaks sooner (an upstream or proxy that acknowledges, then closes) goes on with its streak's backoff."""
 _ACK_TIMEOUT_S = 10.0
 
 
@@ -72,6 +75,7 @@ class _NativeStream:
         self.changed = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
         self._open = False
+        self._opened_at = 0.0
 
     @property
     def wanted(self) -> bool:
@@ -112,7 +116,7 @@ class _NativeStream:
                     await self._serve_session_stream()
                 failures = 0
             except UpstreamError as exc:
-                failures = 1 if self._open else failures + 1  # a stream that was up starts a new streak
+                failures = 1 if self._steady() else failures + 1
                 if failures == 1:
                     logger.info("upstream notification stream failed", extra={"reason": exc.reason})
                 if _unsupported(exc):
@@ -122,7 +126,7 @@ class _NativeStream:
                     self.owner.unsupported = True
                     return
             except Exception:  # boundary: a bug here must leave polling working, never stop it
-                failures = 1 if self._open else failures + 1
+                failures = 1 if self._steady() else failures + 1
                 logger.exception("upstream notification stream crashed")
             finally:
                 self._closed()
@@ -130,9 +134,13 @@ class _NativeStream:
                 base = min(_RETRY_S[1], _RETRY_S[0] * 2 ** max(failures - 1, 0))
                 await sleep(self.owner.clock, base * (0.5 + JITTER.random()))
 
+    def _steady(self) -> bool:
+        return self._open and self.owner.clock.now() - self._opened_at >= _STEADY_S
+
     def _opened(self) -> None:
         if not self._open:
             self._open = True
+            self._opened_at = self.owner.clock.now()
             self.owner.streams_open(1)
 
     def _closed(self) -> None:
@@ -171,9 +179,10 @@ class _NativeStream:
                 except BaseException:
                     await stack.aclose()
                     raise
-                if current is not None:
-                    await _close(current)
-                current = (stack, reader)
+                # Kept before the old one closes: a cancellation while it closes must close the new one too.
+                previous, current = current, (stack, reader)
+                if previous is not None:
+                    await _close(previous)
                 self._opened()
                 honoured = _honoured(ack)
                 uris = frozenset(u for u in honoured.get("resourceSubscriptions", []) if isinstance(u, str))
@@ -297,6 +306,8 @@ class NativeNotifications:
         self._metrics = metrics
         self._watch_of = watch_of
         self._streams: dict[str, _NativeStream] = {}
+        self._closing: set[asyncio.Task[None]] = set()
+        """Tasks of streams dropped and still closing (out of the table already)."""
         self.unsupported = False
         """The upstream refused its notification stream once: it cannot push, so no stream is opened again."""
 
@@ -351,8 +362,10 @@ class NativeNotifications:
             stream.changed.set()
         if not stream.wanted and stream.task is not None:
             # Out of the table now, not when the task has finished: a hold before then gets a stream of its own
-            # instead of one whose task is ending. The credential leaves memory with the task (see _run).
+            # instead of one whose task is ending. Shutdown still waits for it to close (`_closing`).
             del self._streams[context]
+            self._closing.add(stream.task)
+            stream.task.add_done_callback(self._closing.discard)
             stream.task.cancel()
 
     def covers(self, kind: WatchKind, uri: str | None, context: str) -> bool:
@@ -366,8 +379,8 @@ class NativeNotifications:
         try:
             await stream.run()
         finally:
-            if self.unsupported:  # no stream is opened again: none keeps its context's credential
-                self._streams.pop(stream.context, None)
+            if self.unsupported and self._streams.get(stream.context) is stream:
+                del self._streams[stream.context]  # no stream is opened again: none keeps its credential
 
     # -- called by streams ----------------------------------------------------------------------------
 
@@ -404,6 +417,7 @@ class NativeNotifications:
 
     async def aclose(self) -> None:
         tasks = [stream.task for stream in self._streams.values() if stream.task is not None]
+        tasks += self._closing
         self._streams.clear()
         for task in tasks:
             task.cancel()

@@ -88,3 +88,22 @@ async def test_within_cancelled_from_outside_is_a_cancellation_not_a_timeout() -
     await asyncio.gather(waiting, return_exceptions=True)
     assert waiting.cancelled() and answer.cancelled()
     assert clock.pending() == 0
+
+
+async def test_within_cancelled_as_its_time_runs_out_is_a_cancellation_not_a_timeout() -> None:
+    clock = ManualClock()
+    slow_to_stop = asyncio.Event()
+
+    async def stops_slowly() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            await slow_to_stop.wait()  # cleaning up takes a while (a connection closing)
+            raise
+
+    waiting = asyncio.create_task(within(clock, 1.0, stops_slowly()))
+    await clock.advance(1.0)  # the time runs out: what it waits for is stopping
+    waiting.cancel()  # and its caller is cancelled meanwhile (a shutdown)
+    slow_to_stop.set()
+    await asyncio.gather(waiting, return_exceptions=True)
+    assert waiting.cancelled()

@@ -76,6 +76,8 @@ class PushingUpstream(ScriptedUpstream):
         self.info = UpstreamInfo(era, EVERYTHING if capabilities is None else capabilities, None, None)  # type: ignore[arg-type]
         self.opened: list[Opened] = []
         self.refusals: list[BaseException] = []
+        self.closing_gate: asyncio.Event | None = None
+        """While set and not yet open, closing a stream waits for it."""
         self.refused_uris: set[str] = set()
         """URIs `resources/subscribe` refuses."""
         """What the next attempts to open a stream raise, in order."""
@@ -117,7 +119,11 @@ class PushingUpstream(ScriptedUpstream):
         try:
             yield messages()
         finally:
-            opened.closed.set()
+            try:
+                if self.closing_gate is not None:
+                    await self.closing_gate.wait()  # a stream slow to close (its connection lingers)
+            finally:
+                opened.closed.set()
 
 
 class HeardWatch:
@@ -570,10 +576,17 @@ async def test_repeated_failures_back_off_doubling_to_half_a_minute_and_log_once
     assert [record.getMessage() for record in caplog.records] == ["upstream notification stream failed"]
     await legacy.clock.advance(30.0)
     assert len(legacy.upstream.open) == 1
-    legacy.upstream.open[0].fail(refusal)
+    legacy.upstream.open[0].fail(refusal)  # at once: an upstream that accepts the stream, then drops it
+    await settle()
+    await legacy.clock.advance(29.99)
+    assert legacy.upstream.open == [], "a stream up a moment goes on with its streak's backoff"
+    await legacy.clock.advance(0.01)
+    assert len(legacy.upstream.open) == 1
+    await legacy.clock.advance(30.0)
+    legacy.upstream.open[0].fail(refusal)  # after half a minute up
     await settle()
     await legacy.clock.advance(0.5)
-    assert len(legacy.upstream.open) == 1, "a stream that opened resets the backoff"
+    assert len(legacy.upstream.open) == 1, "a stream that stayed up starts a new streak"
     assert [record.getMessage() for record in caplog.records] == ["upstream notification stream failed"] * 2
 
 
@@ -608,7 +621,7 @@ async def test_a_crash_in_the_stream_is_logged_and_polling_goes_on(
     caplog.clear()
 
 
-async def test_crashes_back_off_like_failures_and_a_stream_that_was_up_starts_a_new_streak(
+async def test_crashes_back_off_like_failures_and_a_stream_that_stayed_up_starts_a_new_streak(
     legacy: Bench, caplog: pytest.LogCaptureFixture
 ) -> None:
     legacy.upstream.refusals = [RuntimeError("a bug"), RuntimeError("a bug")]
@@ -620,10 +633,11 @@ async def test_crashes_back_off_like_failures_and_a_stream_that_was_up_starts_a_
     assert legacy.upstream.opened == [], "waits twice as long after the second"
     await legacy.clock.advance(0.01)
     assert doc.native
+    await legacy.clock.advance(30.0)
     legacy.upstream.opened[0].fail(RuntimeError("a bug"))
     await settle()
     await legacy.clock.advance(0.5)
-    assert doc.native, "back after half a second: the stream had been up"
+    assert doc.native, "back after half a second: the stream had stayed up"
     assert [r.getMessage() for r in caplog.records] == ["upstream notification stream crashed"] * 3
     caplog.clear()
 
@@ -817,3 +831,48 @@ async def test_no_credential_stays_in_memory_once_the_upstream_refused_its_strea
     await settle()
     assert legacy.native.unsupported
     assert await _streams_in_memory(legacy) == 0
+
+
+async def test_a_listen_acknowledged_then_ended_again_and_again_backs_off(modern: Bench) -> None:
+    doc = modern.watch("resource", DOC, ALICE)
+    await settle()
+    waits = []
+    for _ in range(4):
+        modern.upstream.open[0].end()
+        await settle()
+        before = modern.clock.now()
+        while not modern.upstream.open:
+            modern.clock.fire_next()
+            await settle()
+        waits.append(modern.clock.now() - before)
+    assert waits == [0.5, 1.0, 2.0, 4.0], "not a reconnect every half second"
+    assert doc.native
+
+
+async def test_shutdown_waits_for_a_dropped_stream_still_closing() -> None:
+    bench = _bench("modern")
+    bench.watch("resource", DOC, ALICE)
+    await settle()
+    bench.upstream.closing_gate = asyncio.Event()
+    bench.native.drop("alice", "resource", DOC)
+    await settle()  # its task is closing the stream, slowly
+    await bench.native.aclose()
+    streams = [task for task in asyncio.all_tasks() if "NativeNotifications._run" in repr(task.get_coro())]
+    assert [task for task in streams if not task.done()] == [], "no stream's task outlives shutdown"
+    assert bench.upstream.open == []
+    bench.upstream.closing_gate.set()
+
+
+async def test_shutdown_while_the_old_listen_closes_closes_the_new_one_too() -> None:
+    bench = _bench("modern")
+    bench.watch("resource", DOC, ALICE)
+    await settle()
+    bench.upstream.closing_gate = asyncio.Event()
+    bench.watch("resource", OTHER, ALICE)
+    await bench.clock.advance(DEBOUNCE_S)
+    assert len(bench.upstream.opened) == 2, "the new listen is acknowledged; the old one is closing"
+    closing = asyncio.create_task(bench.native.aclose())
+    await settle()
+    bench.upstream.closing_gate.set()
+    await closing
+    assert bench.upstream.open == [], "neither listen (nor its credential) is left open"
