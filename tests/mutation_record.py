@@ -4,7 +4,9 @@
 
 Fails when the score is under the floor, when a mutant survives that the record does not judge (a new gap in
 the tests, or a change that renumbered a function's mutants: either way the record needs its reason), or when
-one the record lists no longer survives (killed now, or renamed: the record says what is no longer true).
+one the record lists no longer survives (killed now, or renamed: the record says what is no longer true). A
+mutant the run could not judge (suspicious, a segfault, not checked: a loaded or broken run) is reported as such,
+not as a survivor.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ RECORD = ROOT / "docs" / "mutation-survivors.txt"
 FLOOR = 0.90
 """The least share of mutants killed (timeouts count as killed, as mutmut counts them)."""
 _KILLED = frozenset({"killed", "timeout"})
+_SURVIVED = "survived"
+"""Any other status (suspicious, segfault, not checked, no tests, skipped) is a mutant the run did not judge."""
 _VERDICTS = frozenset({"equivalent", "left"})
 
 
@@ -52,13 +56,12 @@ def check(found: dict[str, str], record: dict[str, str]) -> list[str]:
         return ["no mutants: run `mutmut run` first"]
     survivors = {name for name, status in found.items() if status not in _KILLED}
     score = 1 - len(survivors) / len(found)
-    problems = []
+    unjudged = {name for name in survivors if found[name] != _SURVIVED}
+    survivors -= unjudged
+    problems = [f"not judged by this run ({found[name]}): {name}" for name in sorted(unjudged)]
     if score < FLOOR:
         problems.append(f"{score:.1%} of mutants killed, under the floor of {FLOOR:.0%}")
-    problems += [
-        f"survives, and the record does not judge it: {name} ({found[name]})"
-        for name in sorted(survivors - record.keys())
-    ]
+    problems += [f"survives, and the record does not judge it: {name}" for name in sorted(survivors - record.keys())]
     problems += [f"listed in the record, and no longer survives: {name}" for name in sorted(record.keys() - survivors)]
     return problems
 

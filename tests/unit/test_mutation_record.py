@@ -35,7 +35,7 @@ def test_a_survivor_the_record_does_not_judge_fails_and_so_does_one_no_longer_al
     found = {**statuses(RESULTS), **{f"sidecar.watch.x.y__mutmut_{n}": "killed" for n in range(20)}}
     problems = check(found, {"sidecar.watch.poller.xǁWatchǁhint__mutmut_2": "left"})
     assert problems == [
-        "survives, and the record does not judge it: sidecar.watch.poller.xǁWatchǁhint__mutmut_1 (survived)",
+        "survives, and the record does not judge it: sidecar.watch.poller.xǁWatchǁhint__mutmut_1",
         "listed in the record, and no longer survives: sidecar.watch.poller.xǁWatchǁhint__mutmut_2",
     ]
 
@@ -50,3 +50,11 @@ def test_a_score_under_the_floor_fails_even_when_every_survivor_is_judged() -> N
 def test_a_record_line_without_a_verdict_is_refused_with_its_line() -> None:
     with pytest.raises(ValueError, match="line 2: the verdict must be one of"):
         recorded("# a comment\nsidecar.watch.x.y__mutmut_1 maybe\n")
+
+
+def test_a_mutant_the_run_could_not_judge_is_reported_as_such_not_as_a_survivor() -> None:
+    found = {
+        **{f"sidecar.watch.x.y__mutmut_{n}": "killed" for n in range(20)},
+        "sidecar.watch.x.y__mutmut_20": "suspicious",
+    }
+    assert check(found, {}) == ["not judged by this run (suspicious): sidecar.watch.x.y__mutmut_20"]
