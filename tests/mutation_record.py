@@ -1,18 +1,23 @@
 """A mutmut run of the watch engine checked against its record (docs/mutation.md, docs/mutation-survivors.txt).
 
     rm -rf mutants && mutmut run --max-children 2 && python -m tests.mutation_record
+    python -m tests.mutation_record --write      # the record from this run, keeping the verdicts it had
+
+A survivor is recorded by its function and its change (the line mutmut removed and the one it put instead),
+not by its number: mutmut numbers a function's mutants in order, so any edit of that function renumbers them,
+while its change stays the same until the mutated line itself changes.
 
 Fails when the score is under the floor, when a mutant survives that the record does not judge (a new gap in
-the tests, or a change that renumbered a function's mutants: either way the record needs its reason), or when
-one the record lists no longer survives (killed now, or renamed: the record says what is no longer true). A
-mutant the run could not judge (suspicious, a segfault, not checked: a loaded or broken run) is reported as such,
-not as a survivor.
+the tests, or a mutated line that changed: either way the record needs its reason), or when a change the record
+lists no longer survives (killed now: the record says what is no longer true). A mutant the run could not judge
+(suspicious, a segfault, not checked: a loaded or broken run) is reported as such, not as a survivor.
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,21 +27,33 @@ FLOOR = 0.90
 _KILLED = frozenset({"killed", "timeout"})
 _SURVIVED = "survived"
 """Any other status (suspicious, segfault, not checked, no tests, skipped) is a mutant the run did not judge."""
-_VERDICTS = frozenset({"equivalent", "left"})
+_VERDICTS = ("equivalent", "left")
+_UNJUDGED = "?"
+_HEADER = """\
+# Every mutant of the watch engine that a fresh `mutmut run` leaves alive, with its verdict: equivalent (no input
+# tells it from the code) or left (a real difference judged not worth a test); docs/mutation.md says why, mutant
+# by mutant. One a line, tab-separated: the function, the verdict, the line mutmut removed, the line it put
+# instead. `python -m tests.mutation_record` checks a run against this list; `--write` rewrites it from a run,
+# keeping the verdicts it had and marking new survivors `?` until judged.
+"""
+
+Change = tuple[str, str, str]
+"""A mutant as the record knows it: its function, the line removed, the line put instead (both stripped)."""
 
 
-def recorded(text: str) -> dict[str, str]:
-    """The record's survivors and their verdicts (`name verdict` a line; `#` starts a comment)."""
-    survivors: dict[str, str] = {}
+def recorded(text: str) -> dict[Change, str]:
+    """The record's survivors and their verdicts."""
+    survivors: dict[Change, str] = {}
     for number, line in enumerate(text.splitlines(), 1):
-        line = line.split("#", 1)[0].strip()
-        if not line:
+        if not line.strip() or line.startswith("#"):
             continue
-        name, _, verdict = line.partition(" ")
-        verdict = verdict.strip()
-        if verdict not in _VERDICTS:
-            raise ValueError(f"{RECORD.name} line {number}: the verdict must be one of {sorted(_VERDICTS)}")
-        survivors[name] = verdict
+        fields = line.split("\t")
+        if len(fields) != 4:
+            raise ValueError(f"{RECORD.name} line {number}: four tab-separated fields (function, verdict, -, +)")
+        function, verdict, removed, added = fields
+        if verdict not in (*_VERDICTS, _UNJUDGED):
+            raise ValueError(f"{RECORD.name} line {number}: the verdict must be one of {[*_VERDICTS, _UNJUDGED]}")
+        survivors[(function, removed, added)] = verdict
     return survivors
 
 
@@ -50,35 +67,70 @@ def statuses(results: str) -> dict[str, str]:
     return found
 
 
-def check(found: dict[str, str], record: dict[str, str]) -> list[str]:
-    """What is wrong with a run against the record (nothing: an empty list)."""
+def change_of(name: str, diff: str) -> Change:
+    """A mutant's change from its name and `mutmut show`'s diff of it."""
+    removed = [line[1:].strip() for line in diff.splitlines() if line.startswith("-") and not line.startswith("---")]
+    added = [line[1:].strip() for line in diff.splitlines() if line.startswith("+") and not line.startswith("+++")]
+    return name.rpartition("__mutmut_")[0], " / ".join(removed), " / ".join(added)
+
+
+def check(found: dict[str, str], changes: dict[str, Change], record: dict[Change, str]) -> list[str]:
+    """What is wrong with a run (`found`: each mutant's status; `changes`: each survivor's) against the record."""
     if not found:
         return ["no mutants: run `mutmut run` first"]
-    survivors = {name for name, status in found.items() if status not in _KILLED}
-    score = 1 - len(survivors) / len(found)
-    unjudged = {name for name in survivors if found[name] != _SURVIVED}
-    survivors -= unjudged
-    problems = [f"not judged by this run ({found[name]}): {name}" for name in sorted(unjudged)]
+    alive = {name for name, status in found.items() if status not in _KILLED}
+    unjudged = sorted(name for name in alive if found[name] != _SURVIVED)
+    problems = [f"not judged by this run ({found[name]}): {name}" for name in unjudged]
+    score = 1 - len(alive) / len(found)
     if score < FLOOR:
         problems.append(f"{score:.1%} of mutants killed, under the floor of {FLOOR:.0%}")
-    problems += [f"survives, and the record does not judge it: {name}" for name in sorted(survivors - record.keys())]
-    problems += [f"listed in the record, and no longer survives: {name}" for name in sorted(record.keys() - survivors)]
+    survivors = Counter(changes[name] for name in alive if found[name] == _SURVIVED)
+    problems += [
+        f"survives, and the record does not judge it: {_shown(change)}"
+        for change in sorted(survivors)
+        if record.get(change, _UNJUDGED) == _UNJUDGED
+    ]
+    problems += [
+        f"listed in the record, and no longer survives: {_shown(change)}"
+        for change in sorted(record.keys() - survivors.keys())
+    ]
     return problems
 
 
-def main() -> int:
-    results = subprocess.run(
-        ["mutmut", "results", "--all", "true"], cwd=ROOT, capture_output=True, text=True, check=True
-    )
-    found = statuses(results.stdout)
-    record = recorded(RECORD.read_text())
-    survivors = sum(status not in _KILLED for status in found.values())
-    print(f"{len(found) - survivors} of {len(found)} mutants killed, {survivors} survive ({len(record)} in the record)")
-    problems = check(found, record)
+def written(changes: dict[str, Change], found: dict[str, str], record: dict[Change, str]) -> str:
+    """The record of this run's survivors, with the verdicts `record` had for the same changes."""
+    survivors = sorted({changes[name] for name, status in found.items() if status == _SURVIVED})
+    lines = [
+        "\t".join((function, record.get((function, removed, added), _UNJUDGED), removed, added))
+        for function, removed, added in survivors
+    ]
+    return _HEADER + "\n" + "\n".join(lines) + "\n"
+
+
+def _shown(change: Change) -> str:
+    function, removed, added = change
+    return f"{function}: `{removed}` -> `{added}`"
+
+
+def _mutmut(*args: str) -> str:
+    return subprocess.run(["mutmut", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+
+
+def main(argv: list[str]) -> int:
+    found = statuses(_mutmut("results", "--all", "true"))
+    changes = {name: change_of(name, _mutmut("show", name)) for name, status in found.items() if status == _SURVIVED}
+    record = recorded(RECORD.read_text()) if RECORD.exists() else {}
+    if argv == ["--write"]:
+        RECORD.write_text(written(changes, found, record))
+        print(f"wrote {RECORD.relative_to(ROOT)}: {len(changes)} survivors")
+        return 0
+    alive = sum(status not in _KILLED for status in found.values())
+    print(f"{len(found) - alive} of {len(found)} mutants killed, {alive} alive ({len(record)} in the record)")
+    problems = check(found, changes, record)
     for problem in problems:
         print(problem)
     return 1 if problems else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))
