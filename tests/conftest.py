@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Callable, Generator, Mapping
+from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mapping
+from typing import TYPE_CHECKING
 
 import aiohttp
 import pytest
@@ -21,6 +22,9 @@ from hypothesis import settings
 
 from tests.peers import Upstream, start_upstream
 from tests.prereqs import MISSING_PEER, in_ci
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 settings.register_profile("ci", derandomize=True, print_blob=True)
 settings.register_profile("dev")
@@ -70,6 +74,27 @@ async def upstream(request: pytest.FixtureRequest) -> AsyncIterator[Upstream]:
     """Each test runs against both kinds of upstream."""
     async with await start_upstream(request.param) as up:
         yield up
+
+
+@pytest.fixture
+def spans() -> Iterator[InMemorySpanExporter]:
+    """The sidecar's tracing on for the test, into memory: the finished spans (the process's tracing restored
+    after). Imported here, not at the top: only the tracing tests need the `otel` extra."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from sidecar.observability.tracing import Tracing, install
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    previous = install(Tracing(provider.get_tracer("tests"), provider))
+    try:
+        yield exporter
+    finally:
+        install(previous)
+        provider.shutdown()
 
 
 @pytest.fixture

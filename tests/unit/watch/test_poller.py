@@ -6,18 +6,17 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from sidecar.changes import ChangeEvent, WatchKey
 from sidecar.config import PollingConfig
 from sidecar.observability.metrics import Metrics
-from sidecar.observability.tracing import MAX_LINKS, Tracing, install
+from sidecar.observability.tracing import MAX_LINKS
 from sidecar.protocol.errors import UpstreamBadResponse, UpstreamError, UpstreamHTTPError, UpstreamUnavailable
 from sidecar.watch import poller
 from sidecar.watch.clock import LOOP_CLOCK, Clock, Timer
@@ -342,19 +341,6 @@ async def test_a_failing_poll_logs_one_line_per_failure_streak_and_one_per_ten_s
     assert len(lines) == 1
     fields = {name: getattr(lines[0], name, None) for name in ("watch", "kind", "reason")}
     assert fields == {"watch": first.key.short_hash, "kind": "resource", "reason": failure.reason}
-
-
-@pytest.fixture
-def spans() -> Iterator[InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    previous = install(Tracing(provider.get_tracer("tests"), provider))
-    try:
-        yield exporter
-    finally:
-        install(previous)
-        provider.shutdown()
 
 
 async def test_a_poll_span_links_the_writes_that_hinted_it_and_names_the_uri_only_of_a_public_watch(

@@ -7,15 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import cast
 
 import pytest
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import Tracer
 
 from sidecar.bus.memory import MemoryBus
 from sidecar.changes import ChangeEvent, WatchKey, WatchState
@@ -23,7 +20,7 @@ from sidecar.config import PollingConfig
 from sidecar.fair_share import FairShare
 from sidecar.identity import ANONYMOUS_IDENTITY, PUBLIC, Identity
 from sidecar.observability.metrics import Metrics
-from sidecar.observability.tracing import Tracing, install
+from sidecar.observability.tracing import tracing
 from sidecar.protocol.errors import TooManyRequests, UpstreamHTTPError, UpstreamUnavailable
 from sidecar.upstream.answers import UpstreamInfo
 from sidecar.upstream.base import Upstream
@@ -1094,23 +1091,7 @@ async def test_hinted_polls_over_the_hint_budget_are_deferred() -> None:
     await world.registry.aclose()
 
 
-@pytest.fixture
-def spans() -> Iterator[tuple[Tracer, InMemorySpanExporter]]:
-    provider = TracerProvider()
-    exporter = InMemorySpanExporter()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    previous = install(Tracing(provider.get_tracer("tests"), provider))
-    try:
-        yield provider.get_tracer("tests"), exporter
-    finally:
-        install(previous)
-        provider.shutdown()
-
-
-async def test_a_hinted_poll_links_the_writes_that_may_concern_it(
-    world: World, spans: tuple[Tracer, InMemorySpanExporter]
-) -> None:
-    tracer, exporter = spans
+async def test_a_hinted_poll_links_the_writes_that_may_concern_it(world: World, spans: InMemorySpanExporter) -> None:
     world.upstream.resources[DOC] = contents(DOC, "v1", cacheScope="public")
     world.upstream.private[(OTHER, "alice")] = contents(OTHER, "alice's")
     world.upstream.private[(OTHER, "bob")] = contents(OTHER, "bob's")
@@ -1120,14 +1101,14 @@ async def test_a_hinted_poll_links_the_writes_that_may_concern_it(
         assert await world.registry.acquire("resource", OTHER, identity) is not None
     writes = {}
     for identity in (ALICE, BOB):
-        with tracer.start_as_current_span(f"{identity.context}'s write") as span:
+        with tracing().request("tools/call", {}, None) as span:  # the server span of that client's write
             world.registry.after_forward("tools/call", {}, identity, {"result": {}}, world.registry.ticket())
             writes[identity.context] = span.get_span_context()
     world.registry.after_forward("tools/call", {}, CAROL, {"result": {}}, world.registry.ticket())  # untraced
     await world.clock.advance(0.5)
     links = {
         span.attributes["mcp_sidecar.watch"]: [link.context for link in span.links]
-        for span in exporter.get_finished_spans()
+        for span in spans.get_finished_spans()
         if span.name == "poll" and span.attributes is not None
     }
     assert links == {
