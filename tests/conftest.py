@@ -14,12 +14,14 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import aiohttp
 import pytest
 from hypothesis import settings
 
+from tests.cluster import RedisServer, redis_server
 from tests.peers import Upstream, start_upstream
 from tests.prereqs import MISSING_PEER, in_ci
 
@@ -74,6 +76,13 @@ async def upstream(request: pytest.FixtureRequest) -> AsyncIterator[Upstream]:
     """Each test runs against both kinds of upstream."""
     async with await start_upstream(request.param) as up:
         yield up
+
+
+@pytest.fixture
+async def redis(tmp_path: Path) -> AsyncIterator[RedisServer]:
+    """A redis-server of the test's own on 127.0.0.1, stopped after it."""
+    async with redis_server(tmp_path) as server:
+        yield server
 
 
 @pytest.fixture

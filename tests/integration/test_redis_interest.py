@@ -14,7 +14,6 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
@@ -26,7 +25,7 @@ from sidecar.bus.ownership import rendezvous_owner
 from sidecar.bus.redis import RedisCluster
 from sidecar.changes import ChangeEvent, WatchKey
 from sidecar.observability.metrics import Metrics
-from tests.cluster import LEASE_MS, RedisServer, redis_server
+from tests.cluster import LEASE_MS, RedisServer
 from tests.helpers import eventually
 
 KEY = WatchKey("resource", "catalog://price", "public")
@@ -48,12 +47,6 @@ class _Watch:
 
     def hint(self) -> None:
         self.hints += 1
-
-
-@pytest.fixture
-async def redis(tmp_path: Path) -> AsyncIterator[RedisServer]:
-    async with redis_server(tmp_path) as server:
-        yield server
 
 
 @pytest.fixture

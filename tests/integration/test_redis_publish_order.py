@@ -9,27 +9,19 @@ gets keep-alive comments and no update; once Redis takes it, the update follows.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import aiohttp
 import pytest
 import redis.asyncio as aioredis
 
 from sidecar.app import METRICS
-from tests.cluster import LEASE_MS, RedisServer, redis_server
+from tests.cluster import LEASE_MS, RedisServer
 from tests.helpers import eventually, headers, request, serve_sidecar
 from tests.peers import start_upstream
 
 PRICE = "catalog://price"
 POLLING = {"min_interval_ms": 100, "default_interval_ms": 200, "max_interval_ms": 200, "linger_ms": 100}
 WITHIN_S = 15.0
-
-
-@pytest.fixture
-async def redis(tmp_path: Path) -> AsyncIterator[RedisServer]:
-    async with redis_server(tmp_path) as server:
-        yield server
 
 
 @pytest.mark.invariant(17)

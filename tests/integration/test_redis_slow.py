@@ -8,14 +8,12 @@ every write (the first look's publish is a script) for a while, as a stalled Red
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import aiohttp
 import pytest
 import redis.asyncio as aioredis
 
-from tests.cluster import LEASE_MS, RedisServer, redis_server
+from tests.cluster import LEASE_MS, RedisServer
 from tests.helpers import headers, request, serve_sidecar, sse_messages
 from tests.peers import start_upstream
 
@@ -25,12 +23,6 @@ STALL_MS = 3_000
 """Far longer than the linger, and than any grace a new watch could be given on top of it: before the first
 look's publish returns, an idle watch would have been collected."""
 WITHIN_S = 20.0
-
-
-@pytest.fixture
-async def redis(tmp_path: Path) -> AsyncIterator[RedisServer]:
-    async with redis_server(tmp_path) as server:
-        yield server
 
 
 @pytest.mark.invariant(2)

@@ -22,7 +22,6 @@ from tests.cluster import (
     free_port,
     instances_where_first_polls,
     nginx_proxy,
-    redis_server,
     sidecar_config,
     sidecar_replicas,
     wait_until,
@@ -40,12 +39,6 @@ CACHED = {"polling": {"min_interval_ms": 100, "default_interval_ms": 300, "max_i
 async def shop() -> AsyncIterator[Upstream]:
     async with await start_upstream("modern", read_ttl_ms=60_000) as up:
         yield up
-
-
-@pytest.fixture
-async def redis(tmp_path: Path) -> AsyncIterator[RedisServer]:
-    async with redis_server(tmp_path) as server:
-        yield server
 
 
 @pytest.fixture

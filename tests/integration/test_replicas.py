@@ -30,7 +30,6 @@ from tests.cluster import (
     Replica,
     free_port,
     nginx_proxy,
-    redis_server,
     sidecar_config,
     sidecar_replicas,
     wait_until,
@@ -53,12 +52,6 @@ REDIS_OUTAGE_S = 8.0
 async def shop() -> AsyncIterator[Upstream]:
     async with await start_upstream("modern", read_ttl_ms=READ_TTL_MS) as up:
         yield up
-
-
-@pytest.fixture
-async def redis(tmp_path: Path) -> AsyncIterator[RedisServer]:
-    async with redis_server(tmp_path) as server:
-        yield server
 
 
 @pytest.fixture

@@ -28,7 +28,6 @@ from tests.cluster import (
     free_port,
     instances_where_first_polls,
     leases_held,
-    redis_server,
     sidecar_config,
     sidecar_replicas,
     wait_until,
@@ -55,12 +54,6 @@ MAX_SHARE = 1.5
 async def shop() -> AsyncIterator[Upstream]:
     async with await start_upstream("modern", read_ttl_ms=READ_TTL_MS) as up:
         yield up
-
-
-@pytest.fixture
-async def redis(tmp_path: Path) -> AsyncIterator[RedisServer]:
-    async with redis_server(tmp_path) as server:
-        yield server
 
 
 @pytest.fixture
