@@ -932,12 +932,7 @@ async def test_a_context_whose_poll_was_refused_must_prove_access_again(world: W
 async def test_a_first_read_of_a_lingering_public_watch_keeps_it_a_moment_for_its_caller() -> None:
     world = _world(CONFIG.model_copy(update={"linger_ms": 0}))
     world.upstream.resources[DOC] = contents(DOC, "v1", cacheScope="public")
-    world.upstream.gate = asyncio.Event()
-    alice = asyncio.create_task(world.registry.acquire("resource", DOC, ALICE))
-    await settle()
-    alice.cancel()
-    world.upstream.gate.set()
-    await settle()
+    await _a_first_read_whose_only_caller_gave_up(world)
     key = WatchKey("resource", DOC, PUBLIC)
     await world.clock.advance(0.5)
     assert world.watches() == {key: 0}, "lingering its first moment"
