@@ -74,8 +74,8 @@ class _NativeStream:
         self.covered_lists: frozenset[WatchKind] = frozenset()
         self.changed = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
-        self._open = False
-        self._opened_at = 0.0
+        self._opened_at: float | None = None
+        """When the stream that is open now was opened (on the owner's clock); None while none is."""
 
     @property
     def wanted(self) -> bool:
@@ -135,17 +135,16 @@ class _NativeStream:
                 await sleep(self.owner.clock, base * (0.5 + JITTER.random()))
 
     def _steady(self) -> bool:
-        return self._open and self.owner.clock.now() - self._opened_at >= _STEADY_S
+        return self._opened_at is not None and self.owner.clock.now() - self._opened_at >= _STEADY_S
 
     def _opened(self) -> None:
-        if not self._open:
-            self._open = True
+        if self._opened_at is None:
             self._opened_at = self.owner.clock.now()
             self.owner.streams_open(1)
 
     def _closed(self) -> None:
-        if self._open:
-            self._open = False
+        if self._opened_at is not None:
+            self._opened_at = None
             self.owner.streams_open(-1)
         self.cover(frozenset(), frozenset(), hint_new=False)  # uncovered keys poll now and at their usual pace
 
