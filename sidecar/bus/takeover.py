@@ -147,16 +147,9 @@ class Takeover(Publishing):
         last, so one that beats after this finds itself unlisted and writes its interest again (whatever a
         removal here met of it); a clean-up cut short (an error, this replica closing) leaves its claim to run
         out, and the next heartbeat that lists it dead tries again."""
-        if not restarted:
-            try:
-                claimed = await self._claim(keys=[REPLICAS], args=[instance, self._lease_ms])
-            except _CLEAN_UP_FAILURES:
-                self._cleaning.discard(instance)
-                return  # the next heartbeat that lists it tries again
-            if not claimed:
-                self._cleaning.discard(instance)
-                return
         try:
+            if not restarted and not await self._claim(keys=[REPLICAS], args=[instance, self._lease_ms]):
+                return  # live again, or someone else cleans it up
             index = self._layout.interest_of(instance)
             entries = [_text(entry) for entry in await self._redis.smembers(index)]
             ops = []
@@ -171,6 +164,6 @@ class Takeover(Publishing):
             self._own.forget(instance)
             await self._redis.zrem(REPLICAS, instance)
         except _CLEAN_UP_FAILURES:
-            pass  # its claim runs out: the next heartbeat that lists it dead tries again
+            pass  # its claim (if taken) runs out: the next heartbeat that lists it dead tries again
         finally:
             self._cleaning.discard(instance)
