@@ -112,134 +112,193 @@ class Metrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
-            "mcp_sidecar_requests", "Downstream requests by method and outcome", ["method", "outcome"], registry=r
+            "mcp_sidecar_requests", "Requests from clients, by method and outcome", ["method", "outcome"], registry=r
         )
         self.request_duration = Histogram(
             "mcp_sidecar_request_duration_seconds",
-            "Downstream request duration",
+            "How long the sidecar took to answer a client's request, by method",
             ["method"],
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
         self.upstream_requests = Counter(
             "mcp_sidecar_upstream_requests",
-            "Requests sent upstream by method and outcome",
+            "Requests the sidecar sent upstream, by method and outcome",
             ["method", "outcome"],
             registry=r,
         )
         self.upstream_duration = Histogram(
             "mcp_sidecar_upstream_request_duration_seconds",
-            "Upstream request duration",
+            "How long the upstream took to answer, by method",
             ["method"],
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
-        self.upstream_up = Gauge("mcp_sidecar_upstream_up", "1 while the upstream answers", registry=r)
-        self.upstream_usable = Gauge(
-            "mcp_sidecar_upstream_usable", "1 while the upstream's answers are MCP (0: up but unusable)", registry=r
+        self.upstream_up = Gauge(
+            "mcp_sidecar_upstream_up", "1 while the upstream answers, 0 while it cannot be reached", registry=r
         )
-        self.upstream_era = Gauge("mcp_sidecar_upstream_era_info", "The era the upstream speaks", ["era"], registry=r)
+        self.upstream_usable = Gauge(
+            "mcp_sidecar_upstream_usable",
+            "1 while the upstream's answers are MCP; 0 while it answers something else (a wrong path, say)",
+            registry=r,
+        )
+        self.upstream_era = Gauge(
+            "mcp_sidecar_upstream_era_info",
+            "The protocol revision the upstream speaks: 1 on the series of its revision",
+            ["era"],
+            registry=r,
+        )
         self.listen_streams = Gauge("mcp_sidecar_listen_streams", "Open listen streams", registry=r)
         self.stream_limit = Gauge(
-            "mcp_sidecar_stream_limit", "Configured streams.max_streams (0 until the app sets it)", registry=r
+            "mcp_sidecar_stream_limit", "Listen streams this process accepts at most (streams.max_streams)", registry=r
         )
         self.legacy_sessions = Gauge("mcp_sidecar_legacy_sessions", "Open 2025-11-25 client sessions", registry=r)
-        self.subscriptions = Gauge("mcp_sidecar_subscriptions", "Stream x URI subscriptions", registry=r)
-        self.watches = Gauge("mcp_sidecar_watches", "Active watches by kind", ["kind"], registry=r)
+        self.subscriptions = Gauge(
+            "mcp_sidecar_subscriptions", "Resource URIs watched for listen streams, one per stream and URI", registry=r
+        )
+        self.watches = Gauge(
+            "mcp_sidecar_watches",
+            "Watches (what the sidecar keeps looking at for its clients), by kind",
+            ["kind"],
+            registry=r,
+        )
         self.watched_contexts = Gauge(
             "mcp_sidecar_watched_contexts",
-            "Authorization contexts with a watch (the public one counts as one)",
+            "Authorization contexts with at least one watch (all public watches count as one)",
             registry=r,
         )
         self.native_watches = Gauge(
             "mcp_sidecar_native_watches",
-            "Watches the upstream's own notifications cover (polling is their backstop); the rest are polled",
+            "Watches the upstream's own notifications cover (still polled, as a backstop); the rest are polled only",
             registry=r,
         )
         self.native_streams = Gauge(
-            "mcp_sidecar_native_streams", "Notification streams open to the upstream (one per context)", registry=r
+            "mcp_sidecar_native_streams",
+            "Notification streams the sidecar holds open to the upstream (at most one per authorization context)",
+            registry=r,
         )
         self.upstream_notifications = Counter(
             "mcp_sidecar_upstream_notifications",
-            "Change notifications the upstream sent, each a hint to poll at once",
+            "Change notifications the upstream sent; each makes the watch it names poll at once",
             ["method"],
             registry=r,
         )
-        self.polls = Counter("mcp_sidecar_polls", "Polls by kind and outcome", ["kind", "outcome"], registry=r)
-        self.poll_duration = Histogram(
-            "mcp_sidecar_poll_duration_seconds", "Poll duration", ["kind"], buckets=_LATENCY_BUCKETS, registry=r
+        self.polls = Counter(
+            "mcp_sidecar_polls",
+            "Polls that reached the upstream (a watch's read, on its timer or at once after a write), "
+            "by kind and outcome",
+            ["kind", "outcome"],
+            registry=r,
         )
-        self.poll_lag = Histogram(
-            "mcp_sidecar_poll_schedule_lag_seconds",
-            "How late a poll started against its due time",
+        self.poll_duration = Histogram(
+            "mcp_sidecar_poll_duration_seconds",
+            "How long each poll took, by kind; also counts, at no time, a due poll skipped because no stream "
+            "holds the watch any more",
+            ["kind"],
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
-        self.changes = Counter("mcp_sidecar_changes", "Changes detected by kind", ["kind"], registry=r)
+        self.poll_lag = Histogram(
+            "mcp_sidecar_poll_schedule_lag_seconds",
+            "How late each due poll started (a busy process, or polls over polling.max_concurrency)",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.changes = Counter(
+            "mcp_sidecar_changes",
+            "Changes detected (content that differs from the last look), by kind",
+            ["kind"],
+            registry=r,
+        )
         self.notifications = Counter(
-            "mcp_sidecar_notifications", "Notifications written to listen streams", ["method"], registry=r
+            "mcp_sidecar_notifications",
+            "Notifications written to clients (listen streams and 2025-11-25 sessions), by method",
+            ["method"],
+            registry=r,
         )
         self.coalesced = Counter(
-            "mcp_sidecar_signals_coalesced", "Signals merged into one already pending on a stream", registry=r
+            "mcp_sidecar_signals_coalesced",
+            "Changes merged into a notification still waiting to be written to the same stream",
+            registry=r,
         )
         self.delivery_latency = Histogram(
             "mcp_sidecar_change_delivery_seconds",
-            "Change detection to notification written",
+            "From a change detected to its notification written to a stream",
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
         self.limit_rejections = Counter(
-            "mcp_sidecar_limit_rejections", "Work refused by a configured limit", ["limit"], registry=r
+            "mcp_sidecar_limit_rejections", "Work refused by a configured limit, by limit", ["limit"], registry=r
         )
         self.queue_depth = Gauge(
-            "mcp_sidecar_queue_depth", "Requests waiting their turn under a limit now", ["limit"], registry=r
+            "mcp_sidecar_queue_depth", "Work waiting its turn under a limit now, by limit", ["limit"], registry=r
         )
         self.queue_wait = Histogram(
             "mcp_sidecar_queue_wait_seconds",
             "How long work waited its turn under a limit: client requests for a slot upstream (0: one was free), "
-            "polls for polling.max_concurrency, hinted polls deferred by polling.max_hinted_polls_per_s",
+            "polls for polling.max_concurrency, polls asked for by writes deferred by polling.max_hinted_polls_per_s",
             ["limit"],
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
         self.clients_active = Gauge(
             "mcp_sidecar_clients_active",
-            "Distinct clients (the unit of fair share) with a request upstream in flight or waiting",
+            "Clients (the unit of fair share: an address, or a credential the upstream accepted) with a request "
+            "upstream in flight or waiting",
             registry=r,
         )
-        self.keepalives = Counter("mcp_sidecar_keepalives", "Keep-alive comments sent", registry=r)
+        self.keepalives = Counter("mcp_sidecar_keepalives", "Keep-alive comments written to quiet streams", registry=r)
         self.streams_ended = Counter(
             "mcp_sidecar_streams_ended", "Listen streams ended, by reason", ["reason"], registry=r
         )
         self.cache_hits = Counter("mcp_sidecar_cache_hits", "Requests answered from the response cache", registry=r)
-        self.cache_misses = Counter("mcp_sidecar_cache_misses", "Cacheable requests not in the cache", registry=r)
+        self.cache_misses = Counter(
+            "mcp_sidecar_cache_misses", "Cacheable requests not found in the response cache", registry=r
+        )
         self.cache_evictions = Counter(
-            "mcp_sidecar_cache_evictions", "Entries evicted to stay within cache bounds", registry=r
+            "mcp_sidecar_cache_evictions",
+            "Cache entries evicted to stay within cache.max_entries and cache.max_bytes",
+            registry=r,
         )
         self.cache_bytes = Gauge("mcp_sidecar_cache_bytes", "Bytes held by the response cache", registry=r)
         self.singleflight_joins = Counter(
-            "mcp_sidecar_singleflight_joins", "Requests that joined an identical one in flight", registry=r
+            "mcp_sidecar_singleflight_joins",
+            "Requests that shared the answer of an identical request already in flight upstream",
+            registry=r,
         )
-        self.redis_up = Gauge("mcp_sidecar_redis_up", "1 while Redis answers (redis bus only)", registry=r)
+        self.redis_up = Gauge(
+            "mcp_sidecar_redis_up",
+            "1 while Redis answers; always 0 with bus.backend: memory, which uses no Redis",
+            registry=r,
+        )
         self.leases_held = Gauge(
-            "mcp_sidecar_leases_held", "Watched keys this replica polls for the cluster (it owns them)", registry=r
+            "mcp_sidecar_leases_held", "Watches this replica polls on behalf of all replicas (Redis bus)", registry=r
         )
         self.lease_acquisitions = Counter(
-            "mcp_sidecar_lease_acquisitions", "Keys whose polling moved to this replica", registry=r
+            "mcp_sidecar_lease_acquisitions",
+            "Watches whose polling moved to this replica from another (Redis bus)",
+            registry=r,
         )
         self.lease_losses = Counter(
-            "mcp_sidecar_lease_losses", "Keys whose polling moved from this replica to another", registry=r
+            "mcp_sidecar_lease_losses",
+            "Watches whose polling moved from this replica to another (Redis bus)",
+            registry=r,
         )
         self.bus_received = Counter(
             "mcp_sidecar_bus_messages_received",
-            "Messages this replica read from its buckets' channels (changes, first looks, interest)",
+            "Messages this replica read from Redis (changes, first reads, which replica watches what)",
             registry=r,
         )
         self.bus_messages = Counter(
-            "mcp_sidecar_bus_messages", "Change events through Redis, by direction", ["direction"], registry=r
+            "mcp_sidecar_bus_messages",
+            "Changes sent to (out) or received from (in) other replicas through Redis",
+            ["direction"],
+            registry=r,
         )
         self.bus_publish_failures = Counter(
-            "mcp_sidecar_bus_publish_failures", "Change events that could not be published to Redis", registry=r
+            "mcp_sidecar_bus_publish_failures",
+            "Changes that could not be sent to other replicas through Redis",
+            registry=r,
         )
         self.upstream_restarts = Counter(
             "mcp_sidecar_upstream_restarts",
@@ -254,7 +313,9 @@ class Metrics:
             registry=r,
         )
         self.upstream_bad_lines = Counter(
-            "mcp_sidecar_upstream_bad_lines", "stdout lines of a stdio upstream that were not JSON-RPC", registry=r
+            "mcp_sidecar_upstream_bad_lines",
+            "Lines a stdio upstream wrote to stdout that were not JSON-RPC",
+            registry=r,
         )
         # Series of the known label values exist from the start, at 0: a ratio or `increase()` then sees the
         # first error, rejection or change instead of a series that appears already at 1.
@@ -277,7 +338,12 @@ class Metrics:
             self.upstream_restarts.labels(reason)
         for outcome in _STDERR_OUTCOMES:
             self.upstream_stderr_lines.labels(outcome)
-        build = Gauge("mcp_sidecar_build_info", "Build information", ["version", "python", "aiohttp"], registry=r)
+        build = Gauge(
+            "mcp_sidecar_build_info",
+            "Versions of the sidecar, Python and aiohttp, in the labels; always 1",
+            ["version", "python", "aiohttp"],
+            registry=r,
+        )
         build.labels(__version__, platform.python_version(), aiohttp.__version__).set(1)
 
     def render(self, accept: str | None = None) -> tuple[bytes, str]:

@@ -1,4 +1,5 @@
-"""The README's metrics table is what `/metrics` serves: every family, its type and its labels, nothing more."""
+"""The README's metrics table is what `/metrics` serves: every family, its type, its labels and its help text,
+nothing more; and the help texts speak an operator's words, not the engine's."""
 
 from __future__ import annotations
 
@@ -10,7 +11,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from sidecar.observability.metrics import Metrics
 
 README = Path(__file__).resolve().parents[2] / "README.md"
-_ROW = re.compile(r"^\| `(mcp_sidecar_\w+)` \| (\w+) \| ([\w, ]*) \| .+ \|$")
+_ROW = re.compile(r"^\| `(mcp_sidecar_\w+)` \| (\w+) \| ([\w, ]*) \| (.+) \|$")
+_INTERNAL_WORDS = re.compile(
+    r"\b(downstream|signals?|keys?|leases?|buckets?|hint(s|ed)?|interest|partitions?|app|singleflight|coalesced?)\b",
+    re.IGNORECASE,
+)
+"""Words of the code, not of an operator: a help text says what they mean instead."""
 
 
 def _documented() -> dict[str, tuple[str, frozenset[str]]]:
@@ -18,7 +24,7 @@ def _documented() -> dict[str, tuple[str, frozenset[str]]]:
     for line in README.read_text(encoding="utf-8").splitlines():
         found = _ROW.match(line)
         if found is not None:
-            name, kind, labels = found.groups()
+            name, kind, labels, _ = found.groups()
             rows[name] = (kind, frozenset(label.strip() for label in labels.split(",") if label.strip()))
     return rows
 
@@ -47,3 +53,27 @@ def test_the_readme_table_lists_every_family_served_with_its_type_and_labels() -
 
 def test_no_created_series_is_served() -> None:
     assert "_created" not in Metrics().render()[0].decode()
+
+
+def _help_texts() -> dict[str, str]:
+    texts = {}
+    for metric in Metrics().registry._collector_to_names:
+        name = metric._name + ("_total" if metric._type == "counter" else "")  # type: ignore[attr-defined]
+        texts[name] = metric._documentation  # type: ignore[attr-defined]
+    return texts
+
+
+def test_the_readme_table_says_what_each_help_text_says() -> None:
+    described = {}
+    for line in README.read_text(encoding="utf-8").splitlines():
+        found = _ROW.match(line)
+        if found is not None:
+            described[found.group(1)] = found.group(4)
+    # The table may add a note after the help text (a former name), never say something else.
+    differing = {name: text for name, text in _help_texts().items() if not described.get(name, "").startswith(text)}
+    assert differing == {}, "help texts the README's table does not repeat"
+
+
+def test_help_texts_use_no_internal_words() -> None:
+    internal = {name: text for name, text in _help_texts().items() if _INTERNAL_WORDS.search(text)}
+    assert internal == {}
