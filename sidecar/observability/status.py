@@ -38,7 +38,7 @@ _STARTED = time.monotonic()
 
 class _EraView(Protocol):
     @property
-    def era(self) -> str: ...
+    def revision(self) -> str: ...
 
 
 class UpstreamView(Protocol):
@@ -145,7 +145,7 @@ def status_snapshot(
         "ready": upstream.not_ready_reason is None,
         "upstream": {
             "url": upstream.url,
-            "era": info.era if info is not None else None,
+            "era": info.revision if info is not None else None,
             "up": upstream.up,
             "usable": upstream.unusable is None,
             "not_ready_reason": upstream.not_ready_reason,

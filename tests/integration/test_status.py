@@ -106,7 +106,7 @@ async def test_status_lists_the_watches_that_exist_without_credentials(
     assert status["ready"] is True
     assert status["upstream"] == {
         "url": fast_upstream.url,
-        "era": "modern",
+        "era": "2026-07-28",
         "up": True,
         "usable": True,
         "not_ready_reason": None,
@@ -150,7 +150,7 @@ async def test_status_lists_the_watches_that_exist_without_credentials(
     text = " ".join(tables.text)
     assert f"mcp-sidecar {__version__}" in text and INSTANCE_ID in text
     assert "3 streams, 3 watches, 2 contexts" in text
-    assert fast_upstream.url in text and "era modern" in text
+    assert fast_upstream.url in text and "era 2026-07-28" in text
 
 
 async def test_status_page_escapes_what_it_shows(fast_upstream: Upstream, http: aiohttp.ClientSession) -> None:
