@@ -25,6 +25,7 @@ from sidecar.changes import WatchKind
 from sidecar.config import StreamsConfig
 from sidecar.downstream.legacy_session import LegacySession
 from sidecar.downstream.listen import StreamHub
+from sidecar.downstream.listen_filter import LeftOut, log_left_out
 from sidecar.fair_share import FairShare
 from sidecar.identity import Identity
 from sidecar.observability.metrics import Metrics
@@ -58,6 +59,8 @@ _LIST_KINDS: tuple[tuple[str, WatchKind], ...] = (
     ("resources", "resources_list"),
 )
 _MAX_INITIALIZE_BYTES = 1_048_576
+_REFUSED = "resources/subscribe refused"
+"""The log line of a refused subscribe, counted as a listen's left-out URIs are."""
 _UPSTREAM_FRAMES = 256
 """Frames from the upstream's GET stream waiting for the client; a slow client slows that stream down."""
 
@@ -209,10 +212,20 @@ class LegacySessions:
             return {}
         if len(session.subscriptions) >= self._config.max_uris_per_stream:
             self._metrics.limit_rejections.labels("max_uris_per_stream").inc()
-            raise InvalidParams(f"a session may subscribe to at most {self._config.max_uris_per_stream} URIs")
-        handle = await self._registry.acquire("resource", uri, session.identity)  # UpstreamError: said as it is
-        if handle is None:
-            raise RpcError("Resource not found", {"uri": uri}, code=-32002)
+            over = InvalidParams(
+                f"a session may subscribe to at most {self._config.max_uris_per_stream} URIs", {"uri": uri}
+            )
+            log_left_out(_REFUSED, [LeftOut.answered("max_uris_per_stream", over, uri)], session.identity)
+            raise over
+        try:
+            handle = await self._registry.acquire("resource", uri, session.identity)
+        except (UpstreamError, RpcError) as exc:  # said as it is: the upstream's error, never "not found"
+            log_left_out(_REFUSED, [LeftOut.refused(exc, uri)], session.identity)
+            raise
+        if handle is None:  # -32002: the 2025-11-25 code (a listen's ack says -32602, its revision's)
+            missing = RpcError("Resource not found", {"uri": uri}, code=-32002)
+            log_left_out(_REFUSED, [LeftOut.answered("not_found", missing, uri)], session.identity)
+            raise missing
         if session.session_id not in self._sessions:  # ended while the baseline was read
             handle.release()
             raise _session_not_found()

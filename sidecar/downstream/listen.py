@@ -9,10 +9,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import orjson
@@ -21,6 +19,15 @@ from aiohttp import web
 from sidecar.changes import Bus, ChangeEvent, WatchKey, WatchKind
 from sidecar.config import StreamsConfig
 from sidecar.downstream.event_stream import EventStream, KeepAliveTicker, StreamStalled
+from sidecar.downstream.listen_filter import (
+    LIST_FIELDS,
+    Ack,
+    Asked,
+    LeftOut,
+    SubscriptionFilter,
+    log_left_out,
+    parse_filter,
+)
 from sidecar.identity import Identity
 from sidecar.observability.metrics import Metrics, ObservationBatch
 from sidecar.observability.tracing import tracing
@@ -35,12 +42,6 @@ __all__ = ["ListenStream", "SignalSink", "StreamHub", "SubscriptionFilter", "par
 
 logger = logging.getLogger(__name__)
 
-_URI_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*:")
-_LIST_FIELDS: tuple[tuple[str, WatchKind, str], ...] = (
-    ("toolsListChanged", "tools_list", "tools"),
-    ("promptsListChanged", "prompts_list", "prompts"),
-    ("resourcesListChanged", "resources_list", "resources"),
-)
 _FLUSH_SLICE = 1024
 """Streams the fan-out writes to before it lets the event loop run other work."""
 _MAX_AGE_JITTER = 0.1
@@ -57,37 +58,6 @@ def _frame_around_id(method: str, uri: str | None) -> tuple[bytes, bytes]:
     before, slot, after = orjson.dumps(notification(_ID_SLOT, method, uri)).partition(_ID_SLOT_JSON)
     assert slot, "the id slot is in the frame"
     return before, after
-
-
-@dataclass(frozen=True, slots=True)
-class SubscriptionFilter:
-    """What a listen request asked for: list kinds and resource URIs (deduplicated, in the order given)."""
-
-    lists: tuple[WatchKind, ...]
-    uris: tuple[str, ...]
-
-
-def parse_filter(params: dict[str, Any], max_uri_length: int) -> SubscriptionFilter:
-    """Validate `params.notifications`; a malformed filter is -32602 before any stream opens."""
-    notifications = params.get("notifications")
-    if not isinstance(notifications, dict):
-        raise InvalidParams("params.notifications must be an object (a SubscriptionFilter)")
-    lists: list[WatchKind] = []
-    for field, kind, _ in _LIST_FIELDS:
-        value = notifications.get(field, False)
-        if not isinstance(value, bool):
-            raise InvalidParams(f"notifications.{field} must be a boolean")
-        if value:
-            lists.append(kind)
-    uris = notifications.get("resourceSubscriptions", [])
-    if not isinstance(uris, list):
-        raise InvalidParams("notifications.resourceSubscriptions must be an array of URIs")
-    for uri in uris:
-        if not isinstance(uri, str) or not _URI_SCHEME.match(uri):
-            raise InvalidParams("notifications.resourceSubscriptions must contain only URIs")
-        if len(uri) > max_uri_length:
-            raise InvalidParams(f"a subscribed URI is longer than {max_uri_length} characters")
-    return SubscriptionFilter(tuple(lists), tuple(dict.fromkeys(uris)))
 
 
 class SignalSink(Protocol):
@@ -327,19 +297,22 @@ class StreamHub:
             request, high_water=self._config.write_buffer_bytes, stall_timeout_s=self._config.stall_timeout_s
         )
         try:
-            honoured = await self._subscribe(stream, wanted, identity)
+            ack = await self._subscribe(stream, wanted, identity)
             # A stream may live for hours: keep only what it needs. The callers' frames still hold `message` (its
             # id was taken above; nothing reads it after a listen), so its parsed body is emptied, not just dropped.
             message.raw.clear()
             message.params.clear()
             del message, wanted
             await events.open()
-            events.write_event(orjson.dumps(ack_notification(stream.subscription_id, honoured)))
+            events.write_event(orjson.dumps(ack_notification(stream.subscription_id, ack.honoured, ack.meta())))
             logger.info(
                 "listen stream opened",
                 extra={"subscription_id": stream.subscription_id, "watches": len(stream.handles)},
             )
-            del honoured
+            log_left_out(
+                "listen left URIs out of its ack", ack.left_out, identity, subscription_id=stream.subscription_id
+            )
+            del ack
             expiry = self._expiry(stream)
             try:
                 await stream.serve(events)
@@ -364,58 +337,63 @@ class StreamHub:
         age_s = max_age_s * (1 - _MAX_AGE_JITTER * JITTER.random())
         return asyncio.get_running_loop().call_later(age_s, stream.close, "max_age")
 
-    async def _subscribe(self, stream: ListenStream, wanted: SubscriptionFilter, identity: Identity) -> dict[str, Any]:
-        uris = wanted.uris[: self._config.max_uris_per_stream]
+    async def _subscribe(self, stream: ListenStream, wanted: SubscriptionFilter, identity: Identity) -> Ack:
+        ack = Ack()
+        limit = self._config.max_uris_per_stream
+        uris = wanted.uris[:limit]
         if len(wanted.uris) > len(uris):
             self._metrics.limit_rejections.labels("max_uris_per_stream").inc(len(wanted.uris) - len(uris))
         # The probe (when this is the first contact) goes as the client: a protected upstream would refuse an
         # anonymous one, and the client would get a 401 for a token that is valid.
         capabilities = (await self._upstream.ensure_info(identity)).capabilities
         # A list kind whose primitive the upstream lacks is left out of the ack (invariant 2).
-        lists = [
-            (field, kind)
-            for field, kind, primitive in _LIST_FIELDS
-            if kind in wanted.lists and primitive in capabilities
-        ]
+        lists: list[tuple[str, WatchKind]] = []
+        for field, kind, primitive in LIST_FIELDS:
+            if kind in wanted.lists:
+                if primitive in capabilities:
+                    lists.append((field, kind))
+                else:
+                    ack.leave_out(LeftOut.unsupported(field, primitive))
 
         failures: list[UpstreamError | RpcError] = []
 
-        async def join(kind: WatchKind, uri: str | None) -> bool:
+        async def join(kind: WatchKind, uri: str | None, field: str | None = None) -> LeftOut | None:
+            """None when joined; else why not."""
             try:
                 handle = await self._registry.acquire(kind, uri, identity)
             except (UpstreamError, RpcError) as exc:
                 failures.append(exc)  # left out of the ack; the listen fails with it if nothing else joins
-                return False
+                return LeftOut.refused(exc, uri, field)
             except Exception:  # boundary: one URI's failure leaves it out of the ack, never the others' handles
                 logger.exception("subscribing failed", extra={"kind": kind})
-                return False
+                return LeftOut.internal(uri, field)
             if handle is None:
-                return False
-            if stream.ended:  # the stream ended while this baseline was read
+                return LeftOut.not_found(uri, field)
+            if stream.ended:  # the stream ended while this baseline was read: nobody reads its ack
                 handle.release()
-                return False
+                return LeftOut.internal(uri, field)
             # Registered at once, before any other await, so a change after this baseline reaches us; counted at
             # once too, as _end uncounts every resource handle, also those of a stream gone before its ack.
             stream.handles.append(handle)
             self.attach(stream, handle)
             if kind == "resource":
                 self._metrics.subscriptions.inc()
-            return True
+            return None
 
-        joined = await asyncio.gather(
-            *(join(kind, None) for _, kind in lists), *(join("resource", uri) for uri in uris)
+        asked = [*(Asked(field, None) for field, _ in lists), *(Asked(None, uri) for uri in uris)]
+        outcomes = await asyncio.gather(
+            *(join(kind, None, field) for field, kind in lists), *(join("resource", uri) for uri in uris)
         )
-        honoured: dict[str, Any] = {field: True for (field, _), ok in zip(lists, joined, strict=False) if ok}
-        accepted = [uri for uri, ok in zip(uris, joined[len(lists) :], strict=True) if ok]
-        if accepted:
-            honoured["resourceSubscriptions"] = accepted
-        if failures and not any(joined):
+        ack.settle(asked, outcomes)
+        for uri in wanted.uris[limit:]:
+            ack.leave_out(LeftOut.over_limit(uri, limit))
+        if failures and not ack.honoured:
             # Nothing could be honoured because the upstream could not answer: say so (a refused credential
             # first, so the client re-authenticates) instead of an empty ack that reads as "nothing exists".
             raise next(
                 (exc for exc in failures if isinstance(exc, UpstreamHTTPError) and exc.is_auth_failure), failures[0]
             )
-        return honoured
+        return ack
 
     def _end(self, stream: ListenStream) -> None:
         stream.ended = True

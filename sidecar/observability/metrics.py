@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, choose_encoder
 
 from sidecar import __version__
-from sidecar.protocol.constants import LIST_CHANGED_METHODS, RESOURCE_UPDATED_METHOD
+from sidecar.protocol.constants import LEGACY_VERSION, LIST_CHANGED_METHODS, MODERN_VERSION, RESOURCE_UPDATED_METHOD
 
 __all__ = ["CONTENT_TYPE_LATEST", "Metrics", "ObservationBatch", "method_label"]
 
@@ -345,6 +345,11 @@ class Metrics:
             registry=r,
         )
         build.labels(__version__, platform.python_version(), aiohttp.__version__).set(1)
+
+    def upstream_speaks(self, revision: str) -> None:
+        """The upstream's protocol revision is `revision`: its era series is 1, the other's 0."""
+        for known in (LEGACY_VERSION, MODERN_VERSION):
+            self.upstream_era.labels(known).set(1 if known == revision else 0)
 
     def render(self, accept: str | None = None) -> tuple[bytes, str]:
         """The exposition and its content type: OpenMetrics (with the exemplars that carry trace ids) when

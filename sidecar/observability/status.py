@@ -12,8 +12,8 @@ from aiohttp import web
 
 from sidecar import __version__
 from sidecar.changes import WatchKey
-from sidecar.identity import PUBLIC
 from sidecar.observability.logs import INSTANCE_ID
+from sidecar.observability.naming import context_label, shown_uri
 
 __all__ = [
     "MAX_WATCHES_SHOWN",
@@ -38,7 +38,7 @@ _STARTED = time.monotonic()
 
 class _EraView(Protocol):
     @property
-    def era(self) -> str: ...
+    def revision(self) -> str: ...
 
 
 class UpstreamView(Protocol):
@@ -118,7 +118,7 @@ def _when(timestamp: float | None) -> str | None:
 def status_snapshot(
     upstream: UpstreamView, registry: WatchesView, hub: StreamsView, fair_share: FairShareView | None = None
 ) -> dict[str, Any]:
-    """The status document; a private context appears only as a short hash, never as a credential."""
+    """The status document; an identified context appears only as a short hash, never as a credential."""
     watches = sorted(registry.watches(), key=lambda watch: watch.refs, reverse=True)
     shown = []
     for watch in watches[:MAX_WATCHES_SHOWN]:
@@ -126,9 +126,9 @@ def status_snapshot(
         shown.append(
             {
                 "kind": key.kind,
-                # A private URI can name a person ("user://alice/diagnosis.pdf"): only the watch's keyed hash shows.
-                "uri": key.uri if key.context == PUBLIC else f"private:{key.short_hash}",
-                "context": PUBLIC if key.context == PUBLIC else key.short_hash[:8],
+                # An identified context's URI can name a person: only its watch's hash shows (see naming).
+                "uri": shown_uri(key.kind, key.uri, key.context),
+                "context": context_label(key.context),
                 "mode": "native" if watch.native else "polling",
                 "interval_ms": int(watch.interval_s * 1000),
                 "last_poll": _when(watch.last_poll_at),
@@ -145,7 +145,7 @@ def status_snapshot(
         "ready": upstream.not_ready_reason is None,
         "upstream": {
             "url": upstream.url,
-            "era": info.era if info is not None else None,
+            "era": info.revision if info is not None else None,
             "up": upstream.up,
             "usable": upstream.unusable is None,
             "not_ready_reason": upstream.not_ready_reason,

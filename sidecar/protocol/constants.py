@@ -17,6 +17,7 @@ __all__ = [
     "LIST_CHANGED_METHODS",
     "META_CLIENT_CAPABILITIES",
     "META_CLIENT_INFO",
+    "META_LEFT_OUT",
     "META_LOG_LEVEL",
     "META_PROTOCOL_VERSION",
     "META_SERVER_INFO",
@@ -62,6 +63,10 @@ META_SUBSCRIPTION_ID = "io.modelcontextprotocol/subscriptionId"
 
 META_UPSTREAM_SERVER_INFO = "io.github.mcp-sidecar/upstreamServerInfo"
 """Our own result `_meta` key on `server/discover`: the upstream's serverInfo."""
+
+META_LEFT_OUT = "io.github.mcp-sidecar/leftOut"
+"""Our own `_meta` key on a listen's ack: what the ack leaves out of the filter, each with the JSON-RPC error
+code and message that say why (absent when nothing was left out)."""
 
 HEADER_PROTOCOL_VERSION = "MCP-Protocol-Version"
 HEADER_METHOD = "Mcp-Method"

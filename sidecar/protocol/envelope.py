@@ -16,8 +16,10 @@ from sidecar.protocol.constants import (
     HEADER_NAME,
     HEADER_PROTOCOL_VERSION,
     HEADER_SESSION_ID,
+    LEGACY_VERSION,
     META_CLIENT_CAPABILITIES,
     META_PROTOCOL_VERSION,
+    MODERN_VERSION,
     NAMED_METHODS,
     SUPPORTED_MODERN_VERSIONS,
 )
@@ -30,6 +32,7 @@ from sidecar.protocol.errors import (
 )
 
 __all__ = [
+    "ERA_REVISIONS",
     "MAX_DEPTH",
     "Era",
     "Message",
@@ -42,6 +45,8 @@ __all__ = [
 ]
 
 Era = Literal["modern", "legacy"]
+ERA_REVISIONS: dict[Era, str] = {"legacy": LEGACY_VERSION, "modern": MODERN_VERSION}
+"""The protocol revision each era names: what an operator reads in /status, the logs and the metrics."""
 RequestId = str | int
 Headers = CIMultiDictProxy[str]
 

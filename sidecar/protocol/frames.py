@@ -10,6 +10,7 @@ from sidecar.protocol.constants import (
     CACHEABLE_METHODS,
     META_CLIENT_CAPABILITIES,
     META_CLIENT_INFO,
+    META_LEFT_OUT,
     META_PROTOCOL_VERSION,
     META_SUBSCRIPTION_ID,
     MODERN_VERSION,
@@ -60,13 +61,15 @@ def notification(subscription_id: RequestId, method: str, uri: str | None = None
     return {"jsonrpc": "2.0", "method": method, "params": params}
 
 
-def ack_notification(subscription_id: RequestId, honoured: JsonObject) -> JsonObject:
-    """The first frame of every listen stream: the subset of the filter the sidecar will honour."""
-    return {
-        "jsonrpc": "2.0",
-        "method": ACK_METHOD,
-        "params": {"_meta": {META_SUBSCRIPTION_ID: subscription_id}, "notifications": honoured},
-    }
+def ack_notification(
+    subscription_id: RequestId, honoured: JsonObject, left_out: list[JsonObject] | None = None
+) -> JsonObject:
+    """The first frame of every listen stream: the subset of the filter the sidecar will honour, and (in our own
+    `_meta` key) why the rest of it was left out."""
+    meta: JsonObject = {META_SUBSCRIPTION_ID: subscription_id}
+    if left_out:
+        meta[META_LEFT_OUT] = left_out
+    return {"jsonrpc": "2.0", "method": ACK_METHOD, "params": {"_meta": meta, "notifications": honoured}}
 
 
 def complete_result(subscription_id: RequestId) -> JsonObject:

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from sidecar.protocol.envelope import Era
+from sidecar.protocol.envelope import ERA_REVISIONS, Era
 
 __all__ = ["ByteStream", "ReleasingStream", "Reply", "UpstreamInfo"]
 
@@ -21,6 +21,11 @@ class UpstreamInfo:
     capabilities: JsonObject
     server_info: JsonObject | None
     instructions: str | None
+
+    @property
+    def revision(self) -> str:
+        """The protocol revision spoken upstream (`2025-11-25`, `2026-07-28`), as an operator reads it."""
+        return ERA_REVISIONS[self.era]
 
 
 class ByteStream(Protocol):

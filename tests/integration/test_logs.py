@@ -174,7 +174,7 @@ async def test_logs_are_json_with_the_instance_and_never_show_tokens_or_contents
     assert configuration["config"]["polling"]["default_interval_ms"] == 300
     (listening,) = logged("mcp-sidecar listening")
     assert listening["upstream"] == fast_upstream.url
-    assert [entry["era"] for entry in logged("upstream era detected")] == ["modern"]
+    assert [entry["era"] for entry in logged("upstream era detected")] == ["2026-07-28"]
     assert sorted(entry["subscription_id"] for entry in logged("listen stream opened")) == ["leaving", "staying"]
     ended = {entry["subscription_id"]: entry["reason"] for entry in logged("listen stream ended")}
     assert ended == {"leaving": "client", "staying": "shutdown"}

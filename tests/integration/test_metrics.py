@@ -122,8 +122,10 @@ async def test_a_scripted_session_shows_in_every_family(fast_upstream: Upstream,
     assert misses >= 1 and hits + misses >= 3
 
     assert final.value("mcp_sidecar_upstream_up") == 1
-    assert final.value("mcp_sidecar_upstream_era_info", era="modern") == 1
-    assert final.value("mcp_sidecar_upstream_era_info", era="legacy") == 0
+    # The era is the protocol revision an operator reads in the spec, on /status and in the logs.
+    assert final.value("mcp_sidecar_upstream_era_info", era="2026-07-28") == 1
+    assert final.value("mcp_sidecar_upstream_era_info", era="2025-11-25") == 0
+    assert set(final.labelled("mcp_sidecar_upstream_era_info")) == {(("era", "2026-07-28"),), (("era", "2025-11-25"),)}
     build = final.labelled("mcp_sidecar_build_info")
     assert len(build) == 1
     ((labels, value),) = build.items()

@@ -106,7 +106,7 @@ async def test_status_lists_the_watches_that_exist_without_credentials(
     assert status["ready"] is True
     assert status["upstream"] == {
         "url": fast_upstream.url,
-        "era": "modern",
+        "era": "2026-07-28",
         "up": True,
         "usable": True,
         "not_ready_reason": None,
@@ -128,6 +128,7 @@ async def test_status_lists_the_watches_that_exist_without_credentials(
     assert profile["subscribers"] == 1
     assert profile["context"] != "public"
     assert len(profile["context"]) == 8 and all(c in "0123456789abcdef" for c in profile["context"])
+    assert profile["context"] not in context_of(sidecar, AUTHORIZATION)  # a hash of the context, not a piece of it
     for watch in watches:
         assert list(watch) == COLUMNS
         assert watch["consecutive_errors"] == 0
@@ -150,7 +151,7 @@ async def test_status_lists_the_watches_that_exist_without_credentials(
     text = " ".join(tables.text)
     assert f"mcp-sidecar {__version__}" in text and INSTANCE_ID in text
     assert "3 streams, 3 watches, 2 contexts" in text
-    assert fast_upstream.url in text and "era modern" in text
+    assert fast_upstream.url in text and "era 2026-07-28" in text
 
 
 async def test_status_page_escapes_what_it_shows(fast_upstream: Upstream, http: aiohttp.ClientSession) -> None:
@@ -161,3 +162,42 @@ async def test_status_page_escapes_what_it_shows(fast_upstream: Upstream, http: 
             page = await _status_html(http, sidecar)
     assert uri not in page
     assert "catalog://items/a&quot;b&#x27;c" in page
+
+
+async def test_on_a_2025_upstream_anonymous_watches_show_their_uris_and_identified_ones_stay_hashed(
+    http: aiohttp.ClientSession,
+) -> None:
+    """Every result of a 2025-11-25 upstream is private (it has no cacheScope), so every watch is one context's.
+    The anonymous context is nobody in particular: its URIs show. A user's stay hashed, under one context name."""
+    item = "catalog://items/a1"
+    async with (
+        await start_upstream("legacy", read_ttl_ms=300, list_ttl_ms=300) as legacy,
+        serve_sidecar(legacy.url, polling=POLLING) as sidecar,
+    ):
+        streams = [
+            ListenStream(http, sidecar.url, 1, [PRICE, item]),
+            ListenStream(http, sidecar.url, 2, [PRICE, PROFILE], authorization=AUTHORIZATION),
+        ]
+        async with listening(*streams) as acks:
+            for ack in acks:
+                assert len(ack["params"]["notifications"]["resourceSubscriptions"]) == 2
+            raw, status = await _status_json(http, sidecar)
+            page = await _status_html(http, sidecar)
+
+    assert isinstance(status["upstream"], dict) and status["upstream"]["era"] == "2025-11-25"
+    assert "era 2025-11-25" in page
+    watches = status["watches"]
+    assert isinstance(watches, list) and len(watches) == 4
+    anonymous = [watch for watch in watches if watch["context"] == "anonymous"]
+    identified = [watch for watch in watches if watch["context"] != "anonymous"]
+    assert sorted(watch["uri"] for watch in anonymous) == [item, PRICE]
+    assert len(identified) == 2
+    (context,) = {watch["context"] for watch in identified}  # one context, one name, for all its watches
+    assert len(context) == 8 and all(c in "0123456789abcdef" for c in context)
+    for watch in identified:
+        assert watch["uri"].startswith("private:"), watch
+    assert len({watch["uri"] for watch in identified}) == 2
+    # The user's profile never shows; the price shows only for the anonymous watch, once on the page.
+    for text in (raw, page):
+        assert PROFILE not in text and TOKEN not in text and context_of(sidecar, AUTHORIZATION) not in text
+    assert raw.count(PRICE) == 1

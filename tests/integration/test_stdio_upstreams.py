@@ -287,10 +287,10 @@ async def test_mcp_server_time_serves_both_eras(era: str, http: aiohttp.ClientSe
         assert status == 200 and reply["result"]["resultType"] == "complete"
         metrics = await scrape(http, sidecar.admin_url)
         assert metrics.value("mcp_sidecar_upstream_up") == 1
-        assert metrics.value("mcp_sidecar_upstream_era_info", era=info.era) == 1
+        assert metrics.value("mcp_sidecar_upstream_era_info", era=info.revision) == 1
         assert (metrics.value("mcp_sidecar_upstream_requests_total", method="tools/call", outcome="ok") or 0) >= 1
         async with http.get(f"{sidecar.admin_url}/status") as resp:
             upstream = (await resp.json())["upstream"]
-        assert upstream["url"].startswith("stdio: ") and upstream["era"] == info.era and upstream["up"] is True
+        assert upstream["url"].startswith("stdio: ") and upstream["era"] == info.revision and upstream["up"] is True
         async with http.get(f"{sidecar.base_url}/readyz") as resp:
             assert resp.status == 200

@@ -45,9 +45,8 @@ class UpstreamState:
         self._info = info
         self.auth_required = False
         self._usable(None)
-        self._metrics.upstream_era.labels(info.era).set(1)
-        self._metrics.upstream_era.labels("legacy" if info.era == "modern" else "modern").set(0)
-        logger.info("upstream era detected", extra={"era": info.era, "upstream": self.url})
+        self._metrics.upstream_speaks(info.revision)
+        logger.info("upstream era detected", extra={"era": info.revision, "upstream": self.url})
 
     def _probe_failed(self, exc: UpstreamError) -> None:
         if exc.is_transport_failure:

@@ -276,10 +276,9 @@ class StdioSupervisor:
         if state == "ready":
             self.ever_ready = True
             assert self.info is not None
-            self._metrics.upstream_era.labels(self.info.era).set(1)
-            self._metrics.upstream_era.labels("legacy" if self.info.era == "modern" else "modern").set(0)
+            self._metrics.upstream_speaks(self.info.revision)
             logger.info(
-                "stdio server ready", extra={"upstream": self.label, "era": self.info.era, "pid": self.child_pid}
+                "stdio server ready", extra={"upstream": self.label, "era": self.info.revision, "pid": self.child_pid}
             )
 
     @property

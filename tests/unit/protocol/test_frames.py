@@ -37,3 +37,12 @@ def test_notification_frames_carry_the_subscription_id_and_nothing_else() -> Non
     assert notification("s", "notifications/tools/list_changed")["params"] == {"_meta": {KEY: "s"}}
     assert ack_notification(1, {})["params"]["notifications"] == {}
     assert complete_result("s")["result"] == {"resultType": "complete", "_meta": {KEY: "s"}}
+
+
+def test_an_ack_names_what_it_left_out_under_our_own_meta_key_only_when_something_was() -> None:
+    left = [{"uri": "x://gone", "code": -32602, "message": "Resource not found"}]
+    assert ack_notification(1, {"toolsListChanged": True}, left)["params"] == {
+        "_meta": {KEY: 1, "io.github.mcp-sidecar/leftOut": left},
+        "notifications": {"toolsListChanged": True},
+    }
+    assert ack_notification(1, {}, [])["params"]["_meta"] == {KEY: 1}
