@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -19,7 +20,8 @@ from sidecar import __version__
 from sidecar.app import ADMIN, METRICS, UPSTREAM, build_app
 from sidecar.bus.redis import RedisUnavailable
 from sidecar.config import ConfigError, SidecarConfig, load_config
-from sidecar.observability.logs import INSTANCE_ENV, configure_logging
+from sidecar.config.shown import shown_config
+from sidecar.observability.logs import INSTANCE_ENV, configure_logging, log_configuration
 from sidecar.observability.tracing import TracingUnavailable, configure_tracing, install, tracing
 from sidecar.serving import GuardedRunner, install_quiet_errors, raise_open_files_limit, settle_heap, stop_signals
 from sidecar.tls import CertificateWatch, server_context
@@ -66,6 +68,13 @@ def _parser() -> argparse.ArgumentParser:
         command.add_argument("--host", default=default, help="address to bind (listen.host)")
         command.add_argument("--port", default=default, type=int, help="port to bind (listen.port)")
         command.add_argument("--log-level", default=default, choices=["debug", "info", "warning", "error"])
+        command.add_argument(
+            "--log-format",
+            default=default,
+            choices=["auto", "json", "text"],
+            help="logs on stderr: text lines for a person, JSON lines for a collector; auto (the default) picks "
+            "text when stderr is a terminal (logging.format)",
+        )
     return parser
 
 
@@ -80,6 +89,8 @@ def _flag_overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
         overrides.setdefault("listen", {})["port"] = args.port
     if getattr(args, "log_level", None):
         overrides.setdefault("logging", {})["level"] = args.log_level
+    if getattr(args, "log_format", None):
+        overrides.setdefault("logging", {})["format"] = args.log_format
     return overrides
 
 
@@ -90,13 +101,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             config = load_config(args.file)
             for warning in config.upstream.identity_warnings():
                 print(f"mcp-sidecar: warning: {warning}", file=sys.stderr)
-            return _print(config.model_dump_json(indent=2))
+            return _print(json.dumps(shown_config(config), indent=2))
         if args.command == "demo":
             from sidecar.demo.run import run_demo
 
             overrides = {**_flag_overrides(args), "upstream": {"url": _DEMO_PLACEHOLDER_URL}}
             config = load_config(None, overrides=overrides)
-            configure_logging(config.logging.level, "text")
+            configure_logging(config.logging.level, config.logging.format)
             return asyncio.run(run_demo(config))
         path = getattr(args, "run_config", None) or args.config
         config = load_config(path, overrides=_flag_overrides(args))
@@ -257,11 +268,7 @@ async def _serve(config: SidecarConfig, ready: asyncio.Event | None, *, reuse_po
             await runner.cleanup()
             print(f"mcp-sidecar: {name}: cannot listen on {host}:{port}: {exc.strerror}", file=sys.stderr)
             return 1
-    # SecretStr fields dump as asterisks: the summary never carries a token or a password.
-    summary = config.model_dump(mode="json")
-    if config.upstream.url:
-        summary["upstream"]["url"] = config.upstream.display_url
-    logger.info("configuration", extra={"config": summary})
+    log_configuration(config)  # secrets masked: never a token, a header value or a password
     for warning in config.upstream.identity_warnings():
         logger.warning(warning)
     logger.info(
