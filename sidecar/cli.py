@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -19,7 +20,8 @@ from sidecar import __version__
 from sidecar.app import ADMIN, METRICS, UPSTREAM, build_app
 from sidecar.bus.redis import RedisUnavailable
 from sidecar.config import ConfigError, SidecarConfig, load_config
-from sidecar.observability.logs import INSTANCE_ENV, configure_logging
+from sidecar.config.shown import shown_config
+from sidecar.observability.logs import INSTANCE_ENV, configure_logging, log_configuration
 from sidecar.observability.tracing import TracingUnavailable, configure_tracing, install, tracing
 from sidecar.serving import GuardedRunner, install_quiet_errors, raise_open_files_limit, settle_heap, stop_signals
 from sidecar.tls import CertificateWatch, server_context
@@ -39,34 +41,104 @@ _CERTIFICATE_CHECK_S = 10.0
 """Scrapers and probes: a handful of connections; more is a client that should not be there."""
 _DEMO_PLACEHOLDER_URL = "http://127.0.0.1:9/mcp"
 """The demo starts its own upstream and points the sidecar at it (run_demo); until then, this stands in."""
+_DESCRIPTION = "mcp-sidecar: a reverse proxy that gives MCP resource subscriptions to MCP servers without them."
+_EXAMPLES = """\
+examples:
+  mcp-sidecar run --upstream http://127.0.0.1:9000/mcp   in front of an MCP server over HTTP, on :8080/mcp
+  mcp-sidecar run --upstream 'uvx mcp-server-time'       in front of a stdio server it starts itself
+  mcp-sidecar run --config sidecar.yaml                  every setting from a file (config/sidecar.example.yaml)
+  mcp-sidecar demo                                       an embedded server whose catalog changes, to try it on
+
+`mcp-sidecar COMMAND --help` lists a command's options. Any setting can also come from the environment:
+MCP_SIDECAR__SECTION__KEY=value (MCP_SIDECAR__ADMIN__PORT=9465)."""
 _UPSTREAM_HELP = (
     "the upstream: a value starting with http:// or https:// is its MCP URL (upstream.url); anything else is a "
     "stdio MCP server to start, split into program and arguments as a shell would, without running a shell "
     "(upstream.command), e.g. --upstream 'uvx mcp-server-time'"
 )
+_DEMO_HAS_ITS_UPSTREAM = (
+    "--upstream: the demo runs its own upstream (the catalog its printed commands read); to put the sidecar in "
+    "front of yours: mcp-sidecar run --upstream URL|COMMAND"
+)
+_LISTENER_FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("--host", {"metavar": "ADDRESS", "help": "address MCP clients connect to (listen.host; default 127.0.0.1)"}),
+    ("--port", {"type": int, "help": "port MCP clients connect to (listen.port; default 8080; 0 picks a free one)"}),
+    (
+        "--admin-host",
+        {"metavar": "ADDRESS", "help": "address of /metrics, /status, /readyz (admin.host; default 127.0.0.1)"},
+    ),
+    (
+        "--admin-port",
+        {
+            "type": int,
+            "metavar": "PORT",
+            "help": "port of the admin listener (admin.port; run: default 9464, demo: a free one); give each "
+            "sidecar on one host its own, or 0 for a free one",
+        },
+    ),
+    (
+        "--log-level",
+        {"choices": ["debug", "info", "warning", "error"], "help": "the least severe level logged (logging.level)"},
+    ),
+    (
+        "--log-format",
+        {
+            "choices": ["auto", "json", "text"],
+            "help": "logs on stderr: text lines for a person, JSON lines for a collector; auto (the default) picks "
+            "text when stderr is a terminal (logging.format)",
+        },
+    ),
+)
+"""Options of run and demo, also accepted before the command (`mcp-sidecar --port 9000 run`)."""
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mcp-sidecar", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="mcp-sidecar",
+        description=_DESCRIPTION,
+        epilog=_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--version", action="version", version=f"mcp-sidecar {__version__}")
-    parser.add_argument("--config", help="YAML config file (shorthand for `run --config FILE`)")
-    sub = parser.add_subparsers(dest="command")
-    run = sub.add_parser("run", help="run the sidecar in the foreground until SIGTERM or Ctrl-C")
-    run.add_argument("--config", dest="run_config", help="YAML config file")
+    parser.add_argument("--config", metavar="FILE", help="YAML config file (shorthand for `run --config FILE`)")
+    sub = parser.add_subparsers(dest="command", title="commands", metavar="COMMAND")
+    run = sub.add_parser(
+        "run",
+        help="run the sidecar in the foreground until SIGTERM or Ctrl-C",
+        description="Run the sidecar in the foreground until SIGTERM or Ctrl-C. Flags override the config file, "
+        "which overrides the defaults.",
+    )
+    run.add_argument("--config", dest="run_config", metavar="FILE", help="YAML config file")
     run.add_argument(
         "--workers", type=int, default=1, help="processes sharing the port (SO_REUSEPORT); >1 needs bus.backend: redis"
     )
-    check = sub.add_parser("check-config", help="validate a config file and print the effective config")
-    check.add_argument("file")
-    sub.add_parser("demo", help="an embedded legacy upstream with the sidecar in front, changing every few seconds")
-    for command in (parser, run, sub.choices["demo"]):
-        # A subcommand's own default would overwrite the same flag given before it (`--port 9 run`).
-        default = None if command is parser else argparse.SUPPRESS
-        command.add_argument("--upstream", default=default, metavar="URL|COMMAND", help=_UPSTREAM_HELP)
-        command.add_argument("--host", default=default, help="address to bind (listen.host)")
-        command.add_argument("--port", default=default, type=int, help="port to bind (listen.port)")
-        command.add_argument("--log-level", default=default, choices=["debug", "info", "warning", "error"])
+    check = sub.add_parser(
+        "check-config",
+        help="validate a config file and print the effective config",
+        description="Validate a config file (with the MCP_SIDECAR__ environment overrides) and print the "
+        "effective configuration as JSON, secrets masked; exits 1 naming each bad key.",
+    )
+    check.add_argument("file", help="the YAML config file to check")
+    demo = sub.add_parser(
+        "demo",
+        help="an embedded legacy upstream with the sidecar in front, changing every few seconds",
+        description="Start an embedded 2025-11-25 MCP server without subscriptions, whose catalog changes every "
+        "few seconds, and the sidecar in front of it; print its URLs and curl commands to try.",
+    )
+    # Not offered: the demo's upstream is its own. Accepted only to say so (run takes --upstream).
+    demo.add_argument("--upstream", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    for command in (parser, run):
+        upstream_default = _default(command, parser)
+        command.add_argument("--upstream", default=upstream_default, metavar="URL|COMMAND", help=_UPSTREAM_HELP)
+    for command in (parser, run, demo):
+        for flag, options in _LISTENER_FLAGS:
+            command.add_argument(flag, default=_default(command, parser), **options)
     return parser
+
+
+def _default(command: argparse.ArgumentParser, parser: argparse.ArgumentParser) -> object:
+    # A subcommand's own default would overwrite the same flag given before it (`--port 9 run`).
+    return None if command is parser else argparse.SUPPRESS
 
 
 def _flag_overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
@@ -74,29 +146,46 @@ def _flag_overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     if getattr(args, "upstream", None):
         target = "url" if args.upstream.startswith(("http://", "https://")) else "command"
         overrides.setdefault("upstream", {})[target] = args.upstream
-    if getattr(args, "host", None):
-        overrides.setdefault("listen", {})["host"] = args.host
-    if getattr(args, "port", None) is not None:
-        overrides.setdefault("listen", {})["port"] = args.port
-    if getattr(args, "log_level", None):
-        overrides.setdefault("logging", {})["level"] = args.log_level
+    for flag, section, key in _FLAG_KEYS:
+        value = getattr(args, flag, None)
+        if value is not None and value != "":
+            overrides.setdefault(section, {})[key] = value
     return overrides
 
 
+_FLAG_KEYS = (
+    ("host", "listen", "host"),
+    ("port", "listen", "port"),
+    ("admin_host", "admin", "host"),
+    ("admin_port", "admin", "port"),
+    ("log_level", "logging", "level"),
+    ("log_format", "logging", "format"),
+)
+"""Each flag's argparse name, and the configuration key it sets."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command is None and args.config is None and args.upstream is None:
+        # Nothing says what to run: the usage, not the configuration error a bare `run` would give.
+        parser.print_help(sys.stderr)
+        return 2
+    if args.command == "demo" and args.upstream is not None:
+        print(f"mcp-sidecar demo: {_DEMO_HAS_ITS_UPSTREAM}", file=sys.stderr)
+        return 2
     try:
         if args.command == "check-config":
             config = load_config(args.file)
             for warning in config.upstream.identity_warnings():
                 print(f"mcp-sidecar: warning: {warning}", file=sys.stderr)
-            return _print(config.model_dump_json(indent=2))
+            return _print(json.dumps(shown_config(config), indent=2))
         if args.command == "demo":
             from sidecar.demo.run import run_demo
 
             overrides = {**_flag_overrides(args), "upstream": {"url": _DEMO_PLACEHOLDER_URL}}
             config = load_config(None, overrides=overrides)
-            configure_logging(config.logging.level, "text")
+            configure_logging(config.logging.level, config.logging.format)
             return asyncio.run(run_demo(config))
         path = getattr(args, "run_config", None) or args.config
         config = load_config(path, overrides=_flag_overrides(args))
@@ -257,11 +346,7 @@ async def _serve(config: SidecarConfig, ready: asyncio.Event | None, *, reuse_po
             await runner.cleanup()
             print(f"mcp-sidecar: {name}: cannot listen on {host}:{port}: {exc.strerror}", file=sys.stderr)
             return 1
-    # SecretStr fields dump as asterisks: the summary never carries a token or a password.
-    summary = config.model_dump(mode="json")
-    if config.upstream.url:
-        summary["upstream"]["url"] = config.upstream.display_url
-    logger.info("configuration", extra={"config": summary})
+    log_configuration(config)  # secrets masked: never a token, a header value or a password
     for warning in config.upstream.identity_warnings():
         logger.warning(warning)
     logger.info(

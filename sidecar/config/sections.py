@@ -304,5 +304,9 @@ class TracingConfig(Section):
 
 
 class LoggingConfig(Section):
-    level: Literal["debug", "info", "warning", "error"] = "info"
-    format: Literal["json", "text"] = "json"
+    level: Literal["debug", "info", "warning", "error"] = Field("info", description="The least severe level logged.")
+    format: Literal["auto", "json", "text"] = Field(
+        "auto",
+        description="auto: one readable text line per record when stderr is a terminal, JSON lines otherwise "
+        "(a collector, a pipe, a container); or json, or text, whatever stderr is.",
+    )

@@ -6,7 +6,7 @@ import logging
 
 from aiohttp import web
 
-from sidecar.app import build_app
+from sidecar.app import ADMIN, build_app
 from sidecar.config import SidecarConfig
 from sidecar.demo.upstream import DemoUpstream
 from sidecar.protocol.constants import MODERN_VERSION
@@ -37,36 +37,60 @@ _CURL_READ = (
 
 
 async def run_demo(config: SidecarConfig) -> int:
+    # The admin listener on a free port unless one was asked for (--admin-port, MCP_SIDECAR__ADMIN__PORT): a
+    # demo beside a running sidecar must not fail on the admin port the sidecar holds.
+    admin_port = config.admin.port if "port" in config.admin.model_fields_set else 0
     upstream = DemoUpstream()
     await upstream.start("127.0.0.1", 0)
     config = config.with_overrides(
-        {"upstream": {"url": upstream.url}, "polling": {"default_interval_ms": _DEMO_POLL_INTERVAL_MS}}
+        {
+            "upstream": {"url": upstream.url},
+            "polling": {"default_interval_ms": _DEMO_POLL_INTERVAL_MS},
+            "admin": {"port": admin_port},
+        }
     )
-    runner = web.AppRunner(build_app(config), handler_cancellation=True, shutdown_timeout=2, access_log=None)
+    app = build_app(config)
+    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=2, access_log=None)
+    admin_runner = web.AppRunner(app[ADMIN], shutdown_timeout=2, access_log=None)
     await runner.setup()
+    await admin_runner.setup()
     try:
-        site = web.TCPSite(runner, config.listen.host, config.listen.port)
-        await site.start()
-    except OSError as exc:
-        await runner.cleanup()
-        await upstream.aclose()
-        print(f"mcp-sidecar demo: cannot listen on {config.listen.host}:{config.listen.port}: {exc.strerror}")
-        print("try: mcp-sidecar demo --port 0")
-        return 1
-    host, port = runner.addresses[0][:2]
-    url_host = f"[{host}]" if ":" in host else host  # an IPv6 address needs brackets in a URL
-    url = f"http://{url_host}:{port}{config.listen.path}"
-    print(f"demo upstream (2025-11-25, no subscriptions): {upstream.url}", flush=True)
-    print(f"mcp-sidecar (2026-07-28, subscriptions):    {url}", flush=True)
-    print("\nListen for changes (the basic plan's price changes every few seconds):\n", flush=True)
-    print(_CURL.format(url=url, version=MODERN_VERSION), flush=True)
-    print("\nAnd in another terminal, re-read it after each notification:\n", flush=True)
-    print(_CURL_READ.format(url=url, version=MODERN_VERSION), flush=True)
-    print("\nCtrl-C to stop.", flush=True)
-    try:
+        for flag, site_runner, host, port in (
+            ("--port", runner, config.listen.host, config.listen.port),
+            ("--admin-port", admin_runner, config.admin.host, config.admin.port),
+        ):
+            try:
+                await web.TCPSite(site_runner, host, port).start()
+            except OSError as exc:
+                print(f"mcp-sidecar demo: cannot listen on {host}:{port}: {exc.strerror}")
+                print(f"try: mcp-sidecar demo {flag} 0")
+                return 1
+        url = _url(runner, config.listen.path)
+        admin = _url(admin_runner, "")
+        addresses = (
+            ("demo upstream (2025-11-25, no subscriptions):", upstream.url),
+            ("mcp-sidecar (2026-07-28, subscriptions):", url),
+            ("its status (upstream, watches, clients):", f"{admin}/status"),
+            ("its Prometheus metrics:", f"{admin}{config.metrics.path}"),
+        )
+        width = max(len(label) for label, _ in addresses)
+        for label, address in addresses:
+            print(f"{label:<{width}} {address}", flush=True)
+        print("\nListen for changes (the basic plan's price changes every few seconds):\n", flush=True)
+        print(_CURL.format(url=url, version=MODERN_VERSION), flush=True)
+        print("\nAnd in another terminal, re-read it after each notification:\n", flush=True)
+        print(_CURL_READ.format(url=url, version=MODERN_VERSION), flush=True)
+        print("\nCtrl-C to stop.", flush=True)
         with stop_signals() as stop:
             await stop.wait()
     finally:
         await runner.cleanup()
+        await admin_runner.cleanup()
         await upstream.aclose()
     return 0
+
+
+def _url(runner: web.AppRunner, path: str) -> str:
+    host, port = runner.addresses[0][:2]
+    url_host = f"[{host}]" if ":" in host else host  # an IPv6 address needs brackets in a URL
+    return f"http://{url_host}:{port}{path}"

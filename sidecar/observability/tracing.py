@@ -1,4 +1,4 @@
-"""Tracing with OpenTelemetry: the optional extra (`pip install "mcp-sidecar[otel]"`), off unless turned on.
+"""Tracing with OpenTelemetry: the optional `otel` extra (`pip install ".[otel]"` in a checkout), off unless turned on.
 
 Spans: a forwarded request (server span, its parent from the client's `traceparent` header or
 `params._meta`), its exchange with the upstream (client span, whose context goes upstream in the headers and
@@ -191,7 +191,8 @@ def configure_tracing(config: TracingConfig, environ: Mapping[str, str] = os.env
         from opentelemetry.sdk.trace.sampling import ParentBasedTraceIdRatio
     except ImportError as exc:
         raise TracingUnavailable(
-            'tracing is turned on, but OpenTelemetry is not installed: pip install "mcp-sidecar[otel]"'
+            "tracing is turned on, but OpenTelemetry is not installed: "
+            'pip install ".[otel]" in the mcp-sidecar checkout (the package is installed from its source)'
         ) from exc
     service = environ.get("OTEL_SERVICE_NAME") or config.service_name
     provider = TracerProvider(

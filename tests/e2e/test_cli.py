@@ -3,35 +3,27 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import os
 import re
 import signal
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
 import pytest
 
 from sidecar.config import SidecarConfig
+from sidecar.config.shown import shown_config
+from tests.cli_process import EXIT_TIMEOUT_S, START_TIMEOUT_S
+from tests.cli_process import cli as _cli
+from tests.cli_process import cli_env as _env
 from tests.helpers import rpc
 from tests.peers import Upstream
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO_ROOT / "config" / "sidecar.example.yaml"
-START_TIMEOUT_S = 20.0
-EXIT_TIMEOUT_S = 10.0
-"""How long a signalled process may take to exit; shutdown with nothing in flight is near instant."""
-
-
-def _env(**overrides: str) -> dict[str, str]:
-    """This environment without any MCP_SIDECAR__ variable of the developer's, plus `overrides`."""
-    env = {key: value for key, value in os.environ.items() if not key.startswith("MCP_SIDECAR__")}
-    return {**env, "PYTHONUNBUFFERED": "1", **overrides}
 
 
 def _check_config(path: Path, **env: str) -> subprocess.CompletedProcess[str]:
@@ -135,7 +127,10 @@ def test_check_config_accepts_the_example_and_prints_the_defaults() -> None:
     done = _check_config(EXAMPLE)
     assert done.returncode == 0, done.stderr
     defaults = SidecarConfig.model_validate({"upstream": {"url": "http://127.0.0.1:9000/mcp"}})
-    assert json.loads(done.stdout) == json.loads(defaults.model_dump_json())
+    printed = json.loads(done.stdout)
+    assert printed == shown_config(defaults)
+    # Only secrets are masked: a Redis URL without a password is shown whole.
+    assert printed["bus"]["redis_url"] == "redis://127.0.0.1:6379/0"
 
 
 def test_check_config_applies_environment_overrides(tmp_path: Path) -> None:
@@ -158,72 +153,6 @@ def test_check_config_never_prints_secrets(tmp_path: Path) -> None:
 
 
 # -- long-running commands ---------------------------------------------------------------------------------
-
-
-class _Cli:
-    """One running `python -m sidecar.cli ...`; stdout and stderr lines are collected as they arrive."""
-
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        self.proc = proc
-        self.lines: dict[str, list[str]] = {"stdout": [], "stderr": []}
-        self._arrived = asyncio.Condition()
-        assert proc.stdout is not None and proc.stderr is not None
-        self._readers = [
-            asyncio.create_task(self._collect("stdout", proc.stdout)),
-            asyncio.create_task(self._collect("stderr", proc.stderr)),
-        ]
-
-    async def _collect(self, name: str, stream: asyncio.StreamReader) -> None:
-        while line := await stream.readline():
-            async with self._arrived:
-                self.lines[name].append(line.decode(errors="replace").rstrip("\n"))
-                self._arrived.notify_all()
-        async with self._arrived:
-            self._arrived.notify_all()  # end of output: let waiters see the exit
-
-    async def wait_for_line(self, name: str, pattern: str) -> re.Match[str]:
-        """The first line of `name` matching `pattern`; fails if the process exits or START_TIMEOUT_S passes."""
-        regex = re.compile(pattern)
-        async with asyncio.timeout(START_TIMEOUT_S), self._arrived:
-            while True:
-                for line in self.lines[name]:
-                    if match := regex.search(line):
-                        return match
-                if self.proc.returncode is not None or all(task.done() for task in self._readers):
-                    pytest.fail(f"exited ({self.proc.returncode}) before printing {pattern!r}:\n{self.output()}")
-                await self._arrived.wait()
-
-    async def stop(self, signum: signal.Signals) -> int:
-        """Send `signum` and wait (bounded) for the exit code."""
-        self.proc.send_signal(signum)
-        async with asyncio.timeout(EXIT_TIMEOUT_S):
-            code = await self.proc.wait()
-            await asyncio.gather(*self._readers)
-        return code
-
-    def output(self) -> str:
-        return "\n".join(["-- stdout --", *self.lines["stdout"], "-- stderr --", *self.lines["stderr"]])
-
-    async def aclose(self) -> None:
-        if self.proc.returncode is None:
-            self.proc.kill()
-            await self.proc.wait()
-        for task in self._readers:
-            task.cancel()
-        await asyncio.gather(*self._readers, return_exceptions=True)
-
-
-@contextlib.asynccontextmanager
-async def _cli(*args: str) -> AsyncIterator[_Cli]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "sidecar.cli", *args, cwd=REPO_ROOT, env=_env(MCP_SIDECAR__ADMIN__PORT="0"),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    cli = _Cli(proc)
-    try:
-        yield cli
-    finally:
-        await cli.aclose()
 
 
 def _ipv6_loopback() -> bool:
