@@ -9,7 +9,9 @@ all hang off that one context, so adding a forwarded header can never merge two 
 
 The context is the unit of *isolation*. The unit of *fairness* is the client (invariant 20): a request with
 identifying headers counts against its context, one without them against its address, so the many anonymous
-clients of an unauthenticated upstream do not share one fair share (they still share one context).
+clients of an unauthenticated upstream do not share one fair share (they still share one context). Within a
+client, a request waits in a lane: the downstream handler puts a credential the upstream has not accepted yet
+in a lane of its own within its address.
 """
 
 from __future__ import annotations
@@ -39,12 +41,14 @@ Headers = CIMultiDictProxy[str] | CIMultiDict[str] | Mapping[str, str]
 class Identity:
     """A request's authorization context and the identifying headers that make it (lower-case names, sorted),
     which are what the sidecar sends when it acts for that context, and the client it counts against for fair
-    share (not part of its equality: two addresses of one context are one identity). Never logged; `context` is
-    safe to log."""
+    share and the lane it waits in within that client's turn (neither part of its equality: two addresses of one
+    context are one identity). Never logged; `context` is safe to log."""
 
     context: str
     headers: tuple[tuple[str, str], ...] = ()
     client: str = field(default=ANONYMOUS, compare=False)
+    lane: str = field(default="", compare=False)
+    """"": the client's own requests; a context: a credential waiting its own turn among its address's requests."""
 
     @property
     def is_anonymous(self) -> bool:

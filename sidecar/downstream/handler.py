@@ -179,8 +179,9 @@ class McpEndpoint:
         identity = self._identities.of(request.headers, address)
         if not identity.is_anonymous and identity.context not in self._accepted:
             # Until the upstream has accepted this credential once, it counts against its address: made-up
-            # tokens, one per request, would otherwise each bring a fair share of their own.
-            identity = dataclasses.replace(identity, client=f"addr-{address}")
+            # tokens, one per request, would otherwise each bring a fair share of their own. Within the
+            # address's turn it has a lane of its own, so a newcomer does not wait behind a stranger's queue.
+            identity = dataclasses.replace(identity, client=f"addr-{address}", lane=identity.context)
         return identity
 
     def _accepted_by_upstream(self, identity: Identity, status: int) -> None:
@@ -337,7 +338,7 @@ class McpEndpoint:
                     return await self._upstream.forward(message, request.headers, identity)
 
             # In the client's turn: over its fair share it waits in its own queue (invariant 20).
-            return self._fair_share.run(identity.client, exchange, within_s=self._queue_wait_s)
+            return self._fair_share.run(identity.client, exchange, within_s=self._queue_wait_s, lane=identity.lane)
 
         if self._readthrough is None or not is_shareable(message.method, message.params):
             return await send(), None

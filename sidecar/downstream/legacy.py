@@ -135,6 +135,7 @@ class LegacySessions:
             identity.client,
             lambda: self._upstream.relay(body, request.headers, identity, session_id=upstream_session),
             within_s=self._queue_wait_s,
+            lane=identity.lane,
         )
 
     async def _initialize(

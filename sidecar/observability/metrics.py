@@ -43,6 +43,7 @@ _LIMITS = (
     "native_streams",
     "max_connections",
     "queued_per_client",
+    "queued_new_credentials",
     "queue_wait",
     "baseline_wait",
     "upstream_max_in_flight",

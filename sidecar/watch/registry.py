@@ -204,7 +204,9 @@ class WatchRegistry:
         the client's fair share, so a client subscribing to thousands of URIs delays only itself."""
         if not paced:
             return contextlib.nullcontext()
-        return self._fair_share.slot(identity.client, within_s=self._config.baseline_wait_s, limit="baseline_wait")
+        return self._fair_share.slot(
+            identity.client, within_s=self._config.baseline_wait_s, limit="baseline_wait", lane=identity.lane
+        )
 
     async def _join(self, entry: _Entry, identity: Identity) -> Handle | None:
         """Join a live or lingering watch: a sync point. The caller's ack waits for a look at the upstream that

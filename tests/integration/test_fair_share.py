@@ -121,20 +121,24 @@ async def _polite_reads(url: str, local_address: str, extra: dict[str, str], unt
 
 
 @pytest.mark.parametrize(
-    ("address", "extra"),
-    [("127.0.0.2", {}), ("127.0.0.1", {"Authorization": "Bearer polite"})],
+    ("address", "token"),
+    [("127.0.0.2", None), ("127.0.0.1", "polite")],
     ids=["own-address", "own-token"],
 )
 async def test_a_polite_client_beside_a_greedy_one_waits_about_one_upstream_turn(
-    address: str, extra: dict[str, str], tmp_path: Path
+    address: str, token: str | None, tmp_path: Path
 ) -> None:
+    # With a token, the one it reads with beside the flood is new to the upstream: its first read is included.
+    extra = {"Authorization": f"Bearer {token}"} if token else {}
     async with _stack() as stack:
         upstream = await start_fast_upstream(stack, tmp_path, read_delay_ms=UPSTREAM_READ_S * 1000)
         sidecar = await _sidecar(stack, tmp_path, upstream)
         load = await start_loadgen(stack, tmp_path)
         alone = asyncio.Event()
         alone.set()
-        unloaded = await _polite_reads(sidecar.url, address, extra, alone)
+        unloaded = await _polite_reads(
+            sidecar.url, address, {"Authorization": f"Bearer {token}-alone"} if token else {}, alone
+        )
         unloaded_p99 = max(unloaded)
 
         flood_over = asyncio.Event()
@@ -150,6 +154,66 @@ async def test_a_polite_client_beside_a_greedy_one_waits_about_one_upstream_turn
     assert flood["errors"] == 0, flood  # the greedy client waited, never refused: its queue stayed under its bound
     assert _refusals(metrics) == {}
     assert max(loaded) <= 3 * unloaded_p99 + UPSTREAM_READ_S, (loaded, unloaded)
+
+
+async def test_a_new_token_from_the_greedy_clients_address_waits_one_turn_of_that_address_not_its_queue() -> None:
+    # One slot per client: the greedy anonymous client holds its slot with a hung read, eight more of its reads
+    # wait; then a token the upstream has never seen arrives from the same address. When the slot frees, the
+    # address's turns go to its lanes in round robin: one greedy read at most before the newcomer's, not eight.
+    upstream = {"max_requests_per_client": 1, "timeout_s": 60}
+    newcomer = {"Authorization": "Bearer newcomer"}
+    async with FaultyUpstream() as up, serve_sidecar(up.url, upstream=upstream) as sidecar:
+        up.fail(Fault.HANG, uri="hang://x")
+        hung = asyncio.ensure_future(_status_from(sidecar.url, "127.0.0.1", "hang://x"))
+        queued: list[asyncio.Future[int]] = []
+        try:
+            await eventually(lambda: sidecar.app[FAIR_SHARE].in_flight == 1)
+            queued = [
+                asyncio.ensure_future(_status_from(sidecar.url, "127.0.0.1", f"ok://greedy/{n}")) for n in range(8)
+            ]
+            await eventually(lambda: sidecar.app[FAIR_SHARE].queued == 8)
+            polite = asyncio.ensure_future(_status_from(sidecar.url, "127.0.0.1", "ok://newcomer", newcomer))
+            queued.append(polite)
+            await eventually(lambda: sidecar.app[FAIR_SHARE].queued == 9)
+            assert sidecar.app[FAIR_SHARE].active_clients == 1  # still one client: the address
+            hung.cancel()  # the greedy client gives its hung read up: its slot frees
+            assert await polite == 200
+            served = [seen.uri for seen in up.reads() if seen.uri != "hang://x"]
+            assert served.index("ok://newcomer") <= 1, served
+            assert await asyncio.gather(*queued) == [200] * 9
+        finally:
+            await up.stop()
+            await asyncio.gather(hung, *queued, return_exceptions=True)
+
+
+async def test_invented_tokens_from_one_address_get_no_more_turns_than_another_addresss_anonymous_client() -> None:
+    # Two slots, each held by a hung read of a third and a fourth address; six reads, each with a token of its
+    # own that the upstream has never seen, from one address, and six anonymous reads from another, all wait.
+    # One slot frees: it goes to the two addresses in turn, so the six tokens gain nothing by being six.
+    upstream = {"max_connections": 2, "max_requests_per_client": 1, "timeout_s": 60}
+    async with FaultyUpstream() as up, serve_sidecar(up.url, upstream=upstream) as sidecar:
+        holders = []
+        for n, address in enumerate(("127.0.0.3", "127.0.0.4")):
+            up.fail(Fault.HANG, uri=f"hang://{n}")
+            holders.append(asyncio.ensure_future(_status_from(sidecar.url, address, f"hang://{n}")))
+        waiting: list[asyncio.Future[int]] = []
+        try:
+            await eventually(lambda: sidecar.app[FAIR_SHARE].in_flight == 2)
+            for n in range(6):
+                invented = {"Authorization": f"Bearer made-up-{n}"}
+                waiting.append(
+                    asyncio.ensure_future(_status_from(sidecar.url, "127.0.0.1", f"ok://tokens/{n}", invented))
+                )
+                waiting.append(asyncio.ensure_future(_status_from(sidecar.url, "127.0.0.2", f"ok://other/{n}")))
+            await eventually(lambda: sidecar.app[FAIR_SHARE].queued == 12)
+            holders[0].cancel()
+            assert await asyncio.gather(*waiting) == [200] * 12
+            served = [seen.uri or "" for seen in up.reads() if not (seen.uri or "").startswith("hang://")]
+            first = [uri.split("/")[2] for uri in served[:6]]
+            assert first.count("tokens") == first.count("other") == 3, served
+        finally:
+            await up.stop()
+            await asyncio.gather(*holders, *waiting, return_exceptions=True)
 
 
 async def _wait_for_queue(sidecar: Replica) -> None:

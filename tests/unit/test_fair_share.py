@@ -35,11 +35,13 @@ class Requests:
         self.tasks: list[asyncio.Task[None]] = []
 
     def send(self, client: str, within_s: float = 30) -> asyncio.Task[None]:
+        """A request of `client`; `address/credential` names a credential's own lane within that address."""
         done = asyncio.Event()
         self._done.setdefault(client, []).append(done)
+        address, _, lane = client.partition("/")
 
         async def hold() -> None:
-            async with self.share.slot(client, within_s=within_s, limit="queue_wait"):
+            async with self.share.slot(address, within_s=within_s, limit="queue_wait", lane=lane):
                 self.order.append(client)
                 await done.wait()
 
@@ -176,3 +178,76 @@ async def test_a_cancelled_waiter_gives_up_its_place() -> None:
     assert share.queued == 0
     await requests.finish("a")
     assert share.active_clients == 0
+
+
+# -- within an address: the lanes of credentials the upstream has not accepted yet ------------------------------
+
+
+async def test_a_new_credential_from_a_busy_address_waits_one_turn_of_its_address_not_its_queue() -> None:
+    share = _share(capacity=4, per_client=2)
+    requests = Requests(share)
+    await _sent(requests, ["addr"] * 8)  # two in flight, six anonymous requests waiting in the address's lane
+    await _sent(requests, ["addr/newcomer"])
+    assert requests.order == ["addr", "addr"] and share.queued == 7
+    await requests.finish("addr")
+    await requests.finish("addr")
+    # One turn of the address's anonymous lane at most, then the newcomer's: not behind the six.
+    assert requests.order[2:] == ["addr", "addr/newcomer"]
+    assert share.active_clients == 1  # one client, the address: the newcomer is no client of its own
+    await requests.finish_all()
+    assert (share.in_flight, share.queued, share.active_clients) == (0, 0, 0)
+
+
+async def test_lanes_of_one_address_take_turns_within_its_one_turn() -> None:
+    share = _share(capacity=1)
+    requests = Requests(share)
+    await _sent(requests, ["hold"])
+    await _sent(requests, ["addr", "addr", "addr", "addr/t1", "addr/t1", "addr/t2", "other", "other", "other"])
+    for _ in range(9):
+        await requests.finish(requests.order[-1])
+    served = requests.order[1:]
+    # The address's turn alternates with the other client's; within it, its lanes alternate.
+    assert served == ["addr", "other", "addr/t1", "other", "addr/t2", "other", "addr", "addr/t1", "addr"]
+    await requests.finish_all()
+
+
+async def test_invented_tokens_from_one_address_get_its_one_turn_against_another_address() -> None:
+    share = _share(capacity=1)
+    requests = Requests(share)
+    await _sent(requests, ["hold"])
+    await _sent(requests, [f"flood/made-up-{n}" for n in range(6)] + ["other"] * 6)
+    for _ in range(6):
+        await requests.finish(requests.order[-1])
+    served = [client.partition("/")[0] for client in requests.order[1:]]
+    assert served == ["flood", "other"] * 3
+    await requests.finish_all()
+
+
+async def test_new_credentials_of_an_address_share_one_queue_bound_and_its_anonymous_lane_keeps_its_own() -> None:
+    metrics = Metrics()
+    share = FairShare(capacity=1, per_client=1, max_queued_per_client=2, metrics=metrics, refusal_pause_s=0)
+    requests = Requests(share)
+    await _sent(requests, ["addr", "addr/made-up-1", "addr/made-up-2"])  # one in flight, the new lanes full
+    with pytest.raises(TooManyRequests) as refused:
+        await share.acquire("addr", within_s=30, limit="queue_wait", lane="made-up-3")
+    assert refused.value.status == 429 and "new credentials" in str(refused.value)
+    assert metrics.limit_rejections.labels("queued_new_credentials")._value.get() == 1
+    await _sent(requests, ["addr", "addr"])  # the address's anonymous requests still wait in a lane of their own
+    assert share.queued == 4 and metrics.limit_rejections.labels("queued_per_client")._value.get() == 0
+    await requests.finish_all()
+    assert (share.in_flight, share.queued, share.active_clients) == (0, 0, 0)
+
+
+async def test_a_lane_whose_only_request_gives_up_leaves_the_round() -> None:
+    share = _share(capacity=1)
+    requests = Requests(share)
+    await _sent(requests, ["addr", "addr"])
+    gone = requests.send("addr/newcomer")
+    await _settle()
+    gone.cancel()
+    await _settle()
+    assert share.queued == 1
+    await requests.finish("addr")
+    assert requests.order == ["addr", "addr"]
+    await requests.finish_all()
+    assert (share.in_flight, share.queued, share.active_clients) == (0, 0, 0)
