@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import signal
+import ssl
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -193,7 +194,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _check_workers(config, workers)
         loop_factory = _loop_factory(config.listen.event_loop)
     except ConfigError as exc:
-        print(f"mcp-sidecar: {exc}", file=sys.stderr)
+        for problem in str(exc).splitlines():  # one line per bad key: `mcp-sidecar: key: problem`
+            print(f"mcp-sidecar: {problem}", file=sys.stderr)
         return 1
     configure_logging(config.logging.level, config.logging.format)
     if workers > 1 and os.environ.get(_WORKER_ENV) is None:
@@ -213,6 +215,14 @@ async def _serve_settled(config: SidecarConfig, *, reuse_port: bool) -> int:
     settling = asyncio.get_running_loop().create_task(settle())
     try:
         return await serve(config, ready, reuse_port=reuse_port)
+    except Exception as exc:
+        if ready.is_set():
+            raise
+        # What the configuration check cannot know (a file changed since, a resource of the host): one line, the
+        # traceback only for whoever asked for debug logs.
+        logger.debug("start-up failed", exc_info=True)
+        print(f"mcp-sidecar: start-up: {exc or type(exc).__name__} (--log-level debug shows where)", file=sys.stderr)
+        return 1
     finally:
         settling.cancel()
 
@@ -328,7 +338,13 @@ async def _serve(config: SidecarConfig, ready: asyncio.Event | None, *, reuse_po
         ("listen", runner, config.listen.host, config.listen.port, config.listen.tls),
         ("admin", admin_runner, config.admin.host, config.admin.port, config.admin.tls),
     ):
-        context = server_context(tls)
+        try:
+            context = server_context(tls)
+        except (OSError, ssl.SSLError, ValueError) as exc:
+            await admin_runner.cleanup()
+            await runner.cleanup()
+            print(f"mcp-sidecar: {name}.tls: cannot load the certificate files: {exc}", file=sys.stderr)
+            return 1
         if context is not None:
             certificates.listener(name, context, tls)
         try:

@@ -132,7 +132,7 @@ def load_config(
         except OSError as exc:
             raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
         except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+            raise ConfigError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from exc
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):
@@ -155,7 +155,7 @@ def load_config(
         try:
             section[parts[1]] = yaml.safe_load(raw) if raw.lstrip()[:1] in ("[", "{") else raw
         except yaml.YAMLError as exc:
-            raise ConfigError(f"{key}: not a valid YAML/JSON list or mapping: {exc}") from exc
+            raise ConfigError(f"{key}: not a valid YAML/JSON list or mapping: {' '.join(str(exc).split())}") from exc
         origins[(parts[0], parts[1])] = key
     _choose_upstream(data, {f"{section}.{key}" for section, key in origins})
     _merge(data, overrides or {})
@@ -185,4 +185,4 @@ def _validate(data: dict[str, Any], origins: dict[tuple[str, str], str] | None =
             )
             variable = (origins or {}).get((loc[0], loc[1])) if len(loc) >= 2 else None
             problems.append(f"{key}: {message}" + (f" (from {variable})" if variable else ""))
-        raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems)) from exc
+        raise ConfigError("\n".join(problems)) from exc

@@ -10,7 +10,8 @@ __all__ = ["ConfigError", "Section"]
 
 
 class ConfigError(Exception):
-    """The configuration is unusable; the message names each bad key and why."""
+    """The configuration is unusable; the message names each bad key and why, one line per problem
+    (`key: problem`), each printed as `mcp-sidecar: key: problem`."""
 
 
 class Section(BaseModel):

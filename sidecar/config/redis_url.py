@@ -4,6 +4,8 @@ loads, so a wrong URL is a configuration error naming the key, not a traceback f
 
 from __future__ import annotations
 
+from sidecar.config.syntax import check_netloc
+
 __all__ = ["CLUSTER_SCHEMES", "SINGLE_SCHEMES", "check_redis_url", "cluster_seeds", "url_scheme"]
 
 SINGLE_SCHEMES = ("redis", "rediss", "unix")
@@ -21,8 +23,22 @@ def check_redis_url(url: str) -> None:
         known = ", ".join(f"{name}://" for name in SINGLE_SCHEMES + CLUSTER_SCHEMES)
         shown = f"{scheme}://" if scheme else "(none)"
         raise ValueError(f"unknown scheme {shown}; use one of {known}")
+    rest = url.split("://", 1)[1]
+    if scheme == "unix":
+        if not rest.split("?", 1)[0]:
+            raise ValueError("unix:// needs the socket's path (unix:///run/redis.sock)")
+        return
+    netloc, _, path = rest.split("?", 1)[0].partition("/")
     if scheme in CLUSTER_SCHEMES:
         cluster_seeds(url)
+        for seed in netloc.rpartition("@")[2].split(","):
+            check_netloc(seed.strip(), port_required=True)
+        return
+    hostport = netloc.rpartition("@")[2]
+    if hostport:  # none: the client's default, localhost:6379
+        check_netloc(("localhost" if hostport.startswith(":") else "") + hostport)
+    if path.strip("/") and not path.strip("/").isdigit():
+        raise ValueError(f"the database {path.strip('/')!r} is not a number (redis://host:port/0)")
 
 
 def cluster_seeds(url: str) -> list[tuple[str, int]]:

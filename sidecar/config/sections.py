@@ -9,6 +9,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 
 from sidecar.config.base import Section
 from sidecar.config.redis_url import check_redis_url
+from sidecar.config.syntax import check_host, check_http_url, check_origin, check_url_path
 from sidecar.config.tls import ListenerTLS
 
 __all__ = [
@@ -119,8 +120,20 @@ class ListenConfig(Section):
     @field_validator("path")
     @classmethod
     def _path_is_absolute(cls, value: str) -> str:
-        if not value.startswith("/"):
-            raise ValueError("must start with '/'")
+        check_url_path(value)
+        return value
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, value: str) -> str:
+        check_host(value)
+        return value
+
+    @field_validator("allowed_origins")
+    @classmethod
+    def _origins(cls, value: list[str]) -> list[str]:
+        for origin in value:
+            check_origin(origin)
         return value
 
 
@@ -279,6 +292,12 @@ class BusConfig(Section):
 class MetricsConfig(Section):
     path: str = Field("/metrics", description="Prometheus scrape path (on the admin listener).")
 
+    @field_validator("path")
+    @classmethod
+    def _path(cls, value: str) -> str:
+        check_url_path(value)
+        return value
+
 
 class AdminConfig(Section):
     host: str = Field(
@@ -286,6 +305,12 @@ class AdminConfig(Section):
     )
     port: int = Field(DEFAULT_ADMIN_PORT, ge=0, le=65535, description="Its TCP port; 0 picks a free one.")
     tls: ListenerTLS = Field(default_factory=ListenerTLS, description="HTTPS on the admin port, set apart.")
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, value: str) -> str:
+        check_host(value)
+        return value
 
 
 class TracingConfig(Section):
@@ -301,6 +326,13 @@ class TracingConfig(Section):
     sample_ratio: float = Field(
         1.0, ge=0, le=1, description="Share of new traces recorded; a client's sampled trace is always continued."
     )
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint(cls, value: str | None) -> str | None:
+        if value is not None:
+            check_http_url(value)
+        return value
 
 
 class LoggingConfig(Section):

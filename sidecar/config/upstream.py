@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import os
 import shlex
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
@@ -10,6 +11,7 @@ from urllib.parse import urlsplit, urlunsplit
 from pydantic import Field, SecretStr, field_validator, model_validator
 
 from sidecar.config.base import Section
+from sidecar.config.syntax import check_header_name, check_header_value, check_http_url
 from sidecar.config.tls import UpstreamTLS
 
 __all__ = ["UpstreamConfig"]
@@ -116,8 +118,8 @@ class UpstreamConfig(Section):
     @field_validator("public_url")
     @classmethod
     def _public_url_is_http(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith(("http://", "https://")):
-            raise ValueError("must be an http:// or https:// URL")
+        if value is not None:
+            check_http_url(value)
         return value
 
     @field_validator("url", mode="before")
@@ -128,8 +130,35 @@ class UpstreamConfig(Section):
     @field_validator("url")
     @classmethod
     def _url_is_http(cls, value: str) -> str:
-        if value and not value.startswith(("http://", "https://")):
-            raise ValueError("must be an http:// or https:// URL (a stdio server goes in upstream.command)")
+        if value:
+            check_http_url(value, "a stdio server goes in upstream.command")
+        return value
+
+    @field_validator("headers")
+    @classmethod
+    def _headers_are_http(cls, value: dict[str, SecretStr]) -> dict[str, SecretStr]:
+        for name, secret in value.items():
+            check_header_name(name)
+            check_header_value(name, secret.get_secret_value())
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env_can_be_passed(cls, value: dict[str, SecretStr]) -> dict[str, SecretStr]:
+        for name, secret in value.items():
+            if not name or "=" in name or "\0" in name:
+                raise ValueError(f"{name!r} is not an environment variable name (no '=', not empty)")
+            if "\0" in secret.get_secret_value():
+                raise ValueError(f"the value of {name} holds a NUL character")
+        return value
+
+    @field_validator("cwd")
+    @classmethod
+    def _cwd_is_a_directory(cls, value: str | None) -> str | None:
+        if value is not None and not os.path.isdir(value):
+            raise ValueError(
+                f"{value!r} is not a directory" + ("" if os.path.exists(value) else " (it does not exist)")
+            )
         return value
 
     @field_validator("command", mode="before")
@@ -198,6 +227,8 @@ class UpstreamConfig(Section):
     @field_validator("forward_headers", "non_identity_headers")
     @classmethod
     def _lowercase(cls, value: list[str]) -> list[str]:
+        for name in value:
+            check_header_name(name)
         return [name.lower() for name in value]
 
     def identity_warnings(self) -> list[str]:

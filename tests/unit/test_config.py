@@ -181,7 +181,7 @@ def test_an_empty_command_is_refused(tmp_path: Path) -> None:
 
 
 def test_command_environment_values_are_secrets(tmp_path: Path) -> None:
-    text = "upstream:\n  command: [server]\n  env:\n    API_TOKEN: s3cret-env-value\n  cwd: /srv\n"
+    text = f"upstream:\n  command: [server]\n  env:\n    API_TOKEN: s3cret-env-value\n  cwd: {tmp_path}\n"
     config = load_config(_write(tmp_path, text), environ={})
     assert config.upstream.env["API_TOKEN"].get_secret_value() == "s3cret-env-value"
     for shown in (repr(config), config.model_dump_json(), config.upstream.display_url):
