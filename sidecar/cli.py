@@ -362,21 +362,23 @@ async def _serve(config: SidecarConfig, ready: asyncio.Event | None, *, reuse_po
             await runner.cleanup()
             print(f"mcp-sidecar: {name}: cannot listen on {host}:{port}: {exc.strerror}", file=sys.stderr)
             return 1
-    log_configuration(config)  # secrets masked: never a token, a header value or a password
-    for warning in config.upstream.identity_warnings():
-        logger.warning(warning)
-    logger.info(
-        "mcp-sidecar listening",
-        extra={
-            "event_loop": type(loop).__module__.split(".")[0],  # uvloop or asyncio
-            "url": _url(runner, config.listen.path, config.listen.tls.enabled),
-            "admin": _url(admin_runner, config.metrics.path, config.admin.tls.enabled),
-            "upstream": config.upstream.display_url,
-        },
-    )
     watcher = loop.create_task(_watch_certificates(certificates)) if certificates.watching else None
     try:
+        # The handlers go in before the line that says the sidecar listens: a supervisor that sends SIGTERM as
+        # soon as it reads that line gets a clean shutdown, not the default action's death.
         with stop_signals() as stop, _reload_on_sighup(certificates):
+            log_configuration(config)  # secrets masked: never a token, a header value or a password
+            for warning in config.upstream.identity_warnings():
+                logger.warning(warning)
+            logger.info(
+                "mcp-sidecar listening",
+                extra={
+                    "event_loop": type(loop).__module__.split(".")[0],  # uvloop or asyncio
+                    "url": _url(runner, config.listen.path, config.listen.tls.enabled),
+                    "admin": _url(admin_runner, config.metrics.path, config.admin.tls.enabled),
+                    "upstream": config.upstream.display_url,
+                },
+            )
             if ready is not None:
                 ready.set()
             await stop.wait()

@@ -179,3 +179,15 @@ async def test_demo_prints_status_and_metrics_urls_that_answer(asked: bool, http
             assert status["upstream"]["url"] == upstream  # type: ignore[index]
             assert await demo.stop(signal.SIGINT) == 0, demo.output()
     assert "Traceback" not in demo.output()
+
+
+# -- a supervisor that stops it at once --------------------------------------------------------------------
+
+
+async def test_sigterm_sent_the_moment_it_says_it_listens_is_a_clean_shutdown(modern_upstream: Upstream) -> None:
+    # A supervisor (or a test) that stops the sidecar as soon as it reads the listening line must get the graceful
+    # path, exit 0 and "shutting down", not the default action of SIGTERM (exit -15) because the handlers came later.
+    async with cli("run", "--upstream", modern_upstream.url, "--port", "0", "--admin-port", "0") as sidecar:
+        await sidecar.wait_for_line("stderr", LISTENING)
+        assert await sidecar.stop(signal.SIGTERM) == 0, sidecar.output()
+        assert any("shutting down" in line for line in sidecar.lines["stderr"]), sidecar.output()
