@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -44,6 +45,12 @@ _UPSTREAM_HELP = (
     "stdio MCP server to start, split into program and arguments as a shell would, without running a shell "
     "(upstream.command), e.g. --upstream 'uvx mcp-server-time'"
 )
+_UPSTREAM_ENV_HELP = (
+    "for a stdio upstream: NAME passes the variable NAME of this environment to the command "
+    "(upstream.inherit_env); NAME=VALUE sets it (upstream.env). Repeatable. The proxy and CA variables "
+    "(HTTPS_PROXY, SSL_CERT_FILE, ...) pass without it"
+)
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -56,6 +63,14 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--workers", type=int, default=1, help="processes sharing the port (SO_REUSEPORT); >1 needs bus.backend: redis"
     )
+    run.add_argument(
+        "--upstream-env",
+        action="append",
+        type=_env_setting,
+        default=[],
+        metavar="NAME[=VALUE]",
+        help=_UPSTREAM_ENV_HELP,
+    )
     check = sub.add_parser("check-config", help="validate a config file and print the effective config")
     check.add_argument("file")
     sub.add_parser("demo", help="an embedded legacy upstream with the sidecar in front, changing every few seconds")
@@ -67,6 +82,24 @@ def _parser() -> argparse.ArgumentParser:
         command.add_argument("--port", default=default, type=int, help="port to bind (listen.port)")
         command.add_argument("--log-level", default=default, choices=["debug", "info", "warning", "error"])
     return parser
+
+
+def _env_setting(text: str) -> tuple[str, str | None]:
+    name, equals, value = text.partition("=")
+    if not _ENV_NAME.fullmatch(name):
+        raise argparse.ArgumentTypeError(f"{name!r} is not an environment variable name (expected NAME or NAME=VALUE)")
+    return name, value if equals else None
+
+
+def _with_upstream_env(config: SidecarConfig, settings: Sequence[tuple[str, str | None]]) -> SidecarConfig:
+    """`--upstream-env` added to what the file and the environment gave: names to inherit, and values to set."""
+    if not settings:
+        return config
+    upstream = config.upstream
+    env = {name: value.get_secret_value() for name, value in upstream.env.items()}
+    env.update({name: value for name, value in settings if value is not None})
+    inherit = [*upstream.inherit_env, *(name for name, value in settings if value is None)]
+    return config.with_overrides({"upstream": {"env": env, "inherit_env": list(dict.fromkeys(inherit))}})
 
 
 def _flag_overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
@@ -99,7 +132,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             configure_logging(config.logging.level, "text")
             return asyncio.run(run_demo(config))
         path = getattr(args, "run_config", None) or args.config
-        config = load_config(path, overrides=_flag_overrides(args))
+        config = _with_upstream_env(
+            load_config(path, overrides=_flag_overrides(args)), getattr(args, "upstream_env", [])
+        )
         workers = getattr(args, "workers", 1)
         _check_workers(config, workers)
         loop_factory = _loop_factory(config.listen.event_loop)

@@ -18,6 +18,7 @@ import contextlib
 import itertools
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +49,11 @@ NotificationSink = Callable[[JsonObject], None]
 _READ_CHUNK_BYTES = 65_536
 _STDERR_LINE_BYTES = 8_192
 """A longer stderr line is logged cut to this length."""
+_STDERR_TAIL_LINES = 10
+_STDERR_TAIL_LINE_CHARS = 200
+"""The last stderr lines kept to say why a child ended (10 of at most 200 characters)."""
+_STDERR_SETTLE_S = 0.5
+"""How long an exited child's last stderr lines may take to be read, when something else still holds the pipe."""
 _EXIT_AFTER_EOF_S = 2.0
 """A child that closed its stdout has this long to exit on its own before its group is ended."""
 _REFUSED = {"code": -32601, "message": "not available through mcp-sidecar"}
@@ -97,7 +103,7 @@ class StdioChild:
         self._pending: dict[int, InFlight] = {}
         self._by_token: dict[str, InFlight] = {}
         self._tasks: list[asyncio.Task[None]] = []
-        self._last_stderr: str | None = None
+        self._stderr_tail: deque[str] = deque(maxlen=_STDERR_TAIL_LINES)
         self._bad_lines = RateLimitedLog(logger, "stdio server wrote lines that are not JSON-RPC (ignored)")
         self.ended: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         """Resolves, with the reason in words, once the process is gone and its stdout closed."""
@@ -116,6 +122,11 @@ class StdioChild:
     @property
     def running(self) -> bool:
         return self._proc is not None and not self.ended.done()
+
+    @property
+    def stderr_tail(self) -> list[str]:
+        """The last lines the child wrote on stderr (at most 10, each cut to 200 characters)."""
+        return list(self._stderr_tail)
 
     async def spawn(self) -> None:
         """Start the process in a session (and process group) of its own; StdioStartError if it cannot start."""
@@ -341,7 +352,7 @@ class StdioChild:
                     text = (line.head if isinstance(line, OverlongLine) else line).decode("utf-8", "replace").rstrip()
                     if not text:
                         continue
-                    self._last_stderr = text[:200]
+                    self._stderr_tail.append(text[:_STDERR_TAIL_LINE_CHARS])
                     if allowance.take():
                         log.flush()
                         stderr_logger.info("%s", text, extra=extra)
@@ -360,8 +371,10 @@ class StdioChild:
         except TimeoutError:
             reason = "closed its stdout"
             await self.terminate(_EXIT_AFTER_EOF_S, wait_for_end=False)
-        if self._last_stderr:
-            reason += f" (last stderr line: {self._last_stderr})"
+        # Its last words may still be in the stderr pipe: read them, unless a process that lives on holds it.
+        await asyncio.wait(self._tasks[1:], timeout=_STDERR_SETTLE_S)
+        if self._stderr_tail:
+            reason += f" (last stderr line: {self._stderr_tail[-1]})"
         self.fail_all(UpstreamUnavailable(self.label, f"the stdio server {reason}"))
         if not self.ended.done():
             self.ended.set_result(reason)

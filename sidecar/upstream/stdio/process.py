@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 
 __all__ = [
     "INHERITED_ENVIRONMENT",
+    "REACH_ENVIRONMENT",
     "StdioStartError",
     "child_environment",
     "end_process_group",
@@ -33,6 +34,15 @@ INHERITED_ENVIRONMENT = (
 """What a child inherits of the sidecar's environment (the SDK's default set, plus locale, time zone and temp
 directory): enough for npx, uvx or python to find themselves, never the sidecar's own secrets."""
 
+REACH_ENVIRONMENT = (
+    *("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "no_proxy", "all_proxy"),
+    *("SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS"),
+    *("PIP_INDEX_URL", "UV_INDEX_URL", "NPM_CONFIG_REGISTRY"),
+)
+"""Inherited too: what a child needs to reach its package registry behind a proxy or a private CA (`uvx` and
+`npx` download the server at its first start). Settings, not secrets; a proxy URL with a password in it is
+the operator's own choice to pass."""
+
 _GROUP_LOOK_S = 0.02
 
 
@@ -40,10 +50,14 @@ class StdioStartError(Exception):
     """The command could not be started at all (missing program, not executable, bad working directory)."""
 
 
-def child_environment(extra: Mapping[str, str], inherited: Mapping[str, str] | None = None) -> dict[str, str]:
-    """A minimal environment: `INHERITED_ENVIRONMENT` from the sidecar's, then `extra` (upstream.env) over it."""
+def child_environment(
+    extra: Mapping[str, str], names: Sequence[str] = (), inherited: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """A minimal environment: `INHERITED_ENVIRONMENT`, `REACH_ENVIRONMENT` and `names` (upstream.inherit_env) from
+    the sidecar's, then `extra` (upstream.env) over it."""
     source = os.environ if inherited is None else inherited
-    return {**{name: source[name] for name in INHERITED_ENVIRONMENT if name in source}, **extra}
+    wanted = (*INHERITED_ENVIRONMENT, *REACH_ENVIRONMENT, *names)
+    return {**{name: source[name] for name in wanted if name in source}, **extra}
 
 
 async def start_in_own_session(

@@ -36,7 +36,7 @@ from sidecar.protocol.frames import SERVER_INFO, modern_request_meta
 from sidecar.upstream.answers import UpstreamInfo
 from sidecar.upstream.base import NotificationListener
 from sidecar.upstream.stdio.child import StdioChild
-from sidecar.upstream.stdio.process import StdioStartError, child_environment
+from sidecar.upstream.stdio.process import REACH_ENVIRONMENT, StdioStartError, child_environment
 
 __all__ = ["StdioSupervisor", "SupervisorState"]
 
@@ -51,6 +51,10 @@ _JITTER = random.Random()
 """Our own source of jitter, apart from the process-wide `random` state."""
 _BACKOFF_JITTER = 0.2
 _DISCOVER_PARAMS: JsonObject = {"_meta": modern_request_meta()}
+_ENVIRONMENT_HINT = (
+    "the command gets only PATH, HOME, locale, the proxy and CA variables and upstream.inherit_env of the "
+    "sidecar's environment, and upstream.env; pass more with upstream.inherit_env or --upstream-env NAME[=VALUE]"
+)
 
 
 class StdioSupervisor:
@@ -74,6 +78,7 @@ class StdioSupervisor:
         self._ending: dict[StdioChild, tuple[str, str]] = {}
         """Why the supervisor itself ended a child: (reason in words, restart metric label)."""
         self._discover_ends_child = False
+        self._env: dict[str, str] = {}
         self._probe: asyncio.Task[bool] | None = None
         self._runner: asyncio.Task[None] | None = None
         self._listeners: dict[object, NotificationListener] = {}
@@ -179,7 +184,10 @@ class StdioSupervisor:
 
     async def _spawn(self) -> StdioChild:
         config = self._config
-        env = child_environment({name: value.get_secret_value() for name, value in config.env.items()})
+        env = child_environment(
+            {name: value.get_secret_value() for name, value in config.env.items()}, config.inherit_env
+        )
+        self._env = env
         child = StdioChild(
             config.command or [],
             env=env,
@@ -200,6 +208,7 @@ class StdioSupervisor:
         while True:
             reason, kind = await self._live(child)
             self._ending.pop(child, None)
+            clues = self._early_exit_clues(child) if not self._ready_at and kind == "exited" else {}
             if self._ready_at and time.monotonic() - self._ready_at >= STABLE_AFTER_S:
                 failures = 0
             self._ready_at = 0.0
@@ -208,13 +217,24 @@ class StdioSupervisor:
                 delay_s = self._backoff_s(failures)
                 self._metrics.upstream_restarts.labels(kind).inc()
                 self._enter("down", f"the stdio server {reason}; restarting in {delay_s:.1f} s")
-                logger.warning("stdio server down", extra={"upstream": self.label, "reason": self.reason})
+                logger.warning("stdio server down", extra={"upstream": self.label, "reason": self.reason, **clues})
                 await asyncio.sleep(delay_s)
                 try:
                     child = await self._spawn()
                     break
                 except StdioStartError as exc:
-                    reason, kind = f"could not be started: {exc}", "start_failed"
+                    reason, kind, clues = f"could not be started: {exc}", "start_failed", {}
+
+    def _early_exit_clues(self, child: StdioChild) -> dict[str, Any]:
+        """Why a child may have exited before its handshake: its last stderr lines, and which variables that let a
+        command reach its registry (proxy, CA, index) it did not get."""
+        wanted = dict.fromkeys((*REACH_ENVIRONMENT, *self._config.inherit_env))
+        return {
+            "before_handshake": True,
+            "stderr_tail": child.stderr_tail,
+            "unset_env": [name for name in wanted if name not in self._env],
+            "hint": _ENVIRONMENT_HINT,
+        }
 
     async def _live(self, child: StdioChild) -> tuple[str, str]:
         """Handshake, serve until the child ends; returns why it ended and the restart metric's label."""
