@@ -1,6 +1,6 @@
 """`mcp-sidecar run --upstream "<stdio command>"` as a real process: both client eras served, SIGTERM leaves no
-process of the child behind (checked in the process table), and a command behind a launcher that must reach its
-registry gets what it needs (or the log says what it lacked)."""
+process of the child behind (checked in the process table), a command behind a launcher that must reach its
+registry gets what it needs (or the log says what it lacked), and a failed first start decides no era."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from mcp.client.subscriptions import ResourceUpdated
 
 from sidecar.upstream.stdio.process import REACH_ENVIRONMENT
 from tests.helpers import eventually, rpc
+from tests.observing import scrape
 from tests.peers.stdio_notes_server import NOTE_URI
 from tests.peers.stdio_peers import (
     REPO_ROOT,
@@ -218,4 +219,32 @@ async def test_a_command_that_exits_before_its_handshake_is_logged_with_its_stde
         async with http.get(f"{admin}/status") as resp:
             status = await resp.json()
         assert status["ready"] is False and "exited with code 2" in status["upstream"]["not_ready_reason"]
+        assert await run.stop() == 0, "\n".join(run.stderr)
+
+
+async def test_a_command_that_fails_its_first_start_is_driven_in_its_own_era_after_the_restart(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    note, marker = tmp_path / "note.txt", tmp_path / "first-start-failed"
+    note.write_text("first", encoding="utf-8")
+    command = shlex.join(launcher_command(notes_command(note), fail_first=marker))
+    async with _run("--upstream", command, "--config", _config_file(tmp_path)) as run:
+        admin = await run.admin_url()
+
+        async def status() -> dict[str, Any]:
+            async with http.get(f"{admin}/status") as resp:
+                body: dict[str, Any] = await resp.json()
+                return body
+
+        async def up() -> bool:
+            return (await status())["upstream"]["up"] is True
+
+        await eventually(up, within_s=START_TIMEOUT_S)
+        assert marker.exists() and len(run.records("stdio server down")) == 1  # the first start did fail
+        assert (await status())["upstream"]["era"] == "modern"
+        metrics = await scrape(http, admin)
+        assert metrics.value("mcp_sidecar_upstream_era_info", era="modern") == 1
+        assert metrics.value("mcp_sidecar_upstream_era_info", era="legacy") == 0
+        async with Client(await run.url(), cache=None) as client:
+            assert (await client.read_resource(NOTE_URI)).contents[0].text == "first"  # type: ignore[union-attr]
         assert await run.stop() == 0, "\n".join(run.stderr)

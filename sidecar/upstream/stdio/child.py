@@ -35,7 +35,7 @@ from sidecar.protocol.errors import (
     UpstreamUnavailable,
 )
 from sidecar.upstream.stdio.lines import LineSplitter, OverlongLine, RateLimitedLog, TokenBucket
-from sidecar.upstream.stdio.process import end_process_group, exit_reason, start_in_own_session
+from sidecar.upstream.stdio.process import ChildStdin, end_process_group, exit_reason, start_in_own_session
 
 __all__ = ["InFlight", "StdioChild"]
 
@@ -99,6 +99,9 @@ class StdioChild:
         self._metrics = metrics
         self._on_notification = on_notification
         self._proc: asyncio.subprocess.Process | None = None
+        self._stdin: ChildStdin | None = None
+        self._sent_bytes = 0
+        self._unread_at_end: int | None = None
         self._ids = itertools.count(1)
         self._pending: dict[int, InFlight] = {}
         self._by_token: dict[str, InFlight] = {}
@@ -128,9 +131,16 @@ class StdioChild:
         """The last lines the child wrote on stderr (at most 10, each cut to 200 characters)."""
         return list(self._stderr_tail)
 
+    def read_what_it_was_sent(self) -> bool | None:
+        """Once the child has ended by itself: True when it had read every byte written to it, False when it had
+        not (or nothing was written), None when that cannot be told (not Linux; or the sidecar ended it)."""
+        if self._sent_bytes == 0:
+            return False
+        return None if self._unread_at_end is None else self._unread_at_end == 0
+
     async def spawn(self) -> None:
         """Start the process in a session (and process group) of its own; StdioStartError if it cannot start."""
-        self._proc = await start_in_own_session(self._command, self._env, self._cwd)
+        self._proc, self._stdin = await start_in_own_session(self._command, self._env, self._cwd)
         self.started_at = time.monotonic()
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._read_stdout()), loop.create_task(self._drain_stderr())]
@@ -217,17 +227,19 @@ class StdioChild:
                 del self._by_token[token]
 
     async def _write(self, message: JsonObject) -> None:
-        stdin = self._proc.stdin if self._proc is not None else None
+        stdin = self._stdin.writer if self._stdin is not None else None
         if stdin is None:
             raise UpstreamUnavailable(self.label, "the stdio server is not running")
+        data = orjson.dumps(message) + b"\n"
         try:
-            stdin.write(orjson.dumps(message) + b"\n")
+            stdin.write(data)
             await stdin.drain()
         except (BrokenPipeError, ConnectionResetError) as exc:
             raise UpstreamUnavailable(self.label, "the stdio server closed its stdin") from exc
+        self._sent_bytes += len(data)
 
     def _write_nowait(self, message: JsonObject) -> None:
-        stdin = self._proc.stdin if self._proc is not None else None
+        stdin = self._stdin.writer if self._stdin is not None else None
         if stdin is None or stdin.is_closing() or not self.running:
             return
         with contextlib.suppress(OSError):
@@ -364,13 +376,15 @@ class StdioChild:
 
     async def _finish(self) -> None:
         """stdout is closed: the child exits (or is made to), every request in flight fails, `ended` resolves."""
-        assert self._proc is not None
+        assert self._proc is not None and self._stdin is not None
         try:
             await asyncio.wait_for(self._proc.wait(), _EXIT_AFTER_EOF_S)
             reason = exit_reason(self._proc.returncode)
         except TimeoutError:
             reason = "closed its stdout"
             await self.terminate(_EXIT_AFTER_EOF_S, wait_for_end=False)
+        self._unread_at_end = self._stdin.unread_bytes()  # before our side closes: it is asked there
+        self._stdin.close()
         # Its last words may still be in the stderr pipe: read them, unless a process that lives on holds it.
         await asyncio.wait(self._tasks[1:], timeout=_STDERR_SETTLE_S)
         if self._stderr_tail:
@@ -384,10 +398,9 @@ class StdioChild:
     async def terminate(self, grace_s: float, *, wait_for_end: bool = True) -> None:
         """SIGTERM to the whole process group, SIGKILL to it after `grace_s`; returns once the group is gone."""
         proc = self._proc
-        if proc is None:
+        if proc is None or self._stdin is None:
             return
-        if proc.stdin is not None:
-            proc.stdin.close()  # many servers end on end of input alone
+        self._stdin.close()  # many servers end on end of input alone
         await end_process_group(proc, grace_s, self.label)
         if wait_for_end:
             await asyncio.shield(self.ended)

@@ -4,20 +4,29 @@
 starts (npx's node, uvx's python, a `sh -c` wrapper's command) is in that group unless it leaves on
 purpose. Ending the group, not the child, is what leaves no orphan: SIGTERM to the group, then SIGKILL
 to it after the grace, whatever the wrappers in between do with signals.
+
+The child's stdin is a pipe of our own making, with a second handle on its write end: through it the
+kernel says how many bytes we wrote are still unread (FIONREAD), so a child that died can be told apart
+as one that read its request first from one that never got that far (a failed download, a missing key).
 """
 
 from __future__ import annotations
 
+import array
 import asyncio
 import contextlib
+import fcntl
 import logging
 import os
 import signal
+import sys
+import termios
 from collections.abc import Mapping, Sequence
 
 __all__ = [
     "INHERITED_ENVIRONMENT",
     "REACH_ENVIRONMENT",
+    "ChildStdin",
     "StdioStartError",
     "child_environment",
     "end_process_group",
@@ -60,14 +69,43 @@ def child_environment(
     return {**{name: source[name] for name in wanted if name in source}, **extra}
 
 
+class ChildStdin:
+    """The child's stdin: a stream writer on the pipe, and (on Linux) a second handle on the pipe's write end that
+    outlives the writer's, to ask how much of what was written the child has not read."""
+
+    def __init__(self, writer: asyncio.StreamWriter, watch_fd: int | None) -> None:
+        self.writer = writer
+        self._watch_fd = watch_fd
+
+    def unread_bytes(self) -> int | None:
+        """Bytes written that no process has read from the pipe yet; None when that cannot be told (not Linux, or
+        the pipe is closed on our side)."""
+        if self._watch_fd is None:
+            return None
+        unread = array.array("i", [0])
+        try:
+            fcntl.ioctl(self._watch_fd, termios.FIONREAD, unread)
+        except OSError:
+            return None
+        return unread[0]
+
+    def close(self) -> None:
+        """Close our side: the child reads end of input (once every copy of the write end is closed)."""
+        self.writer.close()
+        if self._watch_fd is not None:
+            os.close(self._watch_fd)
+            self._watch_fd = None
+
+
 async def start_in_own_session(
     command: Sequence[str], env: Mapping[str, str], cwd: str | None
-) -> asyncio.subprocess.Process:
+) -> tuple[asyncio.subprocess.Process, ChildStdin]:
     """Start `command` with pipes on stdin, stdout and stderr, leading a session (and process group) of its own."""
+    read_end, write_end = os.pipe()  # both close on exec: the child gets read_end as its fd 0 only
     try:
-        return await asyncio.create_subprocess_exec(
+        proc = await asyncio.create_subprocess_exec(
             *command,
-            stdin=asyncio.subprocess.PIPE,
+            stdin=read_end,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             env=dict(env),
@@ -75,7 +113,16 @@ async def start_in_own_session(
             start_new_session=True,
         )
     except OSError as exc:
+        os.close(write_end)
         raise StdioStartError(f"cannot start {command[0]!r}: {exc.strerror or exc}") from exc
+    finally:
+        os.close(read_end)
+    # FIONREAD on a pipe's write end counts the unread bytes on Linux; elsewhere it may not, so it is not asked.
+    watch_fd = os.dup(write_end) if sys.platform.startswith("linux") else None
+    loop = asyncio.get_running_loop()
+    protocol = asyncio.StreamReaderProtocol(asyncio.StreamReader())  # its flow control gives the writer `drain`
+    transport, _ = await loop.connect_write_pipe(lambda: protocol, os.fdopen(write_end, "wb", buffering=0))
+    return proc, ChildStdin(asyncio.StreamWriter(transport, protocol, None, loop), watch_fd)
 
 
 async def end_process_group(proc: asyncio.subprocess.Process, grace_s: float, label: str) -> None:

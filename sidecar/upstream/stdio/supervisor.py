@@ -6,8 +6,9 @@ States: `starting` (spawned, handshake not yet answered; requests wait for it), 
 liveness probe: a request that timed out makes the supervisor ask the child something cheap (`ping`;
 `server/discover` at 2026-07-28) within `upstream.connect_timeout_s`, and a child that cannot answer
 that is ended (its process group) and started again. The handshake speaks whichever era the child
-does: `server/discover` first (auto), else `initialize`; a child that exits when sent `server/discover`
-is started again with `initialize` straight away.
+does: `server/discover` first (auto), else `initialize`; a child that exits after reading `server/discover`
+is started again with `initialize` first. Every start asks afresh: one that died before reading its request
+(a failed download, a missing key) says nothing about the era, and a restarted command may be a newer server.
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ class StdioSupervisor:
         self._ending: dict[StdioChild, tuple[str, str]] = {}
         """Why the supervisor itself ended a child: (reason in words, restart metric label)."""
         self._discover_ends_child = False
+        """The last child died after reading server/discover: the next start (that one only) gets initialize first."""
         self._env: dict[str, str] = {}
         self._probe: asyncio.Task[bool] | None = None
         self._runner: asyncio.Task[None] | None = None
@@ -256,14 +258,20 @@ class StdioSupervisor:
     async def _handshake(self, child: StdioChild) -> tuple[UpstreamInfo, JsonObject]:
         protocol = self._config.protocol
         timeout_s = self._config.timeout_s
-        if protocol != LEGACY_VERSION and not self._discover_ends_child:
+        initialize_first, self._discover_ends_child = self._discover_ends_child, False
+        if protocol != LEGACY_VERSION and not initialize_first:
             try:
                 answer = await child.request("server/discover", {"_meta": modern_request_meta()}, timeout_s=timeout_s)
             except UpstreamUnavailable:
-                if protocol == "auto":
-                    # Some servers exit on a method they do not know; the next start goes straight to initialize.
+                # Some servers exit on a method they do not know: the next start goes straight to initialize. Only a
+                # child that read the request says so; one that died before reading it (a failed download) says
+                # nothing. Where that cannot be told (None), the death counts, as it always did.
+                if protocol == "auto" and child.read_what_it_was_sent() is not False:
                     self._discover_ends_child = True
-                    logger.info("the stdio server ended on server/discover; it will get initialize first")
+                    logger.info(
+                        "the stdio server ended on server/discover; its next start gets initialize first",
+                        extra={"upstream": self.label},
+                    )
                 raise
             result = answer.get("result")
             versions = result.get("supportedVersions") if isinstance(result, dict) else None
