@@ -10,12 +10,14 @@ import json
 import os
 import shlex
 import signal
+import subprocess
 import sys
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 from mcp import Client
 from mcp.client.subscriptions import ResourceUpdated
 
@@ -171,11 +173,11 @@ def _environ_without_proxy_or_ca(**extra: str) -> dict[str, str]:
     return {**{k: v for k, v in os.environ.items() if k not in REACH_ENVIRONMENT}, **extra}
 
 
-def _config_file(tmp_path: Path) -> str:
+def _config_file(tmp_path: Path, upstream: str = "") -> str:
     path = tmp_path / "sidecar.yaml"
     path.write_text(
         "upstream:\n  url: http://127.0.0.1:9/mcp  # replaced by --upstream\n  restart_backoff_initial_ms: 100\n"
-        "admin:\n  port: 0\n",
+        f"{upstream}admin:\n  port: 0\n",
         encoding="utf-8",
     )
     return str(path)
@@ -184,16 +186,42 @@ def _config_file(tmp_path: Path) -> str:
 async def test_a_command_behind_a_proxy_gets_the_proxy_and_ca_variables_and_those_named_with_upstream_env(
     tmp_path: Path,
 ) -> None:
-    needs = [*PROXY_AND_CA, "REGISTRY_TOKEN", "LAUNCH_MODE"]
+    needs = [*PROXY_AND_CA, "REGISTRY_TOKEN", "LAUNCH_MODE", "TEAM_INDEX_KEY"]
     command = shlex.join(launcher_command(time2_command(), require=needs))
-    environ = _environ_without_proxy_or_ca(**PROXY_AND_CA, REGISTRY_TOKEN="t0ken")
-    args = ("--upstream", command, "--config", _config_file(tmp_path))
+    environ = _environ_without_proxy_or_ca(**PROXY_AND_CA, REGISTRY_TOKEN="t0ken", TEAM_INDEX_KEY="k3y")
+    config = _config_file(tmp_path, "  inherit_env: [TEAM_INDEX_KEY]\n")  # the flags add to the file's names
+    args = ("--upstream", command, "--config", config)
     more = ("--upstream-env", "REGISTRY_TOKEN", "--upstream-env", "LAUNCH_MODE=offline")
     async with _run(*args, *more, environ=environ) as run:
         async with Client(await run.url(), cache=None) as client:
             assert "get_current_time" in [tool.name for tool in (await client.list_tools()).tools]
         assert run.records("stdio server down") == []  # served at its first start
         assert await run.stop() == 0, "\n".join(run.stderr)
+
+
+def _run_to_its_end(*args: str) -> subprocess.CompletedProcess[str]:
+    """`mcp-sidecar run ARGS` that is expected to exit at once (a refused flag or configuration)."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("MCP_SIDECAR__")}
+    command = [sys.executable, "-m", "sidecar.cli", "run", *args]
+    return subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=EXIT_TIMEOUT_S)
+
+
+@pytest.mark.parametrize(
+    ("flag", "problem"),
+    [
+        pytest.param("HTTPS-PROXY", "'HTTPS-PROXY' is not an environment variable name", id="bad-name"),
+        pytest.param("=value", "'' is not an environment variable name", id="no-name"),
+    ],
+)
+def test_upstream_env_refuses_what_is_not_a_variable_name(flag: str, problem: str) -> None:
+    done = _run_to_its_end("--upstream", "server", "--upstream-env", flag)
+    assert done.returncode == 2 and problem in done.stderr, done.stderr
+
+
+def test_upstream_env_with_an_http_upstream_is_refused_naming_the_key() -> None:
+    done = _run_to_its_end("--upstream", "http://127.0.0.1:9/mcp", "--upstream-env", "GITHUB_TOKEN")
+    assert done.returncode == 1 and "upstream.inherit_env is for upstream.command" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
 
 
 async def test_a_command_that_exits_before_its_handshake_is_logged_with_its_stderr_and_the_unset_variables(
