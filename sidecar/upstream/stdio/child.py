@@ -100,8 +100,6 @@ class StdioChild:
         self._on_notification = on_notification
         self._proc: asyncio.subprocess.Process | None = None
         self._stdin: ChildStdin | None = None
-        self._sent_bytes = 0
-        self._unread_at_end: int | None = None
         self._ids = itertools.count(1)
         self._pending: dict[int, InFlight] = {}
         self._by_token: dict[str, InFlight] = {}
@@ -132,11 +130,9 @@ class StdioChild:
         return list(self._stderr_tail)
 
     def read_what_it_was_sent(self) -> bool | None:
-        """Once the child has ended by itself: True when it had read every byte written to it, False when it had
-        not (or nothing was written), None when that cannot be told (not Linux; or the sidecar ended it)."""
-        if self._sent_bytes == 0:
-            return False
-        return None if self._unread_at_end is None else self._unread_at_end == 0
+        """Once the child has ended: True when it had read every byte written to it, False when it had not (or
+        nothing was written), None when that cannot be told (not Linux)."""
+        return self._stdin.read_it_all() if self._stdin is not None else False
 
     async def spawn(self) -> None:
         """Start the process in a session (and process group) of its own; StdioStartError if it cannot start."""
@@ -227,16 +223,12 @@ class StdioChild:
                 del self._by_token[token]
 
     async def _write(self, message: JsonObject) -> None:
-        stdin = self._stdin.writer if self._stdin is not None else None
-        if stdin is None:
+        if self._stdin is None:
             raise UpstreamUnavailable(self.label, "the stdio server is not running")
-        data = orjson.dumps(message) + b"\n"
         try:
-            stdin.write(data)
-            await stdin.drain()
+            await self._stdin.write(orjson.dumps(message) + b"\n")
         except (BrokenPipeError, ConnectionResetError) as exc:
             raise UpstreamUnavailable(self.label, "the stdio server closed its stdin") from exc
-        self._sent_bytes += len(data)
 
     def _write_nowait(self, message: JsonObject) -> None:
         stdin = self._stdin.writer if self._stdin is not None else None
@@ -383,7 +375,6 @@ class StdioChild:
         except TimeoutError:
             reason = "closed its stdout"
             await self.terminate(_EXIT_AFTER_EOF_S, wait_for_end=False)
-        self._unread_at_end = self._stdin.unread_bytes()  # before our side closes: it is asked there
         self._stdin.close()
         # Its last words may still be in the stderr pipe: read them, unless a process that lives on holds it.
         await asyncio.wait(self._tasks[1:], timeout=_STDERR_SETTLE_S)

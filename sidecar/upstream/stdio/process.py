@@ -71,30 +71,39 @@ def child_environment(
 
 class ChildStdin:
     """The child's stdin: a stream writer on the pipe, and (on Linux) a second handle on the pipe's write end that
-    outlives the writer's, to ask how much of what was written the child has not read."""
+    outlives the writer's (which closes when the child's end does), to ask how much of what was written the child
+    has not read."""
 
     def __init__(self, writer: asyncio.StreamWriter, watch_fd: int | None) -> None:
         self.writer = writer
         self._watch_fd = watch_fd
+        self._written = 0
+        self._unread_at_close: int | None = None
 
-    def unread_bytes(self) -> int | None:
-        """Bytes written that no process has read from the pipe yet; None when that cannot be told (not Linux, or
-        the pipe is closed on our side)."""
-        if self._watch_fd is None:
-            return None
-        unread = array.array("i", [0])
-        try:
-            fcntl.ioctl(self._watch_fd, termios.FIONREAD, unread)
-        except OSError:
-            return None
-        return unread[0]
+    async def write(self, data: bytes) -> None:
+        """Write `data` and wait for the pipe to take it (BrokenPipeError, ConnectionResetError: the child's end is
+        closed)."""
+        self.writer.write(data)
+        await self.writer.drain()
+        self._written += len(data)
+
+    def read_it_all(self) -> bool | None:
+        """Once closed: True when every byte written had been read, False when some had not (or nothing was
+        written), None when that cannot be told (not Linux)."""
+        if self._written == 0:
+            return False
+        return None if self._unread_at_close is None else self._unread_at_close == 0
 
     def close(self) -> None:
-        """Close our side: the child reads end of input (once every copy of the write end is closed)."""
-        self.writer.close()
+        """Close our side (the child reads end of input), remembering how much written was still unread."""
         if self._watch_fd is not None:
+            unread = array.array("i", [0])
+            with contextlib.suppress(OSError):
+                fcntl.ioctl(self._watch_fd, termios.FIONREAD, unread)
+                self._unread_at_close = unread[0]
             os.close(self._watch_fd)
             self._watch_fd = None
+        self.writer.close()
 
 
 async def start_in_own_session(
