@@ -8,6 +8,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import signal
 import ssl
 import subprocess
@@ -91,6 +92,12 @@ _LISTENER_FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
     ),
 )
 """Options of run and demo, also accepted before the command (`mcp-sidecar --port 9000 run`)."""
+_UPSTREAM_ENV_HELP = (
+    "for a stdio upstream: NAME passes the variable NAME of this environment to the command "
+    "(upstream.inherit_env); NAME=VALUE sets it (upstream.env). Repeatable. The proxy and CA variables "
+    "(HTTPS_PROXY, SSL_CERT_FILE, ...) pass without it"
+)
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -112,6 +119,14 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--config", dest="run_config", metavar="FILE", help="YAML config file")
     run.add_argument(
         "--workers", type=int, default=1, help="processes sharing the port (SO_REUSEPORT); >1 needs bus.backend: redis"
+    )
+    run.add_argument(
+        "--upstream-env",
+        action="append",
+        type=_env_setting,
+        default=[],
+        metavar="NAME[=VALUE]",
+        help=_UPSTREAM_ENV_HELP,
     )
     check = sub.add_parser(
         "check-config",
@@ -140,6 +155,24 @@ def _parser() -> argparse.ArgumentParser:
 def _default(command: argparse.ArgumentParser, parser: argparse.ArgumentParser) -> object:
     # A subcommand's own default would overwrite the same flag given before it (`--port 9 run`).
     return None if command is parser else argparse.SUPPRESS
+
+
+def _env_setting(text: str) -> tuple[str, str | None]:
+    name, equals, value = text.partition("=")
+    if not _ENV_NAME.fullmatch(name):
+        raise argparse.ArgumentTypeError(f"{name!r} is not an environment variable name (expected NAME or NAME=VALUE)")
+    return name, value if equals else None
+
+
+def _with_upstream_env(config: SidecarConfig, settings: Sequence[tuple[str, str | None]]) -> SidecarConfig:
+    """`--upstream-env` added to what the file and the environment gave: names to inherit, and values to set."""
+    if not settings:
+        return config
+    upstream = config.upstream
+    env = {name: value.get_secret_value() for name, value in upstream.env.items()}
+    env.update({name: value for name, value in settings if value is not None})
+    inherit = [*upstream.inherit_env, *(name for name, value in settings if value is None)]
+    return config.with_overrides({"upstream": {"env": env, "inherit_env": list(dict.fromkeys(inherit))}})
 
 
 def _flag_overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
@@ -189,7 +222,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             configure_logging(config.logging.level, config.logging.format)
             return asyncio.run(run_demo(config))
         path = getattr(args, "run_config", None) or args.config
-        config = load_config(path, overrides=_flag_overrides(args))
+        config = _with_upstream_env(
+            load_config(path, overrides=_flag_overrides(args)), getattr(args, "upstream_env", [])
+        )
         workers = getattr(args, "workers", 1)
         _check_workers(config, workers)
         loop_factory = _loop_factory(config.listen.event_loop)

@@ -81,7 +81,7 @@ class SidecarConfig(Section):
 
 
 _UPSTREAM_TARGETS = ("url", "command")
-_TARGET_ONLY_KEYS = {"url": ("headers", "public_url"), "command": ("env", "cwd")}
+_TARGET_ONLY_KEYS = {"url": ("headers", "public_url"), "command": ("env", "inherit_env", "cwd")}
 """Keys that mean something for one kind of upstream only."""
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import re
 import shlex
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
@@ -29,6 +30,7 @@ DEFAULT_RESTART_BACKOFF_MAX_MS = 30_000
 DEFAULT_STDERR_LINES_PER_S = 20.0
 _FORWARD_HEADERS = ["authorization", "traceparent", "tracestate", "baggage"]
 _NON_IDENTITY_HEADERS = ["traceparent", "tracestate", "baggage"]
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _IDENTITY_WORDS = ("auth", "token", "key", "cookie", "session", "user", "account", "tenant", "secret", "credential")
 
 
@@ -44,6 +46,13 @@ class UpstreamConfig(Section):
     env: dict[str, SecretStr] = Field(
         default_factory=dict,
         description="Environment variables for `command`, added to a minimal inherited one (PATH, HOME, LANG, ...).",
+    )
+    inherit_env: list[str] = Field(
+        default_factory=list,
+        description="More variables `command` inherits from the sidecar's environment, by name, besides PATH, HOME, "
+        "locale and the proxy and CA ones (HTTP_PROXY, HTTPS_PROXY, NO_PROXY, ALL_PROXY and their lowercase forms, "
+        "SSL_CERT_FILE, SSL_CERT_DIR, REQUESTS_CA_BUNDLE, NODE_EXTRA_CA_CERTS, PIP_INDEX_URL, UV_INDEX_URL, "
+        "NPM_CONFIG_REGISTRY), which it always gets when they are set.",
     )
     cwd: str | None = Field(None, description="Working directory of `command`; absent: the sidecar's own.")
     protocol: Literal["auto", "2026-07-28", "2025-11-25"] = Field(
@@ -179,6 +188,14 @@ class UpstreamConfig(Section):
             raise ValueError("must name a program, then its arguments")
         return value
 
+    @field_validator("inherit_env")
+    @classmethod
+    def _legal_env_names(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not _ENV_NAME.fullmatch(name):
+                raise ValueError(f"{name!r} is not an environment variable name (letters, digits, _; no digit first)")
+        return value
+
     @model_validator(mode="after")
     def _one_upstream(self) -> UpstreamConfig:
         if not self.url and self.command is None:
@@ -197,6 +214,8 @@ class UpstreamConfig(Section):
                 )
         elif self.env or self.cwd is not None:
             raise ValueError("upstream.env and upstream.cwd are for upstream.command; an HTTP upstream has neither")
+        elif self.inherit_env:
+            raise ValueError("upstream.inherit_env is for upstream.command; an HTTP upstream starts no process")
         if self.tls.configured and not self.url.startswith("https://"):
             raise ValueError("upstream.tls is for an https:// url")
         if self.restart_backoff_initial_ms > self.restart_backoff_max_ms:

@@ -37,47 +37,47 @@ def _row(key: str, section: dict[str, Any], id: str) -> Any:
 
 BAD_VALUES = [
     # The fifteen mistakes first met: each passed check-config, and run printed a traceback or started anyway.
-    _row("upstream.url", {"upstream": {"url": "http://127.0.0.1:99999/mcp"}}, "issue-url-port-out-of-range"),
-    _row("upstream.url", {"upstream": {"url": "http://127.0.0.1:abc/mcp"}}, "issue-url-port-not-a-number"),
-    _row("upstream.url", {"upstream": {"url": "http://[::1/mcp"}}, "issue-url-broken-ipv6"),
-    _row("upstream.url", {"upstream": {"url": "http:///mcp"}}, "issue-url-no-host"),
-    _row("bus.redis_url", {"bus": {"backend": "redis", "redis_url": "redis://127.0.0.1:99999/0"}}, "issue-redis-port"),
+    _row("upstream.url", {"upstream": {"url": "http://127.0.0.1:99999/mcp"}}, "common-url-port-out-of-range"),
+    _row("upstream.url", {"upstream": {"url": "http://127.0.0.1:abc/mcp"}}, "common-url-port-not-a-number"),
+    _row("upstream.url", {"upstream": {"url": "http://[::1/mcp"}}, "common-url-broken-ipv6"),
+    _row("upstream.url", {"upstream": {"url": "http:///mcp"}}, "common-url-no-host"),
+    _row("bus.redis_url", {"bus": {"backend": "redis", "redis_url": "redis://127.0.0.1:99999/0"}}, "common-redis-port"),
     _row(
         "listen.tls.cert_file",
         {"listen": {"tls": {"cert_file": "{notpem}", "key_file": "{key}"}}},
-        "issue-listen-cert-not-pem",
+        "common-listen-cert-not-pem",
     ),
     _row(
         "admin.tls.cert_file",
         {"admin": {"tls": {"cert_file": "{notpem}", "key_file": "{key}"}}},
-        "issue-admin-cert-not-pem",
+        "common-admin-cert-not-pem",
     ),
     _row(
         "listen.tls.cert_file",
         {"listen": {"tls": {"cert_file": "{key}", "key_file": "{cert}"}}},
-        "issue-cert-and-key-swapped",
+        "common-cert-and-key-swapped",
     ),
     _row(
         "listen.tls.key_file",
         {"listen": {"tls": {"cert_file": "{cert}", "key_file": "{other_key}"}}},
-        "issue-key-of-another-cert",
+        "common-key-of-another-cert",
     ),
     _row(
         "listen.tls.client_ca_file",
         {"listen": {"tls": {"cert_file": "{cert}", "key_file": "{key}", "client_ca_file": "{key}"}}},
-        "issue-client-ca-without-certificate",
+        "common-client-ca-without-certificate",
     ),
-    _row("upstream.tls.ca_file", {"upstream": {**HTTPS, "tls": {"ca_file": "{notpem}"}}}, "issue-upstream-ca-not-pem"),
+    _row("upstream.tls.ca_file", {"upstream": {**HTTPS, "tls": {"ca_file": "{notpem}"}}}, "common-upstream-ca-not-pem"),
     _row(
         "upstream.tls.client_key_file",
         {"upstream": {**HTTPS, "tls": {"client_cert_file": "{cert}", "client_key_file": "{other_key}"}}},
-        "issue-upstream-client-pair",
+        "common-upstream-client-pair",
     ),
-    _row("upstream.cwd", {"upstream": {**STDIO, "cwd": "/nonexistent/working-directory"}}, "issue-stdio-cwd-missing"),
+    _row("upstream.cwd", {"upstream": {**STDIO, "cwd": "/nonexistent/working-directory"}}, "common-stdio-cwd-missing"),
     _row(
-        "upstream.headers", {"upstream": {**HTTP, "headers": {"x-api-key": "k\r\nX-Injected: 1"}}}, "issue-header-crlf"
+        "upstream.headers", {"upstream": {**HTTP, "headers": {"x-api-key": "k\r\nX-Injected: 1"}}}, "common-header-crlf"
     ),
-    _row("upstream.headers", {"upstream": {**HTTP, "headers": {"x-api-key": "k\nX-Injected: 1"}}}, "issue-header-lf"),
+    _row("upstream.headers", {"upstream": {**HTTP, "headers": {"x-api-key": "k\nX-Injected: 1"}}}, "common-header-lf"),
     # Every other such key.
     _row("upstream.url", {"upstream": {"url": "http://exa mple/mcp"}}, "url-space-in-host"),
     _row("upstream.url", {"upstream": {"url": "http://[fe80::zz]:8080/mcp"}}, "url-not-ipv6"),
@@ -91,6 +91,7 @@ BAD_VALUES = [
     _row("upstream.command", {"upstream": {"command": ""}}, "command-empty"),
     _row("upstream.command", {"upstream": {"command": "server --name 'unclosed"}}, "command-unsplittable"),
     _row("upstream.env", {"upstream": {**STDIO, "env": {"TOKEN=x": "y"}}}, "env-name"),
+    _row("upstream.inherit_env", {"upstream": {**STDIO, "inherit_env": ["HTTPS PROXY"]}}, "inherit-env-name"),
     _row("upstream.cwd", {"upstream": {**STDIO, "cwd": "{cert}"}}, "cwd-is-a-file"),
     _row("upstream.headers", {"upstream": {**HTTP, "headers": {"x api key": "k"}}}, "header-name"),
     _row("upstream.forward_headers", {"upstream": {**HTTP, "forward_headers": ["x-tenant:"]}}, "forward-header-name"),

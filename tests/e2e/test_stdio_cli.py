@@ -1,5 +1,6 @@
-"""`mcp-sidecar run --upstream "<stdio command>"` as a real process: both client eras served, and SIGTERM
-leaves no process of the child behind (checked in the process table)."""
+"""`mcp-sidecar run --upstream "<stdio command>"` as a real process: both client eras served, SIGTERM leaves no
+process of the child behind (checked in the process table), a command behind a launcher that must reach its
+registry gets what it needs (or the log says what it lacked), and a failed first start decides no era."""
 
 from __future__ import annotations
 
@@ -9,22 +10,29 @@ import json
 import os
 import shlex
 import signal
+import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import aiohttp
+import pytest
 from mcp import Client
 from mcp.client.subscriptions import ResourceUpdated
 
-from tests.helpers import rpc
+from sidecar.upstream.stdio.process import REACH_ENVIRONMENT
+from tests.helpers import eventually, rpc
+from tests.observing import scrape
 from tests.peers.stdio_notes_server import NOTE_URI
 from tests.peers.stdio_peers import (
     REPO_ROOT,
+    launcher_command,
     live_processes,
     notes_command,
     session_members,
     session_of,
+    time2_command,
     toy_command,
 )
 
@@ -38,7 +46,7 @@ class _Run:
     def __init__(self, proc: asyncio.subprocess.Process) -> None:
         self.proc = proc
         self.stderr: list[str] = []
-        self._listening: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._listening: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._reader = asyncio.get_running_loop().create_task(self._read())
 
     async def _read(self) -> None:
@@ -47,13 +55,30 @@ class _Run:
             text = line.decode(errors="replace").rstrip("\n")
             self.stderr.append(text)
             if '"mcp-sidecar listening"' in text and not self._listening.done():
-                self._listening.set_result(json.loads(text)["url"])
+                self._listening.set_result(json.loads(text))
         if not self._listening.done():
             self._listening.set_exception(AssertionError("exited before listening:\n" + "\n".join(self.stderr)))
 
     async def url(self) -> str:
         async with asyncio.timeout(START_TIMEOUT_S):
-            return await asyncio.shield(self._listening)
+            url: str = (await asyncio.shield(self._listening))["url"]
+            return url
+
+    async def admin_url(self) -> str:
+        """The admin listener's base URL (/status, /metrics)."""
+        async with asyncio.timeout(START_TIMEOUT_S):
+            metrics_url: str = (await asyncio.shield(self._listening))["admin"]
+            return metrics_url.removesuffix("/metrics")
+
+    def records(self, message: str) -> list[dict[str, Any]]:
+        """The JSON log records so far whose message is `message`."""
+        found = []
+        for line in self.stderr:
+            with contextlib.suppress(ValueError):
+                record = json.loads(line)
+                if isinstance(record, dict) and record.get("msg") == message:
+                    found.append(record)
+        return found
 
     async def stop(self) -> int:
         self.proc.send_signal(signal.SIGTERM)
@@ -64,8 +89,10 @@ class _Run:
 
 
 @contextlib.asynccontextmanager
-async def _run(*args: str) -> AsyncIterator[_Run]:
-    env = {key: value for key, value in os.environ.items() if not key.startswith("MCP_SIDECAR__")}
+async def _run(*args: str, environ: Mapping[str, str] | None = None) -> AsyncIterator[_Run]:
+    """`mcp-sidecar run ARGS` with this environment (or `environ`), less any MCP_SIDECAR__ settings of its own."""
+    source = os.environ if environ is None else environ
+    env = {key: value for key, value in source.items() if not key.startswith("MCP_SIDECAR__")}
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "sidecar.cli", "run", *args, cwd=REPO_ROOT, env={**env, "PYTHONUNBUFFERED": "1"},
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
@@ -128,3 +155,124 @@ async def test_a_command_that_cannot_start_exits_1_saying_why() -> None:
         "upstream.command: cannot start '/nonexistent/mcp-server': No such file or directory" in line
         for line in run.stderr
     ), run.stderr
+
+
+PROXY_AND_CA = {
+    "HTTPS_PROXY": "http://127.0.0.1:3128",
+    "NO_PROXY": "127.0.0.1,localhost",
+    "SSL_CERT_FILE": "/etc/ssl/private-ca.pem",
+    "REQUESTS_CA_BUNDLE": "/etc/ssl/private-ca.pem",
+    "NODE_EXTRA_CA_CERTS": "/etc/ssl/private-ca.pem",
+    "UV_INDEX_URL": "https://pypi.internal.example/simple",
+}
+"""What an operator behind a proxy with a private CA exports before starting the sidecar."""
+
+
+def _environ_without_proxy_or_ca(**extra: str) -> dict[str, str]:
+    """This environment, as on a host with no proxy and the system CA, plus `extra`."""
+    return {**{k: v for k, v in os.environ.items() if k not in REACH_ENVIRONMENT}, **extra}
+
+
+def _config_file(tmp_path: Path, upstream: str = "") -> str:
+    path = tmp_path / "sidecar.yaml"
+    path.write_text(
+        "upstream:\n  url: http://127.0.0.1:9/mcp  # replaced by --upstream\n  restart_backoff_initial_ms: 100\n"
+        f"{upstream}admin:\n  port: 0\n",
+        encoding="utf-8",
+    )
+    return str(path)
+
+
+async def test_a_command_behind_a_proxy_gets_the_proxy_and_ca_variables_and_those_named_with_upstream_env(
+    tmp_path: Path,
+) -> None:
+    needs = [*PROXY_AND_CA, "REGISTRY_TOKEN", "LAUNCH_MODE", "TEAM_INDEX_KEY"]
+    command = shlex.join(launcher_command(time2_command(), require=needs))
+    environ = _environ_without_proxy_or_ca(**PROXY_AND_CA, REGISTRY_TOKEN="t0ken", TEAM_INDEX_KEY="k3y")
+    config = _config_file(tmp_path, "  inherit_env: [TEAM_INDEX_KEY]\n")  # the flags add to the file's names
+    args = ("--upstream", command, "--config", config)
+    more = ("--upstream-env", "REGISTRY_TOKEN", "--upstream-env", "LAUNCH_MODE=offline")
+    async with _run(*args, *more, environ=environ) as run:
+        async with Client(await run.url(), cache=None) as client:
+            assert "get_current_time" in [tool.name for tool in (await client.list_tools()).tools]
+        assert run.records("stdio server down") == []  # served at its first start
+        assert await run.stop() == 0, "\n".join(run.stderr)
+
+
+def _run_to_its_end(*args: str) -> subprocess.CompletedProcess[str]:
+    """`mcp-sidecar run ARGS` that is expected to exit at once (a refused flag or configuration)."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("MCP_SIDECAR__")}
+    command = [sys.executable, "-m", "sidecar.cli", "run", *args]
+    return subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=EXIT_TIMEOUT_S)
+
+
+@pytest.mark.parametrize(
+    ("flag", "problem"),
+    [
+        pytest.param("HTTPS-PROXY", "'HTTPS-PROXY' is not an environment variable name", id="bad-name"),
+        pytest.param("=value", "'' is not an environment variable name", id="no-name"),
+    ],
+)
+def test_upstream_env_refuses_what_is_not_a_variable_name(flag: str, problem: str) -> None:
+    done = _run_to_its_end("--upstream", "server", "--upstream-env", flag)
+    assert done.returncode == 2 and problem in done.stderr, done.stderr
+
+
+def test_upstream_env_with_an_http_upstream_is_refused_naming_the_key() -> None:
+    done = _run_to_its_end("--upstream", "http://127.0.0.1:9/mcp", "--upstream-env", "GITHUB_TOKEN")
+    assert done.returncode == 1 and "upstream.inherit_env is for upstream.command" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+async def test_a_command_that_exits_before_its_handshake_is_logged_with_its_stderr_and_the_unset_variables(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    needs = ["HTTPS_PROXY", "SSL_CERT_FILE", "REGISTRY_TOKEN"]
+    command = shlex.join(launcher_command(time2_command(), require=needs))
+    environ = _environ_without_proxy_or_ca(SSL_CERT_FILE="/etc/ssl/private-ca.pem", REGISTRY_TOKEN="t0ken")
+    # REGISTRY_TOKEN is in the sidecar's environment but not named: the command does not get it.
+    async with _run("--upstream", command, "--config", _config_file(tmp_path), environ=environ) as run:
+        admin = await run.admin_url()
+        await eventually(lambda: bool(run.records("stdio server down")), within_s=START_TIMEOUT_S)
+        down = run.records("stdio server down")[0]
+        assert down["before_handshake"] is True
+        assert down["stderr_tail"] == [
+            "launcher: resolving the server package",
+            "launcher: error: cannot reach the registry: HTTPS_PROXY, REGISTRY_TOKEN not set",
+        ]
+        assert "HTTPS_PROXY" in down["unset_env"] and "https_proxy" in down["unset_env"]
+        assert "SSL_CERT_FILE" not in down["unset_env"]  # passed: it was set
+        assert "exited with code 2" in down["reason"] and "not set" in down["reason"]
+        assert "--upstream-env" in down["hint"]
+        async with http.get(f"{admin}/status") as resp:
+            status = await resp.json()
+        assert status["ready"] is False and "exited with code 2" in status["upstream"]["not_ready_reason"]
+        assert await run.stop() == 0, "\n".join(run.stderr)
+
+
+async def test_a_command_that_fails_its_first_start_is_driven_in_its_own_era_after_the_restart(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    note, marker = tmp_path / "note.txt", tmp_path / "first-start-failed"
+    note.write_text("first", encoding="utf-8")
+    command = shlex.join(launcher_command(notes_command(note), fail_first=marker))
+    async with _run("--upstream", command, "--config", _config_file(tmp_path)) as run:
+        admin = await run.admin_url()
+
+        async def status() -> dict[str, Any]:
+            async with http.get(f"{admin}/status") as resp:
+                body: dict[str, Any] = await resp.json()
+                return body
+
+        async def up() -> bool:
+            return (await status())["upstream"]["up"] is True
+
+        await eventually(up, within_s=START_TIMEOUT_S)
+        assert marker.exists() and len(run.records("stdio server down")) == 1  # the first start did fail
+        assert (await status())["upstream"]["era"] == "2026-07-28"
+        metrics = await scrape(http, admin)
+        assert metrics.value("mcp_sidecar_upstream_era_info", era="2026-07-28") == 1
+        assert metrics.value("mcp_sidecar_upstream_era_info", era="2025-11-25") == 0
+        async with Client(await run.url(), cache=None) as client:
+            assert (await client.read_resource(NOTE_URI)).contents[0].text == "first"  # type: ignore[union-attr]
+        assert await run.stop() == 0, "\n".join(run.stderr)

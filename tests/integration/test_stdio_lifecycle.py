@@ -326,6 +326,29 @@ async def test_a_child_that_exits_on_discover_is_started_again_with_initialize(h
         assert metrics.value("mcp_sidecar_upstream_restarts_total", reason="exited") == 1
 
 
+async def test_each_restart_asks_server_discover_again_and_only_a_death_after_reading_it_skips_it(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    received = tmp_path / "received.jsonl"
+    sections = {"upstream": {"restart_backoff_initial_ms": 50}}
+    command = toy_command("--exit-on-discover", "--received", str(received))
+    async with serve_stdio_sidecar(command, **sections) as sidecar:
+        await eventually(lambda: _upstream(sidecar).up is True, within_s=WAIT_S)
+        os.kill(int(await _tool_text(http, sidecar.url, "pid")), signal.SIGKILL)  # it served, then died
+        await eventually(lambda: _upstream(sidecar).up is False, within_s=WAIT_S)
+        await eventually(lambda: _upstream(sidecar).up is True, within_s=WAIT_S)
+        info = _upstream(sidecar).info
+        assert info is not None and info.era == "legacy"
+    handshakes = [
+        message["method"]
+        for message in map(json.loads, received.read_text().splitlines())
+        if message.get("method") in ("server/discover", "initialize")
+    ]
+    # Each life but one after a death on server/discover is asked server/discover first: a newer server
+    # (uvx fetches the latest) would be met in its own era.
+    assert handshakes == ["server/discover", "initialize", "server/discover", "initialize"]
+
+
 async def test_clients_authorization_is_ignored_and_everyone_shares_one_context(
     tmp_path: Path, http: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from tests.prereqs import skip_missing
 __all__ = [
     "REPO_ROOT",
     "everything_command",
+    "launcher_command",
     "live_processes",
     "notes_command",
     "serve_stdio_sidecar",
@@ -76,6 +77,14 @@ def notes_command(path: Path, read_ttl_ms: int = 1000) -> list[str]:
 def toy_command(*flags: str) -> list[str]:
     """The hand-written 2025-11-25 server, with its misbehaviour flags (see stdio_toy_server)."""
     return [sys.executable, "-m", "tests.peers.stdio_toy_server", *flags]
+
+
+def launcher_command(server: list[str], *, require: Sequence[str] = (), fail_first: Path | None = None) -> list[str]:
+    """`server` behind a launcher that, as uvx or npx does, must reach a registry first (see stdio_launcher)."""
+    flags = [item for name in require for item in ("--require", name)]
+    if fail_first is not None:
+        flags += ["--fail-first", str(fail_first)]
+    return [sys.executable, "-m", "tests.peers.stdio_launcher", *flags, "--", *server]
 
 
 def stdio_config(command: list[str], **sections: dict[str, Any]) -> SidecarConfig:

@@ -195,6 +195,11 @@ def test_command_environment_values_are_secrets(tmp_path: Path) -> None:
         pytest.param(UPSTREAM + "  env: {A: b}\n", "upstream.env and upstream.cwd are for upstream.command", id="env"),
         pytest.param(UPSTREAM + "  cwd: /srv\n", "upstream.env and upstream.cwd are for upstream.command", id="cwd"),
         pytest.param(
+            UPSTREAM + "  inherit_env: [GITHUB_TOKEN]\n",
+            "upstream.inherit_env is for upstream.command",
+            id="inherit_env",
+        ),
+        pytest.param(
             "upstream:\n  command: [server]\n  headers: {x-api-key: k}\n",
             "upstream.headers is for an HTTP",
             id="headers",
@@ -206,6 +211,13 @@ def test_command_environment_values_are_secrets(tmp_path: Path) -> None:
 )
 def test_keys_of_the_other_kind_of_upstream_are_refused(tmp_path: Path, text: str, named: str) -> None:
     assert named in _error(_write(tmp_path, text))
+
+
+def test_inherit_env_takes_only_environment_variable_names(tmp_path: Path) -> None:
+    path = _write(tmp_path, "upstream:\n  command: [server]\n  inherit_env: [GITHUB_TOKEN, _private, HTTPS-PROXY]\n")
+    assert "upstream.inherit_env: 'HTTPS-PROXY' is not an environment variable name" in _error(path)
+    named = _write(tmp_path, "upstream:\n  command: [server]\n  inherit_env: [GITHUB_TOKEN, _private, a1]\n")
+    assert load_config(named, environ={}).upstream.inherit_env == ["GITHUB_TOKEN", "_private", "a1"]
 
 
 def test_a_stdio_url_is_pointed_at_command(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trustme
 import yaml
 
 from sidecar.config import SidecarConfig, load_config
@@ -159,8 +160,9 @@ def test_the_tls_component_serves_https_from_a_secret_and_probes_ask_over_https(
         assert check["scheme"] == "HTTPS" and check["port"] == "http", probe
     # The same settings with files that exist here load as a configuration (the keys and their shape are right).
     cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
-    cert.write_text("x")
-    key.write_text("x")
+    leaf = trustme.CA().issue_cert("catalog-mcp")  # the configuration loads only a real certificate and its key
+    leaf.private_key_and_cert_chain_pem.write_to_path(str(cert))
+    leaf.private_key_pem.write_to_path(str(key))
     override = {"MCP_SIDECAR__LISTEN__TLS": f"{{cert_file: {cert}, key_file: {key}}}"}
     assert _config(manifests, tmp_path, override).listen.tls.enabled
     assert _port(sidecar, "http") == _config(manifests, tmp_path, override).listen.port

@@ -154,8 +154,10 @@ class UpstreamClient(UpstreamState):
             try:
                 result = await self._modern_call("server/discover", {}, headers)
             except UpstreamError as exc:
-                # Only a refusal means "try the handshake era": an answer that is not MCP at all is no era.
-                if protocol == MODERN_VERSION or not isinstance(exc, UpstreamRpcError | UpstreamHTTPError):
+                # Only a refusal means "try the handshake era": an answer that is not MCP at all is no era, and
+                # neither is a transport failure (refused, reset, or a gateway's 502/503/504 for an upstream it
+                # cannot reach): a dual-era server would answer initialize next and be driven as legacy for good.
+                if protocol == MODERN_VERSION or not _refusal(exc):
                     raise
                 logger.debug("server/discover refused (%s); trying initialize", exc.reason)
             else:
@@ -378,6 +380,17 @@ def _try_json(body: bytes) -> JsonObject | None:
     except orjson.JSONDecodeError:
         return None
     return decoded if isinstance(decoded, dict) else None
+
+
+_GATEWAY_STATUSES = (502, 503, 504)
+"""What a proxy in front says for an upstream it cannot reach, or one not up yet: the upstream said nothing."""
+
+
+def _refusal(exc: UpstreamError) -> bool:
+    """The upstream itself refused server/discover (a JSON-RPC error, an HTTP status of its own)."""
+    if isinstance(exc, UpstreamHTTPError):
+        return exc.status not in _GATEWAY_STATUSES
+    return isinstance(exc, UpstreamRpcError)
 
 
 def _object(value: Any) -> JsonObject:

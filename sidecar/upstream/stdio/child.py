@@ -18,6 +18,7 @@ import contextlib
 import itertools
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -34,7 +35,7 @@ from sidecar.protocol.errors import (
     UpstreamUnavailable,
 )
 from sidecar.upstream.stdio.lines import LineSplitter, OverlongLine, RateLimitedLog, TokenBucket
-from sidecar.upstream.stdio.process import end_process_group, exit_reason, start_in_own_session
+from sidecar.upstream.stdio.process import ChildStdin, end_process_group, exit_reason, start_in_own_session
 
 __all__ = ["InFlight", "StdioChild"]
 
@@ -48,6 +49,11 @@ NotificationSink = Callable[[JsonObject], None]
 _READ_CHUNK_BYTES = 65_536
 _STDERR_LINE_BYTES = 8_192
 """A longer stderr line is logged cut to this length."""
+_STDERR_TAIL_LINES = 10
+_STDERR_TAIL_LINE_CHARS = 200
+"""The last stderr lines kept to say why a child ended (10 of at most 200 characters)."""
+_STDERR_SETTLE_S = 0.5
+"""How long an exited child's last stderr lines may take to be read, when something else still holds the pipe."""
 _EXIT_AFTER_EOF_S = 2.0
 """A child that closed its stdout has this long to exit on its own before its group is ended."""
 _REFUSED = {"code": -32601, "message": "not available through mcp-sidecar"}
@@ -93,11 +99,12 @@ class StdioChild:
         self._metrics = metrics
         self._on_notification = on_notification
         self._proc: asyncio.subprocess.Process | None = None
+        self._stdin: ChildStdin | None = None
         self._ids = itertools.count(1)
         self._pending: dict[int, InFlight] = {}
         self._by_token: dict[str, InFlight] = {}
         self._tasks: list[asyncio.Task[None]] = []
-        self._last_stderr: str | None = None
+        self._stderr_tail: deque[str] = deque(maxlen=_STDERR_TAIL_LINES)
         self._bad_lines = RateLimitedLog(logger, "stdio server wrote lines that are not JSON-RPC (ignored)")
         self.ended: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         """Resolves, with the reason in words, once the process is gone and its stdout closed."""
@@ -117,9 +124,19 @@ class StdioChild:
     def running(self) -> bool:
         return self._proc is not None and not self.ended.done()
 
+    @property
+    def stderr_tail(self) -> list[str]:
+        """The last lines the child wrote on stderr (at most 10, each cut to 200 characters)."""
+        return list(self._stderr_tail)
+
+    def read_what_it_was_sent(self) -> bool | None:
+        """Once the child has ended: True when it had read every byte written to it, False when it had not (or
+        nothing was written), None when that cannot be told (not Linux)."""
+        return self._stdin.read_it_all() if self._stdin is not None else False
+
     async def spawn(self) -> None:
         """Start the process in a session (and process group) of its own; StdioStartError if it cannot start."""
-        self._proc = await start_in_own_session(self._command, self._env, self._cwd)
+        self._proc, self._stdin = await start_in_own_session(self._command, self._env, self._cwd)
         self.started_at = time.monotonic()
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._read_stdout()), loop.create_task(self._drain_stderr())]
@@ -206,17 +223,15 @@ class StdioChild:
                 del self._by_token[token]
 
     async def _write(self, message: JsonObject) -> None:
-        stdin = self._proc.stdin if self._proc is not None else None
-        if stdin is None:
+        if self._stdin is None:
             raise UpstreamUnavailable(self.label, "the stdio server is not running")
         try:
-            stdin.write(orjson.dumps(message) + b"\n")
-            await stdin.drain()
+            await self._stdin.write(orjson.dumps(message) + b"\n")
         except (BrokenPipeError, ConnectionResetError) as exc:
             raise UpstreamUnavailable(self.label, "the stdio server closed its stdin") from exc
 
     def _write_nowait(self, message: JsonObject) -> None:
-        stdin = self._proc.stdin if self._proc is not None else None
+        stdin = self._stdin.writer if self._stdin is not None else None
         if stdin is None or stdin.is_closing() or not self.running:
             return
         with contextlib.suppress(OSError):
@@ -341,7 +356,7 @@ class StdioChild:
                     text = (line.head if isinstance(line, OverlongLine) else line).decode("utf-8", "replace").rstrip()
                     if not text:
                         continue
-                    self._last_stderr = text[:200]
+                    self._stderr_tail.append(text[:_STDERR_TAIL_LINE_CHARS])
                     if allowance.take():
                         log.flush()
                         stderr_logger.info("%s", text, extra=extra)
@@ -353,15 +368,18 @@ class StdioChild:
 
     async def _finish(self) -> None:
         """stdout is closed: the child exits (or is made to), every request in flight fails, `ended` resolves."""
-        assert self._proc is not None
+        assert self._proc is not None and self._stdin is not None
         try:
             await asyncio.wait_for(self._proc.wait(), _EXIT_AFTER_EOF_S)
             reason = exit_reason(self._proc.returncode)
         except TimeoutError:
             reason = "closed its stdout"
             await self.terminate(_EXIT_AFTER_EOF_S, wait_for_end=False)
-        if self._last_stderr:
-            reason += f" (last stderr line: {self._last_stderr})"
+        self._stdin.close()
+        # Its last words may still be in the stderr pipe: read them, unless a process that lives on holds it.
+        await asyncio.wait(self._tasks[1:], timeout=_STDERR_SETTLE_S)
+        if self._stderr_tail:
+            reason += f" (last stderr line: {self._stderr_tail[-1]})"
         self.fail_all(UpstreamUnavailable(self.label, f"the stdio server {reason}"))
         if not self.ended.done():
             self.ended.set_result(reason)
@@ -371,10 +389,9 @@ class StdioChild:
     async def terminate(self, grace_s: float, *, wait_for_end: bool = True) -> None:
         """SIGTERM to the whole process group, SIGKILL to it after `grace_s`; returns once the group is gone."""
         proc = self._proc
-        if proc is None:
+        if proc is None or self._stdin is None:
             return
-        if proc.stdin is not None:
-            proc.stdin.close()  # many servers end on end of input alone
+        self._stdin.close()  # many servers end on end of input alone
         await end_process_group(proc, grace_s, self.label)
         if wait_for_end:
             await asyncio.shield(self.ended)

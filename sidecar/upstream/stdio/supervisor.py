@@ -6,8 +6,9 @@ States: `starting` (spawned, handshake not yet answered; requests wait for it), 
 liveness probe: a request that timed out makes the supervisor ask the child something cheap (`ping`;
 `server/discover` at 2026-07-28) within `upstream.connect_timeout_s`, and a child that cannot answer
 that is ended (its process group) and started again. The handshake speaks whichever era the child
-does: `server/discover` first (auto), else `initialize`; a child that exits when sent `server/discover`
-is started again with `initialize` straight away.
+does: `server/discover` first (auto), else `initialize`; a child that exits after reading `server/discover`
+is started again with `initialize` first. Every start asks afresh: one that died before reading its request
+(a failed download, a missing key) says nothing about the era, and a restarted command may be a newer server.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from sidecar.protocol.frames import SERVER_INFO, modern_request_meta
 from sidecar.upstream.answers import UpstreamInfo
 from sidecar.upstream.base import NotificationListener
 from sidecar.upstream.stdio.child import StdioChild
-from sidecar.upstream.stdio.process import StdioStartError, child_environment
+from sidecar.upstream.stdio.process import REACH_ENVIRONMENT, StdioStartError, child_environment
 
 __all__ = ["StdioSupervisor", "SupervisorState"]
 
@@ -51,6 +52,10 @@ _JITTER = random.Random()
 """Our own source of jitter, apart from the process-wide `random` state."""
 _BACKOFF_JITTER = 0.2
 _DISCOVER_PARAMS: JsonObject = {"_meta": modern_request_meta()}
+_ENVIRONMENT_HINT = (
+    "the command gets only PATH, HOME, locale, the proxy and CA variables and upstream.inherit_env of the "
+    "sidecar's environment, and upstream.env; pass more with upstream.inherit_env or --upstream-env NAME[=VALUE]"
+)
 
 
 class StdioSupervisor:
@@ -74,6 +79,8 @@ class StdioSupervisor:
         self._ending: dict[StdioChild, tuple[str, str]] = {}
         """Why the supervisor itself ended a child: (reason in words, restart metric label)."""
         self._discover_ends_child = False
+        """The last child died after reading server/discover: the next start (that one only) gets initialize first."""
+        self._env: dict[str, str] = {}
         self._probe: asyncio.Task[bool] | None = None
         self._runner: asyncio.Task[None] | None = None
         self._listeners: dict[object, NotificationListener] = {}
@@ -179,7 +186,10 @@ class StdioSupervisor:
 
     async def _spawn(self) -> StdioChild:
         config = self._config
-        env = child_environment({name: value.get_secret_value() for name, value in config.env.items()})
+        env = child_environment(
+            {name: value.get_secret_value() for name, value in config.env.items()}, config.inherit_env
+        )
+        self._env = env
         child = StdioChild(
             config.command or [],
             env=env,
@@ -200,6 +210,7 @@ class StdioSupervisor:
         while True:
             reason, kind = await self._live(child)
             self._ending.pop(child, None)
+            clues = self._early_exit_clues(child) if not self._ready_at and kind == "exited" else {}
             if self._ready_at and time.monotonic() - self._ready_at >= STABLE_AFTER_S:
                 failures = 0
             self._ready_at = 0.0
@@ -208,13 +219,24 @@ class StdioSupervisor:
                 delay_s = self._backoff_s(failures)
                 self._metrics.upstream_restarts.labels(kind).inc()
                 self._enter("down", f"the stdio server {reason}; restarting in {delay_s:.1f} s")
-                logger.warning("stdio server down", extra={"upstream": self.label, "reason": self.reason})
+                logger.warning("stdio server down", extra={"upstream": self.label, "reason": self.reason, **clues})
                 await asyncio.sleep(delay_s)
                 try:
                     child = await self._spawn()
                     break
                 except StdioStartError as exc:
-                    reason, kind = f"could not be started: {exc}", "start_failed"
+                    reason, kind, clues = f"could not be started: {exc}", "start_failed", {}
+
+    def _early_exit_clues(self, child: StdioChild) -> dict[str, Any]:
+        """Why a child may have exited before its handshake: its last stderr lines, and which variables that let a
+        command reach its registry (proxy, CA, index) it did not get."""
+        wanted = dict.fromkeys((*REACH_ENVIRONMENT, *self._config.inherit_env))
+        return {
+            "before_handshake": True,
+            "stderr_tail": child.stderr_tail,
+            "unset_env": [name for name in wanted if name not in self._env],
+            "hint": _ENVIRONMENT_HINT,
+        }
 
     async def _live(self, child: StdioChild) -> tuple[str, str]:
         """Handshake, serve until the child ends; returns why it ended and the restart metric's label."""
@@ -236,14 +258,20 @@ class StdioSupervisor:
     async def _handshake(self, child: StdioChild) -> tuple[UpstreamInfo, JsonObject]:
         protocol = self._config.protocol
         timeout_s = self._config.timeout_s
-        if protocol != LEGACY_VERSION and not self._discover_ends_child:
+        initialize_first, self._discover_ends_child = self._discover_ends_child, False
+        if protocol != LEGACY_VERSION and not initialize_first:
             try:
                 answer = await child.request("server/discover", {"_meta": modern_request_meta()}, timeout_s=timeout_s)
             except UpstreamUnavailable:
-                if protocol == "auto":
-                    # Some servers exit on a method they do not know; the next start goes straight to initialize.
+                # Some servers exit on a method they do not know: the next start goes straight to initialize. Only a
+                # child that read the request says so; one that died before reading it (a failed download) says
+                # nothing. Where that cannot be told (None), the death counts, as it always did.
+                if protocol == "auto" and child.read_what_it_was_sent() is not False:
                     self._discover_ends_child = True
-                    logger.info("the stdio server ended on server/discover; it will get initialize first")
+                    logger.info(
+                        "the stdio server ended on server/discover; its next start gets initialize first",
+                        extra={"upstream": self.label},
+                    )
                 raise
             result = answer.get("result")
             versions = result.get("supportedVersions") if isinstance(result, dict) else None

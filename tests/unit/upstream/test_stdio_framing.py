@@ -8,7 +8,7 @@ import signal
 import pytest
 
 from sidecar.upstream.stdio.lines import LineSplitter, OverlongLine, TokenBucket
-from sidecar.upstream.stdio.process import INHERITED_ENVIRONMENT, child_environment, exit_reason
+from sidecar.upstream.stdio.process import INHERITED_ENVIRONMENT, REACH_ENVIRONMENT, child_environment, exit_reason
 
 
 def test_lines_are_cut_at_newlines_whatever_the_chunks() -> None:
@@ -56,9 +56,31 @@ def test_the_token_bucket_allows_a_burst_then_holds_back() -> None:
 
 def test_a_child_inherits_only_the_minimal_environment_plus_its_own() -> None:
     inherited = {"PATH": "/usr/bin", "HOME": "/home/s", "LANG": "C.UTF-8", "AWS_SECRET_ACCESS_KEY": "x", "TOKEN": "y"}
-    env = child_environment({"API_KEY": "k", "LANG": "de_DE.UTF-8"}, inherited)
+    env = child_environment({"API_KEY": "k", "LANG": "de_DE.UTF-8"}, inherited=inherited)
     assert env == {"PATH": "/usr/bin", "HOME": "/home/s", "LANG": "de_DE.UTF-8", "API_KEY": "k"}
     assert "PATH" in INHERITED_ENVIRONMENT and "HOME" in INHERITED_ENVIRONMENT
+
+
+def test_a_child_inherits_the_proxy_and_ca_variables_and_the_names_asked_for() -> None:
+    inherited = {
+        "PATH": "/usr/bin",
+        "HTTPS_PROXY": "http://proxy:3128",
+        "no_proxy": "localhost",
+        "SSL_CERT_FILE": "/etc/ca.pem",
+        "UV_INDEX_URL": "https://pypi.internal/simple",
+        "GITHUB_TOKEN": "t",
+        "AWS_SECRET_ACCESS_KEY": "x",
+    }
+    env = child_environment({"SSL_CERT_FILE": "/srv/ca.pem"}, ["GITHUB_TOKEN", "NOT_SET"], inherited=inherited)
+    assert env == {
+        "PATH": "/usr/bin",
+        "HTTPS_PROXY": "http://proxy:3128",
+        "no_proxy": "localhost",
+        "SSL_CERT_FILE": "/srv/ca.pem",  # upstream.env still has the last word
+        "UV_INDEX_URL": "https://pypi.internal/simple",
+        "GITHUB_TOKEN": "t",
+    }
+    assert {"HTTP_PROXY", "https_proxy", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS"} <= set(REACH_ENVIRONMENT)
 
 
 def test_exit_reasons_read_as_words() -> None:
