@@ -209,6 +209,9 @@ class StdioChild:
         stdin = self._proc.stdin if self._proc is not None else None
         if stdin is None:
             raise UpstreamUnavailable(self.label, "the stdio server is not running")
+        if stdin.is_closing():
+            # A child that exited at once: writing to its closed pipe would raise RuntimeError under uvloop.
+            raise UpstreamUnavailable(self.label, "the stdio server closed its stdin")
         try:
             stdin.write(orjson.dumps(message) + b"\n")
             await stdin.drain()
