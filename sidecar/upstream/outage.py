@@ -38,15 +38,16 @@ class Outage:
         return self._retry_in_s
 
     def failed(self, reason: str) -> None:
-        """A transport failure: the first of an outage is logged; later ones only once the backed-off pause since
-        the last line has passed."""
+        """A transport failure: the first of an outage is logged (unless the upstream was never reached: the
+        start-up line says so); later ones only once the backed-off pause since the last line has passed."""
         now = time.monotonic()
         extra = {"upstream": self._url, "reason": reason}
         if self._since is None:
             self._since = now
             self._retry_in_s = RETRY_INITIAL_S
             self._next_line_at = now + self._retry_in_s
-            logger.warning("upstream unreachable", extra={**extra, "retry_in_s": self._retry_in_s})
+            if self.ever_reached:
+                logger.warning("upstream unreachable", extra={**extra, "retry_in_s": self._retry_in_s})
             return
         if now < self._next_line_at:
             return

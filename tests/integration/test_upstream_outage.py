@@ -3,6 +3,9 @@ upstream process that is killed with SIGKILL, `/readyz` and `mcp_sidecar_upstrea
 the JSON log read. Once readiness has said "not ready", it says so (and the metric says 0) until the upstream
 answers again, whatever `upstream.protocol` says; the log says "unreachable" once and then at a backed-off pace,
 never "reachable again" while the upstream is down; started again on the same port, it is ready again.
+
+The start-up line: one line says where the upstream stands when the sidecar starts (reachable, its era, whether
+it can push, the polling interval; or unreachable, why, and that it is retried).
 """
 
 from __future__ import annotations
@@ -15,14 +18,15 @@ import signal
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
 
 from tests.cluster import Replica, sidecar_config
 from tests.helpers import eventually, rpc
-from tests.peers import Era, start_upstream
-from tests.procs import REPO_ROOT, free_port
+from tests.peers import Era, Upstream, start_upstream
+from tests.procs import REPO_ROOT, free_port, http_answers
 
 MIN_SAMPLES = 20
 """Samples taken after the first "not ready", at the least."""
@@ -154,3 +158,58 @@ async def test_a_killed_stdio_server_that_cannot_start_again_stays_not_ready_unt
         assert _messages(sidecar).count("upstream reachable again") == 1
         status, read = await rpc(http, sidecar.url, "resources/read", {"uri": NOTE})
         assert status == 200 and read["result"]["contents"][0]["text"] == "note", read
+
+
+START_LINES = ("upstream reachable", "upstream unreachable")
+
+
+def _start_lines(replica: Replica) -> list[dict[str, Any]]:
+    return [entry for entry in replica.log_lines() if entry.get("msg") in START_LINES]
+
+
+async def _line(replica: Replica, msg: str) -> dict[str, Any]:
+    async def logged() -> bool:
+        return any(entry["msg"] == msg for entry in _start_lines(replica))
+
+    await eventually(logged, within_s=WAIT_S)
+    return next(entry for entry in _start_lines(replica) if entry["msg"] == msg)
+
+
+@pytest.mark.parametrize(
+    ("era", "native", "revision"), [("legacy", False, "2025-11-25"), ("modern", True, "2026-07-28")]
+)
+async def test_start_up_says_the_upstream_is_reachable_its_era_push_and_polling_interval(
+    tmp_path: Path, era: Era, native: bool, revision: str
+) -> None:
+    async with await start_upstream(era, native=native) as upstream:
+        config = sidecar_config(upstream.url, free_port(), polling=POLLING)
+        replica = Replica("sidecar", tmp_path, config)
+        # Nobody asks /readyz: the line comes from the start alone.
+        async with replica.service.serving(http_answers(f"{replica.base_url}/healthz")):
+            line = await _line(replica, "upstream reachable")
+            assert line["level"] == "info" and line["upstream"] == upstream.url
+            assert line["era"] == revision and line["push"] is native
+            assert line["polling_interval_ms"] == POLLING["default_interval_ms"]
+            assert [entry["msg"] for entry in _start_lines(replica)] == ["upstream reachable"]
+
+
+async def test_start_up_says_the_upstream_is_unreachable_and_why_then_reachable_once_it_answers(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    upstream = Upstream("modern", port)
+    config = sidecar_config(upstream.url, free_port(), polling=POLLING)
+    replica = Replica("sidecar", tmp_path, config)
+    try:
+        async with replica.service.serving(http_answers(f"{replica.base_url}/healthz")):
+            line = await _line(replica, "upstream unreachable")
+            assert line["level"] == "warning" and "refused" in line["reason"] and line["retry_in_s"] > 0, line
+            assert line["upstream"] == upstream.url
+
+            await upstream.start()  # nobody asks /readyz: the sidecar's own retries find it
+            reachable = await _line(replica, "upstream reachable")
+            assert reachable["era"] == "2026-07-28" and reachable["push"] is False, reachable
+            assert [entry["msg"] for entry in _start_lines(replica)] == ["upstream unreachable", "upstream reachable"]
+            assert (await replica.metrics()).value("mcp_sidecar_upstream_up") == 1
+    finally:
+        await upstream.stop()

@@ -43,9 +43,23 @@ class UpstreamState:
         """Called when the upstream answers again after being unreachable."""
         self._outage = Outage(url)
         self._retrying: asyncio.Task[None] | None = None
+        self._known = asyncio.Event()
+        """Set while the era is known (`info`): what `reached` waits for."""
 
     @property
     def info(self) -> UpstreamInfo | None:
+        return self._info
+
+    @property
+    def retry_in_s(self) -> float | None:
+        """Seconds until the sidecar asks the unreachable upstream again; None while it is not down."""
+        return self._outage.retry_in_s if self.up is False else None
+
+    async def reached(self) -> UpstreamInfo:
+        """The era and capabilities once a probe has succeeded, waiting (however long) until one has."""
+        while self._info is None:
+            self._known.clear()
+            await self._known.wait()
         return self._info
 
     async def _reach(self) -> None:
@@ -74,6 +88,7 @@ class UpstreamState:
 
     def _set_info(self, info: UpstreamInfo) -> None:
         self._info = info
+        self._known.set()
         self.auth_required = False
         self._usable(None)
         self._metrics.upstream_era.labels(info.era).set(1)
