@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 
@@ -25,6 +27,7 @@ from sidecar.observability.metrics import Metrics
 from sidecar.observability.status import make_status
 from sidecar.upstream.base import Upstream
 from sidecar.upstream.http.client import UpstreamClient
+from sidecar.upstream.standing import announce_upstream
 from sidecar.upstream.stdio.client import StdioUpstream
 from sidecar.watch.registry import WatchRegistry
 
@@ -164,8 +167,14 @@ def _fair_share_of(config: SidecarConfig, metrics: Metrics) -> FairShare:
 
 async def _upstream_context(app: web.Application) -> AsyncIterator[None]:
     upstream = app[UPSTREAM]
+    config = app[CONFIG]
     await upstream.start()
+    # Where the upstream stands is logged once it is known, without waiting for a client or /readyz to ask.
+    announcing = asyncio.get_running_loop().create_task(announce_upstream(upstream, config.polling, config.cache))
     yield
+    announcing.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await announcing
     await upstream.aclose()
 
 

@@ -82,6 +82,16 @@ class Upstream(Protocol):
         """Readiness: True when the upstream answers (probed again when not heard from lately)."""
         ...
 
+    async def reached(self) -> UpstreamInfo:
+        """The era and capabilities once the upstream has answered, waiting (however long) until it has."""
+        ...
+
+    @property
+    def retry_in_s(self) -> float | None:
+        """Seconds until the sidecar asks the unreachable upstream again; None when it is not down (or, for a
+        stdio server, the restart is said in `last_error`)."""
+        ...
+
     def public_headers(self, headers: dict[str, str]) -> dict[str, str]: ...
 
     async def protected_resource_metadata(self, public_url: str) -> JsonObject | None: ...

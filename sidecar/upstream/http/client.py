@@ -83,6 +83,7 @@ class UpstreamClient(UpstreamState):
         await self._http.start()
 
     async def aclose(self) -> None:
+        self._stop_retrying()
         await self._http.aclose()
 
     def drain(self, grace_s: float) -> None:
@@ -123,6 +124,12 @@ class UpstreamClient(UpstreamState):
             with contextlib.suppress(UpstreamError):
                 await self._liveness()
         return self.not_ready_reason is None
+
+    async def _reach(self) -> None:
+        if self._info is None:
+            await self.ensure_info()
+        else:
+            await self._liveness()
 
     async def _liveness(self) -> None:
         # One cheap exchange in the era already known; a cached legacy session alone would prove nothing.
@@ -172,7 +179,8 @@ class UpstreamClient(UpstreamState):
                     )
                 if protocol == MODERN_VERSION:
                     raise UpstreamBadResponse(self.url, f"server/discover does not list {MODERN_VERSION}")
-        session = await self._legacy.initialize(identity.context, headers)
+        # Over the network even when the context has a session: a cached one proves nothing about now.
+        session = await self._legacy.reach(identity.context, headers)
         result = session.initialize_result
         return UpstreamInfo(
             era="legacy",

@@ -72,6 +72,14 @@ class LegacyBridge:
                 self._sessions[context] = session
         return session
 
+    async def reach(self, context: str, headers: Mapping[str, str]) -> LegacySession:
+        """The context's session, after an exchange with the upstream: opened now, or the one it has answering a
+        `ping` (an error answer is an answer too; an expired session is opened again)."""
+        if self._sessions.get(context) is None:
+            return await self.initialize(context, headers)
+        await self.request(context, "ping", {}, headers)
+        return await self.initialize(context, headers)
+
     async def _open_session(self, headers: Mapping[str, str]) -> LegacySession:
         request_id = f"sidecar-{next(self._ids)}"
         body = {

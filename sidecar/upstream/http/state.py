@@ -1,8 +1,12 @@
 """Whether the upstream can be used now: reachable, usable (its answers are MCP), its era known; counted and
-timed per exchange. The base of `UpstreamClient`, which adds how to reach it."""
+timed per exchange. The base of `UpstreamClient`, which adds how to reach it (`_reach`).
+
+While it is unreachable the sidecar asks it again on its own, at the pace of `Outage` (which also says what the
+log says): recovery is noticed, and told to `on_recovered`, without waiting for a client or a readiness probe."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -12,6 +16,7 @@ from typing import Any
 from sidecar.observability.metrics import Metrics, method_label
 from sidecar.protocol.errors import UpstreamError, UpstreamHTTPError
 from sidecar.upstream.answers import UpstreamInfo
+from sidecar.upstream.outage import Outage
 
 __all__ = ["UpstreamState"]
 
@@ -36,13 +41,54 @@ class UpstreamState:
         self._last_ok = 0.0
         self.on_recovered: Callable[[], None] | None = None
         """Called when the upstream answers again after being unreachable."""
+        self._outage = Outage(url)
+        self._retrying: asyncio.Task[None] | None = None
+        self._known = asyncio.Event()
+        """Set while the era is known (`info`): what `reached` waits for."""
 
     @property
     def info(self) -> UpstreamInfo | None:
         return self._info
 
+    @property
+    def retry_in_s(self) -> float | None:
+        """Seconds until the sidecar asks the unreachable upstream again; None while it is not down."""
+        return self._outage.retry_in_s if self.up is False else None
+
+    async def reached(self) -> UpstreamInfo:
+        """The era and capabilities once a probe has succeeded, waiting (however long) until one has."""
+        while self._info is None:
+            self._known.clear()
+            await self._known.wait()
+        return self._info
+
+    async def _reach(self) -> None:
+        """One exchange with the upstream over the network (a probe, or a liveness check when the era is known);
+        an UpstreamError when it fails."""
+        raise NotImplementedError
+
+    def _down(self) -> bool:
+        return self.up is False
+
+    def _stop_retrying(self) -> None:
+        if self._retrying is not None:
+            self._retrying.cancel()
+            self._retrying = None
+
+    async def _retry_while_down(self) -> None:
+        try:
+            while self._down():
+                await asyncio.sleep(self._outage.retry_in_s)
+                if self._down():  # nothing else reached it meanwhile
+                    with contextlib.suppress(UpstreamError):
+                        await self._reach()
+        finally:
+            if self._retrying is asyncio.current_task():
+                self._retrying = None
+
     def _set_info(self, info: UpstreamInfo) -> None:
         self._info = info
+        self._known.set()
         self.auth_required = False
         self._usable(None)
         self._metrics.upstream_speaks(info.revision)
@@ -90,11 +136,7 @@ class UpstreamState:
         except UpstreamError as exc:
             outcome = "unreachable" if exc.is_transport_failure else "error"
             if exc.is_transport_failure:
-                if self.up is not False:
-                    logger.warning("upstream unreachable", extra={"upstream": self.url, "reason": exc.reason})
-                self.up = False
-                self.last_error = exc.reason
-                self._info = None
+                self._went_down(exc.reason)
             else:
                 self._mark_up()
             raise
@@ -117,12 +159,18 @@ class UpstreamState:
             self._series_cache[key] = series
         return series
 
+    def _went_down(self, reason: str) -> None:
+        # The era is probed afresh once it answers: over the network, never from a cached session (`_reach`).
+        self._outage.failed(reason)
+        self.up = False
+        self.last_error = reason
+        self._info = None
+        if self._retrying is None:
+            self._retrying = asyncio.get_running_loop().create_task(self._retry_while_down())
+
     def _mark_up(self) -> None:
-        recovered = self.up is False
         self.up = True
         self._last_ok = time.monotonic()
         self.last_error = None
-        if recovered:
-            logger.info("upstream reachable again", extra={"upstream": self.url})
-            if self.on_recovered is not None:
-                self.on_recovered()
+        if self._outage.answered() and self.on_recovered is not None:
+            self.on_recovered()

@@ -84,6 +84,8 @@ class StdioUpstream:
         self._drain_timer: asyncio.TimerHandle | None = None
         self.on_recovered: Callable[[], None] | None = None
         """Called when the child answers its handshake again after a restart."""
+        self._ready = asyncio.Event()
+        """Set when a child answers its handshake: what `reached` waits for."""
 
     # -- state ---------------------------------------------------------------------------------------------
 
@@ -114,6 +116,7 @@ class StdioUpstream:
 
     def _child_ready(self) -> None:
         self._readies += 1
+        self._ready.set()
         if self._readies > 1:
             logger.info("upstream reachable again", extra={"upstream": self.url})
             if self.on_recovered is not None:
@@ -138,6 +141,19 @@ class StdioUpstream:
     async def ensure_info(self, identity: Identity = ANONYMOUS_IDENTITY) -> UpstreamInfo:
         """What the child's handshake said (waiting for it while the child starts)."""
         return (await self._supervisor.session())[1]
+
+    async def reached(self) -> UpstreamInfo:
+        """What a child's handshake said, once one has answered it (waiting through restarts)."""
+        while True:
+            info = self.info
+            if self.up and info is not None:
+                return info
+            self._ready.clear()
+            await self._ready.wait()
+
+    @property
+    def retry_in_s(self) -> float | None:
+        return None  # the supervisor's reason says when the child is started again
 
     @property
     def unusable(self) -> str | None:
