@@ -225,7 +225,7 @@ class StdioChild:
     async def _write(self, message: JsonObject) -> None:
         if self._stdin is None:
             raise UpstreamUnavailable(self.label, "the stdio server is not running")
-        if stdin.is_closing():
+        if self._stdin.writer.is_closing():
             # A child that exited at once: writing to its closed pipe would raise RuntimeError under uvloop.
             raise UpstreamUnavailable(self.label, "the stdio server closed its stdin")
         try:
