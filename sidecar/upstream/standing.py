@@ -12,7 +12,6 @@ import logging
 from typing import Any
 
 from sidecar.config import CacheConfig, PollingConfig
-from sidecar.protocol.constants import LEGACY_VERSION, MODERN_VERSION
 from sidecar.protocol.errors import UpstreamError, UpstreamHTTPError
 from sidecar.upstream.answers import UpstreamInfo
 from sidecar.upstream.base import Upstream
@@ -68,7 +67,7 @@ async def announce_upstream(upstream: Upstream, polling: PollingConfig, cache: C
         "upstream reachable",
         extra={
             "upstream": upstream.url,
-            "era": MODERN_VERSION if info.era == "modern" else LEGACY_VERSION,
+            "era": info.revision,
             "push": can_push(info, polling),
             "polling_interval_ms": polling_interval_ms(info, polling, cache),
         },

@@ -376,24 +376,32 @@ async def test_a_transport_failure_on_server_discover_decides_no_era(
     # Only a refusal from the server itself (a JSON-RPC error, a 4xx) says "not 2026-07-28": a gateway's 502, a
     # reset or a refused connection says nothing, so no initialize may follow it (a 2026-07-28 server that also
     # speaks 2025-11-25 would answer it and be driven as legacy from then on).
-    async with FaultyUpstream(era="legacy") as up, serve_sidecar(up.url, upstream=UPSTREAM) as sidecar:
+    async with FaultyUpstream(era="legacy") as up:
+        # The fault is there before the sidecar starts: its own start-up probe meets it first.
         if fault is None:
             await up.stop()
         else:
             up.fail(fault, methods=frozenset({"server/discover"}))
-        for _ in range(2):
-            async with http.get(f"{sidecar.base_url}/readyz") as resp:
-                assert resp.status == 503
-        assert [seen.method for seen in up.seen() if seen.method == "initialize"] == []
-        if fault is None:
-            await up.start()
-        else:
-            up.heal()
+        async with serve_sidecar(up.url, upstream=UPSTREAM) as sidecar:
+            await _no_era_decided_until_healed(http, up, sidecar, fault)
 
-        async def ready() -> bool:
-            async with http.get(f"{sidecar.base_url}/readyz") as resp:
-                return resp.status == 200
 
-        await eventually(ready, within_s=WAIT_S)
-        status, message, _ = await _read(http, sidecar, "res://after", "after")
-        assert status == 200 and message["result"]["resultType"] == "complete", message
+async def _no_era_decided_until_healed(
+    http: aiohttp.ClientSession, up: FaultyUpstream, sidecar: Sidecar, fault: Fault | None
+) -> None:
+    for _ in range(2):
+        async with http.get(f"{sidecar.base_url}/readyz") as resp:
+            assert resp.status == 503
+    assert [seen.method for seen in up.seen() if seen.method == "initialize"] == []
+    if fault is None:
+        await up.start()
+    else:
+        up.heal()
+
+    async def ready() -> bool:
+        async with http.get(f"{sidecar.base_url}/readyz") as resp:
+            return resp.status == 200
+
+    await eventually(ready, within_s=WAIT_S)
+    status, message, _ = await _read(http, sidecar, "res://after", "after")
+    assert status == 200 and message["result"]["resultType"] == "complete", message
