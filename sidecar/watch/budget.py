@@ -25,6 +25,8 @@ _REALLOCATE_S = 1.0
 """How old an allocation may be before a poll asks for a new one (change rates and the keys move slowly)."""
 _HINTED_HALF_LIFE_S = 10.0
 _MIN_MARGIN = 0.05
+_TIGHTER = 0.8
+"""A key whose allocated interval shrank below this share of the last is re-armed at once, not at its old time."""
 _SCHEDULED_SHARE = 0.9
 """Of the budget, what regular polls are allocated: jittered timers bunch, and a full budget would make them queue
 for slots (the slots, not the allocation, keep the budget)."""
@@ -38,6 +40,8 @@ class Budgeted(Protocol):
 
     @property
     def wanted_ms(self) -> float: ...
+
+    def tighten(self) -> None: ...
 
 
 class ReadBudget:
@@ -111,6 +115,7 @@ class ReadBudget:
 
     def _allocate(self, now: float) -> None:
         self._allocated_at = now
+        polled = [watch for watch in self._watches() if watch.refs > 0 and self._may_poll(watch.key)]
         demands = [
             Demand(
                 watch.key,
@@ -118,8 +123,7 @@ class ReadBudget:
                 rate.per_s() if (rate := self._rates.get(watch.key)) is not None else 0.0,
                 watch.refs,
             )
-            for watch in self._watches()
-            if watch.refs > 0 and self._may_poll(watch.key)
+            for watch in polled
         ]
         self._decay_hinted(now)
         spendable = max(self.per_s() * _SCHEDULED_SHARE - self._hinted, 0.0)
@@ -127,4 +131,11 @@ class ReadBudget:
         # goes unread longer than max_interval_ms.
         margin = max(self._config.jitter, _MIN_MARGIN)
         floor_s = self._config.max_interval_ms / 1000 * (1 - margin) / (1 + self._config.jitter)
-        self._intervals = allocate(demands, spendable, max_interval_s=floor_s, policy=self._config.allocation)
+        previous, self._intervals = (
+            self._intervals,
+            allocate(demands, spendable, max_interval_s=floor_s, policy=self._config.allocation),
+        )
+        for watch in polled:
+            before = previous.get(watch.key)
+            if before is not None and self._intervals[watch.key] < before * _TIGHTER:
+                watch.tighten()  # armed for the longer interval: its next poll comes sooner now

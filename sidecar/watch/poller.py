@@ -307,6 +307,13 @@ class Watch:
         if scheduled is None or slot < scheduled:
             self._arm(slot, hinted=True)
 
+    def tighten(self) -> None:
+        """The read budget gave this key a shorter interval: its next poll comes that much after its last."""
+        if self._timer is not None and not self.consecutive_errors and not self._due_hinted:
+            due = max(self._last_start + self.interval_s, self._clock.now())
+            if due < self._timer.when():
+                self._arm(due)
+
     def recover(self) -> None:
         """The upstream answers again: a failing watch retries now instead of waiting out its backoff, but once
         per failure streak. (When only this key fails while other requests succeed, the upstream "recovers"

@@ -79,11 +79,20 @@ def test_what_the_changing_keys_do_not_need_goes_to_the_others() -> None:
 
 def test_the_change_rate_of_a_key_sampled_every_second_follows_the_estimator() -> None:
     rate = ChangeRate()
-    assert rate.per_s() == 0.0
+    assert rate.estimate() == rate.per_s() == 0.0
     for n in range(200):
         rate.record(changed=n % 2 == 0, interval_s=1.0)
     # Half the polls saw a change: r = -log(1 - 1/2) for a Poisson source (about 0.69 a second).
-    assert rate.per_s() == pytest.approx(math.log(2), rel=0.1)  # its 0.5 terms bias it a little over ~20 polls
+    assert rate.estimate() == pytest.approx(math.log(2), rel=0.1)  # its 0.5 terms bias it a little over ~20 polls
+
+
+def test_a_key_changing_at_every_poll_is_taken_for_faster_than_its_estimate() -> None:
+    seldom, saturated = ChangeRate(), ChangeRate()
+    for n in range(100):
+        seldom.record(changed=n % 10 == 0, interval_s=1.0)
+        saturated.record(changed=True, interval_s=1.0)
+    assert seldom.per_s() == pytest.approx(seldom.estimate(), rel=0.1)
+    assert saturated.per_s() >= 4 * saturated.estimate()
 
 
 def test_the_change_rate_follows_a_key_whose_pace_changes() -> None:
