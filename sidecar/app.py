@@ -105,7 +105,15 @@ def build_app(config: SidecarConfig) -> web.Application:
     bus.subscribe(readthrough.on_change)
     fair_share = _fair_share_of(config, metrics)
     app[FAIR_SHARE] = fair_share
-    registry = WatchRegistry(upstream, config.polling, bus, metrics, fair_share, coordinator=cluster)
+    registry = WatchRegistry(
+        upstream,
+        config.polling,
+        bus,
+        metrics,
+        fair_share,
+        coordinator=cluster,
+        replicas=(lambda: cluster.live_replicas) if cluster is not None else lambda: 1,
+    )
     registry.on_observation(readthrough.observed)  # the cache drops what a watch's look contradicts
     hub = StreamHub(registry, upstream, bus, config.streams, metrics)
     legacy = LegacySessions(

@@ -123,6 +123,11 @@ class Coordinator:
         """The keys this replica polls for the cluster (`mcp_sidecar_leases_held`)."""
         return len(self._own.owned)
 
+    @property
+    def live_replicas(self) -> int:
+        """The live replicas this one knows of, itself included (their shares of the fleet's read budget)."""
+        return len(self._own.live)
+
     def _failed(self, exc: Exception) -> None:
         if isinstance(exc, SLOTS_MOVING):
             # Slots moved: a shard subscription may still be on a node that no longer owns its slot (a change

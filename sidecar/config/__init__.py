@@ -179,10 +179,18 @@ def _validate(data: dict[str, Any], origins: dict[tuple[str, str], str] | None =
         problems = []
         for error in exc.errors():
             loc = tuple(str(part) for part in error["loc"])
-            key = ".".join(loc) or "(top level)"
+            key = _dotted(error["loc"]) or "(top level)"
             message = (
                 "unknown key" if error["type"] == "extra_forbidden" else error["msg"].removeprefix("Value error, ")
             )
             variable = (origins or {}).get((loc[0], loc[1])) if len(loc) >= 2 else None
             problems.append(f"{key}: {message}" + (f" (from {variable})" if variable else ""))
         raise ConfigError("\n".join(problems)) from exc
+
+
+def _dotted(loc: tuple[int | str, ...]) -> str:
+    """`polling.rules[0].match`: keys joined by dots, list positions in brackets."""
+    text = ""
+    for part in loc:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else part)
+    return text

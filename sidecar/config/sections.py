@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 
 from sidecar.config.base import Section
+from sidecar.config.polling_rules import PollingRule
 from sidecar.config.redis_url import check_redis_url
 from sidecar.config.syntax import check_host, check_http_url, check_origin, check_url_path
 from sidecar.config.tls import ListenerTLS
@@ -182,6 +183,23 @@ class PollingConfig(Section):
         gt=0,
         description="How long an ack waits for a first read over max_baselines_per_s to start; a URI whose read "
         "could not start by then is left out of the ack.",
+    )
+    rules: list[PollingRule] = Field(
+        default_factory=list,
+        description="Per-URI rules, the first whose match fits a URI wins: {match: GLOB, interval_ms: N, ignore: "
+        "{json_pointers: [...], patterns: [...]}} (see Rules).",
+    )
+    max_reads_per_s: float = Field(
+        0,
+        ge=0,
+        description="Polls of the upstream a second at most, every key, context and hinted poll together; on "
+        "replicas the fleet's, each taking its share by the live replicas. 0: no budget.",
+    )
+    allocation: Literal["adaptive", "uniform"] = Field(
+        "adaptive",
+        description="How a budget the wanted schedule exceeds is spent: adaptive gives polls where changes are "
+        "found (weighted by streams holding the key), uniform stretches every interval alike. Every key is still "
+        "polled every max_interval_ms.",
     )
 
     @model_validator(mode="after")

@@ -49,7 +49,7 @@ _LIMITS = (
     "upstream_max_in_flight",
     "upstream_max_response_bytes",
 )
-_QUEUES = ("upstream_requests", "poll_concurrency", "hinted_polls")
+_QUEUES = ("upstream_requests", "poll_concurrency", "hinted_polls", "read_budget")
 _RESTART_REASONS = ("exited", "unresponsive", "handshake_failed", "start_failed")
 _STDERR_OUTCOMES = ("logged", "dropped")
 _END_REASONS = ("client", "shutdown", "auth", "max_age")
@@ -57,6 +57,7 @@ _END_REASONS = ("client", "shutdown", "auth", "max_age")
 # they double the series an operator scrapes and stores. Process-wide, as prometheus_client keeps the switch.
 disable_created_metrics()  # type: ignore[no-untyped-call]
 
+_INTERVAL_BUCKETS = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
@@ -205,6 +206,25 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        self.poll_changes = Counter(
+            "mcp_sidecar_poll_changes",
+            "Polls that found a change, by kind (over mcp_sidecar_polls_total: the share of reads that found one)",
+            ["kind"],
+            registry=r,
+        )
+        self.poll_interval = Histogram(
+            "mcp_sidecar_poll_interval_seconds",
+            "The interval each watch was scheduled at after a poll (ttlMs, its rule, or what the read budget "
+            "allocated it), jitter included",
+            buckets=_INTERVAL_BUCKETS,
+            registry=r,
+        )
+        self.read_budget = Gauge(
+            "mcp_sidecar_read_budget_per_second",
+            "This replica's share of polling.max_reads_per_s (the fleet's budget over the live replicas); "
+            "compare with rate(mcp_sidecar_polls_total)",
+            registry=r,
+        )
         self.changes = Counter(
             "mcp_sidecar_changes",
             "Changes detected (content that differs from the last look), by kind",
@@ -237,7 +257,8 @@ class Metrics:
         self.queue_wait = Histogram(
             "mcp_sidecar_queue_wait_seconds",
             "How long work waited its turn under a limit: client requests for a slot upstream (0: one was free), "
-            "polls for polling.max_concurrency, polls asked for by writes deferred by polling.max_hinted_polls_per_s",
+            "polls for polling.max_concurrency, polls asked for by writes deferred by polling.max_hinted_polls_per_s, "
+            "polls waiting their slot of polling.max_reads_per_s",
             ["limit"],
             buckets=_LATENCY_BUCKETS,
             registry=r,
@@ -323,6 +344,7 @@ class Metrics:
         for kind in _WATCH_KINDS:
             self.watches.labels(kind)
             self.changes.labels(kind)
+            self.poll_changes.labels(kind)
             for outcome in _POLL_OUTCOMES:
                 self.polls.labels(kind, outcome)
         for method in _NOTIFICATION_METHODS:

@@ -10,6 +10,7 @@ from sidecar.identity import Identity
 from sidecar.protocol.errors import UpstreamBadResponse, UpstreamRpcError
 from sidecar.upstream.base import Upstream
 from sidecar.watch.fingerprint import ABSENT, fingerprint_contents, fingerprint_items
+from sidecar.watch.rules import NO_RULES, Rule, Rules
 
 __all__ = ["MAX_LIST_PAGES", "Observation", "is_not_found", "observation_from_read", "observe"]
 
@@ -47,21 +48,29 @@ def _ttl(result: dict[str, Any]) -> int | None:
     return ttl if isinstance(ttl, int) and not isinstance(ttl, bool) and ttl > 0 else None
 
 
-def observation_from_read(result: dict[str, Any]) -> Observation:
-    """The observation a `resources/read` result gives (a forwarded read is evidence too)."""
-    return Observation(fingerprint_contents(result.get("contents")), _ttl(result), result.get("cacheScope") == "public")
+def observation_from_read(result: dict[str, Any], rule: Rule | None = None) -> Observation:
+    """The observation a `resources/read` result gives (a forwarded read is evidence too); `rule`: the URI's
+    `polling.rules` entry, whose ignored parts do not count."""
+    contents = result.get("contents")
+    if rule is not None:
+        contents = rule.significant(contents)
+    return Observation(fingerprint_contents(contents), _ttl(result), result.get("cacheScope") == "public")
 
 
-async def observe(upstream: Upstream, kind: WatchKind, uri: str | None, identity: Identity) -> Observation:
+async def observe(
+    upstream: Upstream, kind: WatchKind, uri: str | None, identity: Identity, rules: Rules = NO_RULES
+) -> Observation:
     """Look once, as `identity`; raises UpstreamError when the upstream cannot answer (a not-found resource is an
     answer)."""
     try:
-        return await _observe(upstream, kind, uri, identity)
+        return await _observe(upstream, kind, uri, identity, rules)
     except ValueError as exc:  # an answer that cannot be fingerprinted is a bad answer for this key
         raise UpstreamBadResponse(upstream.url, str(exc)) from exc
 
 
-async def _observe(upstream: Upstream, kind: WatchKind, uri: str | None, identity: Identity) -> Observation:
+async def _observe(
+    upstream: Upstream, kind: WatchKind, uri: str | None, identity: Identity, rules: Rules
+) -> Observation:
     if kind == "resource":
         try:
             result = await upstream.call("resources/read", {"uri": uri}, identity)
@@ -69,7 +78,7 @@ async def _observe(upstream: Upstream, kind: WatchKind, uri: str | None, identit
             if is_not_found(exc):
                 return Observation(ABSENT, None, False)
             raise
-        return observation_from_read(result)
+        return observation_from_read(result, rules.for_uri(uri))
     items: list[Any] = []
     ttls: list[int] = []
     public = True

@@ -22,7 +22,8 @@ from sidecar.identity import PUBLIC
 from sidecar.observability.metrics import Metrics
 from sidecar.observability.tracing import MAX_LINKS, tracing
 from sidecar.protocol.errors import UpstreamError, UpstreamHTTPError
-from sidecar.watch.clock import LOOP_CLOCK, Clock, Timer
+from sidecar.watch.budget import ReadBudget
+from sidecar.watch.clock import LOOP_CLOCK, Clock, Timer, sleep
 from sidecar.watch.generations import Latest, Tickets
 from sidecar.watch.observe import Observation
 
@@ -90,18 +91,28 @@ class Schedule:
     def _jittered(self, base_ms: float, jitter: float) -> float:
         return base_ms * (1 + jitter * (2 * self._rand() - 1)) / 1000
 
-    def interval_s(self, ttl_ms: int | None) -> float:
-        """ttlMs clamped to [min, max]; absent or 0 means the default interval."""
+    def wanted_ms(self, ttl_ms: int | None, rule_ms: int | None = None, *, native: bool = False) -> int:
+        """The interval before jitter: the key's rule, else ttlMs (absent or 0: the default), within [min, max];
+        `native_backstop_ms` for a key the upstream's own notifications cover, when set."""
         config = self._config
-        base = config.default_interval_ms if not ttl_ms else ttl_ms
-        base = min(max(base, config.min_interval_ms), config.max_interval_ms)
-        return self._jittered(base, config.jitter)
+        if native and config.native_backstop_ms:
+            return config.native_backstop_ms
+        base = rule_ms or (config.default_interval_ms if not ttl_ms else ttl_ms)
+        return min(max(base, config.min_interval_ms), config.max_interval_ms)
 
-    def backstop_s(self, ttl_ms: int | None) -> float:
+    def interval_s(self, ttl_ms: int | None, rule_ms: int | None = None) -> float:
+        """ttlMs (or the key's rule) clamped to [min, max]; absent or 0 means the default interval."""
+        return self._jittered(self.wanted_ms(ttl_ms, rule_ms), self._config.jitter)
+
+    def backstop_s(self, ttl_ms: int | None, rule_ms: int | None = None) -> float:
         """The interval of a key the upstream's own notifications cover: `native_backstop_ms`, or (0) the usual."""
         if not self._config.native_backstop_ms:
-            return self.interval_s(ttl_ms)
+            return self.interval_s(ttl_ms, rule_ms)
         return self._jittered(self._config.native_backstop_ms, self._config.jitter)
+
+    def budgeted_s(self, allocated_ms: float) -> float:
+        """An interval a read budget allocated, jittered, never past max_interval_ms (no key starves)."""
+        return min(self._jittered(allocated_ms, self._config.jitter), self._config.max_interval_ms / 1000)
 
     def hint_jitter_s(self, now: float, *, waits: bool) -> float:
         """Spread for hinted polls: up to `jitter` of min_interval_ms. A hint that `waits` out min_interval_ms is
@@ -163,6 +174,8 @@ class Watch:
         observed: ObservationListener = lambda key, fingerprint, ticket: None,
         budget: HintBudget | None = None,
         clock: Clock = LOOP_CLOCK,
+        rule_interval_ms: int | None = None,
+        reads: ReadBudget | None = None,
     ) -> None:
         self.key = key
         self.fingerprint = baseline.fingerprint
@@ -174,6 +187,8 @@ class Watch:
         self.last_change_at: float | None = None
         self.native = False
         """The upstream's own notifications cover this key: it polls at once on them, and as a backstop."""
+        self.rule_interval_ms = rule_interval_ms
+        """The interval `polling.rules` gives this key instead of its ttlMs."""
         self.verified: set[str] = set()
         """Authorization contexts whose own read of this key succeeded (they may join a public watch)."""
         self._latest = Latest(ticket)
@@ -186,10 +201,12 @@ class Watch:
         self._on_auth_failure = on_auth_failure
         self._observed = observed
         self._budget = budget
+        self._reads = reads if reads is not None and reads.enabled else None
         self._clock = clock
         self._coordinator: PollCoordinator = coordinator or LocalCoordinator()
         self._last_start = self._clock.now()
         self._due = self._last_start
+        self._due_hinted = False
         self._timer: Timer | None = None
         self._task: asyncio.Task[None] | None = None
         self._polling = False
@@ -201,10 +218,20 @@ class Watch:
         self._poll_ok = metrics.polls.labels(key.kind, "ok")
         self._poll_error = metrics.polls.labels(key.kind, "error")
         self._poll_duration = metrics.poll_duration.labels(key.kind)
+        self._poll_changed = metrics.poll_changes.labels(key.kind)
+
+    @property
+    def wanted_ms(self) -> float:
+        """Its interval before jitter, were there no read budget."""
+        return self._schedule.wanted_ms(self.ttl_ms, self.rule_interval_ms, native=self.native)
 
     @property
     def interval_s(self) -> float:
-        return self._schedule.backstop_s(self.ttl_ms) if self.native else self._schedule.interval_s(self.ttl_ms)
+        if self._reads is not None:
+            return self._schedule.budgeted_s(self._reads.interval_ms(self))
+        if self.native:
+            return self._schedule.backstop_s(self.ttl_ms, self.rule_interval_ms)
+        return self._schedule.interval_s(self.ttl_ms, self.rule_interval_ms)
 
     def set_native(self, native: bool) -> None:
         """Covered by the upstream's notifications or not; losing the cover polls now (what changed meanwhile was
@@ -278,7 +305,14 @@ class Watch:
         if slot > due:
             self._metrics.queue_wait.labels("hinted_polls").observe(slot - due)  # deferred, never dropped
         if scheduled is None or slot < scheduled:
-            self._arm(slot)
+            self._arm(slot, hinted=True)
+
+    def tighten(self) -> None:
+        """The read budget gave this key a shorter interval: its next poll comes that much after its last."""
+        if self._timer is not None and not self.consecutive_errors and not self._due_hinted:
+            due = max(self._last_start + self.interval_s, self._clock.now())
+            if due < self._timer.when():
+                self._arm(due)
 
     def recover(self) -> None:
         """The upstream answers again: a failing watch retries now instead of waiting out its backoff, but once
@@ -303,11 +337,12 @@ class Watch:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
-    def _arm(self, due: float) -> None:
+    def _arm(self, due: float, *, hinted: bool = False) -> None:
         # An idle watch is one timer entry, not a sleeping task: thousands of watches stay cheap.
         if self._timer is not None:
             self._timer.cancel()
         self._due = due
+        self._due_hinted = hinted
         self._timer = self._clock.call_at(due, self._fire)
 
     def _fire(self) -> None:
@@ -319,6 +354,8 @@ class Watch:
     async def _cycle(self) -> None:
         try:
             if self._coordinator.may_poll(self.key):
+                if self._reads is not None:
+                    await self._read_slot()
                 await self.poll_once(self._due)
             else:
                 self._last_start = self._clock.now()  # another replica holds the lease; look again later
@@ -334,10 +371,20 @@ class Watch:
             delay = self._schedule.backoff_s(self.consecutive_errors)
         else:
             delay = self.interval_s
+            self._metrics.poll_interval.observe(delay)
         hinted, self._hinted = self._hinted and not self.consecutive_errors, False
         self._arm(self._last_start + delay)
         if hinted:
             self._arm_hinted(self._last_start + delay)
+
+    async def _read_slot(self) -> None:
+        # Every poll takes a slot of the read budget, hinted ones too (invariant 21); over it, it waits its slot.
+        assert self._reads is not None
+        now = self._clock.now()
+        slot = self._reads.slot(now, hinted=self._due_hinted)
+        if slot > now:
+            self._metrics.queue_wait.labels("read_budget").observe(slot - now)
+            await sleep(self._clock, slot - now)
 
     async def poll_once(self, due: float) -> None:
         links, self._links = self._links, []
@@ -352,7 +399,7 @@ class Watch:
             started = self._clock.now()
             if queued_at is not None:  # waited for polling.max_concurrency: a wait, not a refusal
                 self._metrics.queue_wait.labels("poll_concurrency").observe(started - queued_at)
-            self._last_start = started
+            previous, self._last_start = self._last_start, started
             self._metrics.poll_lag.observe(max(0.0, started - due))
             try:
                 ticket, observation = await self._tickets.look(lambda: self._reader(self))
@@ -368,7 +415,10 @@ class Watch:
         self._recovery_retried = False
         self._poll_ok.inc()
         event = self.offer(observation, ticket)
+        if self._reads is not None:
+            self._reads.polled(self.key, event is not None, started - previous)
         if event is not None:
+            self._poll_changed.inc()
             if _HOLD_BEFORE_PUBLISH:
                 await _hold()
             with tracing().change(self.key.kind, self.key.short_hash, event.generation):

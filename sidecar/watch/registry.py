@@ -33,6 +33,7 @@ from sidecar.protocol.constants import READ_ONLY_METHODS
 from sidecar.protocol.errors import UpstreamHTTPError
 from sidecar.upstream.base import Upstream
 from sidecar.watch.admission import Admission
+from sidecar.watch.budget import ReadBudget
 from sidecar.watch.clock import LOOP_CLOCK, Clock, Timer
 from sidecar.watch.fingerprint import ABSENT
 from sidecar.watch.generations import Tickets
@@ -41,6 +42,7 @@ from sidecar.watch.native import NativeNotifications
 from sidecar.watch.observe import Observation, observation_from_read, observe
 from sidecar.watch.poller import HintBudget, ObservationListener, Schedule, Watch
 from sidecar.watch.revalidate import Revalidator
+from sidecar.watch.rules import Rules
 
 __all__ = ["Handle", "Stage", "WatchRegistry"]
 
@@ -118,6 +120,7 @@ class WatchRegistry:
         fair_share: FairShare,
         coordinator: PollCoordinator | None = None,
         clock: Clock = LOOP_CLOCK,
+        replicas: Callable[[], int] = lambda: 1,
     ) -> None:
         self._upstream = upstream
         self._fair_share = fair_share
@@ -129,6 +132,10 @@ class WatchRegistry:
         self._metrics = metrics
         self._schedule = Schedule(config)
         self._budget = HintBudget(config.max_hinted_polls_per_s)
+        self._rules = Rules(config.rules)
+        self._reads = ReadBudget(
+            config, metrics, clock, watches=self.watches, may_poll=self._coordinator.may_poll, replicas=replicas
+        )
         self._gate = asyncio.Semaphore(config.max_concurrency)
         self._tickets = Tickets()
         self._entries: dict[WatchKey, _Entry] = {}
@@ -237,7 +244,7 @@ class WatchRegistry:
     async def _look(self, kind: WatchKind, uri: str | None, identity: Identity, paced: bool) -> tuple[int, Observation]:
         """A caller's own look: in its turn, among the polls, ticketed as it starts."""
         async with self._turn(identity, paced), self._gate:
-            return await self._tickets.look(lambda: observe(self._upstream, kind, uri, identity))
+            return await self._tickets.look(lambda: observe(self._upstream, kind, uri, identity, self._rules))
 
     def on_observation(self, listener: ObservationListener) -> None:
         """Be told of every look at the upstream a watch applies (the read-through cache listens)."""
@@ -294,6 +301,8 @@ class WatchRegistry:
             observed=self._observed,
             budget=self._budget,
             clock=self._clock,
+            rule_interval_ms=rule.interval_ms if (rule := self._rules.for_uri(key.uri)) is not None else None,
+            reads=self._reads,
         )
         entry = self._entries[key] = _Entry(watch)
         self._observed(key, baseline.fingerprint, ticket)
@@ -369,6 +378,7 @@ class WatchRegistry:
         del self._entries[key]
         entry.shares.clear()
         self._native.forget(watch)
+        self._reads.forget(key)
         self._metrics.watches.labels(key.kind).dec()
         self._refresh_contexts()
         self._spawn(watch.stop())
@@ -384,7 +394,7 @@ class WatchRegistry:
         # Public data is the same for everyone; prefer polling it without credentials when possible.
         context = ANONYMOUS if ANONYMOUS in entry.shares else next(iter(entry.shares))
         entry.last_poller = context
-        return await observe(self._upstream, watch.key.kind, watch.key.uri, entry.shares[context].identity)
+        return await observe(self._upstream, watch.key.kind, watch.key.uri, entry.shares[context].identity, self._rules)
 
     # -- evidence and hints --------------------------------------------------------------------------------
 
@@ -405,7 +415,7 @@ class WatchRegistry:
             watch = self._watch(WatchKey("resource", uri, scope))
             if watch is not None:  # fingerprint only what someone watches: this is the forwarding hot path
                 with contextlib.suppress(ValueError):  # unfingerprintable content teaches nothing
-                    self._apply(watch, observation_from_read(result), ticket)
+                    self._apply(watch, observation_from_read(result, self._rules.for_uri(uri)), ticket)
             return
         error = answer.get("error")
         if isinstance(error, dict) and error.get("code") in (-32602, -32002):

@@ -8,6 +8,7 @@ A second test walks the configuration model: a new text key without a bad-value 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import typing
@@ -146,6 +147,17 @@ BAD_VALUES = [
     _row("metrics.path", {"metrics": {"path": "/metrics?format=text"}}, "metrics-path-query"),
     _row("tracing.endpoint", {"tracing": {"endpoint": "collector:4318"}}, "tracing-endpoint-no-scheme"),
     _row("tracing.endpoint", {"tracing": {"endpoint": "http://collector:431800/v1/traces"}}, "tracing-endpoint-port"),
+    _row("polling.rules[1].match", {"polling": {"rules": [{"match": "a://*"}, {"match": "a:// b"}]}}, "rule-glob"),
+    _row(
+        "polling.rules[0].ignore.json_pointers[0]",
+        {"polling": {"rules": [{"match": "a://*", "ignore": {"json_pointers": ["generatedAt"]}}]}},
+        "rule-pointer",
+    ),
+    _row(
+        "polling.rules[0].ignore.patterns[1]",
+        {"polling": {"rules": [{"match": "a://*", "ignore": {"patterns": ["id=\\d+", "([a-z]"]}}]}},
+        "rule-pattern",
+    ),
 ]
 
 FREE_TEXT = {"tracing.service_name": "any name is a service name"}
@@ -256,8 +268,19 @@ def _text_keys(model: type[BaseModel], prefix: str = "") -> Iterator[str]:
         annotation = field.annotation
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
             yield from _text_keys(annotation, f"{prefix}{name}.")
+        elif typing.get_origin(annotation) is list and _model(typing.get_args(annotation)[0]):
+            yield from _text_keys(typing.get_args(annotation)[0], f"{prefix}{name}[].")
         elif _holds_text(annotation):
             yield prefix + name
+
+
+def _model(annotation: Any) -> bool:
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
+
+
+def _walked(key: str) -> str:
+    """A row's key as the walk names it: any position in a list written `[]`, none after the last name."""
+    return re.sub(r"\[\d+\]", "[]", key).removesuffix("[]")
 
 
 def _holds_text(annotation: Any) -> bool:
@@ -270,6 +293,6 @@ def _holds_text(annotation: Any) -> bool:
 
 def test_every_text_key_of_the_model_has_a_bad_value_row() -> None:
     keys = set(_text_keys(SidecarConfig))
-    covered = {param.values[0] for param in BAD_VALUES}
+    covered = {_walked(str(param.values[0])) for param in BAD_VALUES}
     assert keys - covered - set(FREE_TEXT) == set(), "a key that takes text needs a bad-value row in BAD_VALUES"
     assert covered | set(FREE_TEXT) <= keys, "a row names a key the model does not have"

@@ -8,7 +8,8 @@ handshake era). ``legacy`` puts an ASGI guard in front that answers any non-hand
 
 Resources (all text/plain): ``catalog://price`` (public), ``catalog://items/{sku}`` (public),
 ``catalog://profile`` (private; text depends on the caller's ``Authorization``),
-``catalog://forbidden`` (every read fails with -32603), plus whatever ``add_resource`` /
+``catalog://forbidden`` (every read fails with -32603), ``catalog://stamped/{name}`` (JSON whose ``generatedAt``
+differs on every read; its ``price`` is the price), plus whatever ``add_resource`` /
 ``add_template`` register. Unknown URIs get the SDK's not-found error (-32602).
 
 Admin routes on the same port, JSON in and out: ``POST /admin/set {"price": n}``,
@@ -82,6 +83,7 @@ class ShopState:
     def __init__(self) -> None:
         self.price = 100
         self.profile_versions: dict[str, int] = {}
+        self.stamps = 0
 
     def profile_text(self, token: str) -> str:
         return f"profile of {token} v{self.profile_versions.get(token, 1)}"
@@ -334,6 +336,12 @@ def build_app(
     @mcp.resource("catalog://items/{sku}", mime_type="text/plain")
     def item(sku: str) -> str:
         return f"item {sku} costs {state.price}"
+
+    @mcp.resource("catalog://stamped/{name}", mime_type="application/json")
+    def stamped(name: str) -> str:
+        # A volatile resource: every read carries a new stamp; only the price is a real change.
+        state.stamps += 1
+        return json.dumps({"name": name, "price": state.price, "generatedAt": state.stamps})
 
     @mcp.resource("catalog://profile", mime_type="text/plain", description="per-caller profile")
     def profile() -> str:

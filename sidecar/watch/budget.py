@@ -1,0 +1,141 @@
+"""`polling.max_reads_per_s` at work: every poll of the upstream takes a slot of the budget (hinted ones too),
+and the regular intervals are allocated so that the schedule fits it (see `sidecar.watch.allocator`).
+
+The slots are the guarantee: polls are spaced at least 1/budget seconds apart, so no second ever holds more
+than the budget (plus the one poll on its edge). The allocation is what keeps the wait for a slot short and
+spends the budget where changes are. On replicas the budget is the fleet's: this replica's share is the budget
+over the live replicas it knows, and it allocates among the keys it polls.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Hashable, Iterable
+from typing import Protocol
+
+from sidecar.changes import WatchKey
+from sidecar.config import PollingConfig
+from sidecar.observability.metrics import Metrics
+from sidecar.watch.allocator import ChangeRate, Demand, allocate
+from sidecar.watch.clock import Clock
+
+__all__ = ["Budgeted", "ReadBudget"]
+
+_REALLOCATE_S = 1.0
+"""How old an allocation may be before a poll asks for a new one (change rates and the keys move slowly)."""
+_HINTED_HALF_LIFE_S = 10.0
+_MIN_MARGIN = 0.05
+_TIGHTER = 0.8
+"""A key whose allocated interval shrank below this share of the last is re-armed at once, not at its old time."""
+_SCHEDULED_SHARE = 0.9
+"""Of the budget, what regular polls are allocated: jittered timers bunch, and a full budget would make them queue
+for slots (the slots, not the allocation, keep the budget)."""
+
+
+class Budgeted(Protocol):
+    """What the budget reads of a watch."""
+
+    key: WatchKey
+    refs: int
+
+    @property
+    def wanted_ms(self) -> float: ...
+
+    def tighten(self) -> None: ...
+
+
+class ReadBudget:
+    """This replica's share of the upstream's read budget: slots for polls, and intervals for keys."""
+
+    def __init__(
+        self,
+        config: PollingConfig,
+        metrics: Metrics,
+        clock: Clock,
+        *,
+        watches: Callable[[], Iterable[Budgeted]],
+        may_poll: Callable[[WatchKey], bool],
+        replicas: Callable[[], int] = lambda: 1,
+    ) -> None:
+        self._config = config
+        self._metrics = metrics
+        self._clock = clock
+        self._watches = watches
+        self._may_poll = may_poll
+        self._replicas = replicas
+        self._rates: dict[WatchKey, ChangeRate] = {}
+        self._intervals: dict[Hashable, float] = {}
+        self._allocated_at = -math.inf
+        self._next_slot = -math.inf
+        self._hinted = 0.0
+        """Hinted polls a second, decaying: the allocation leaves them room."""
+        self._hinted_at = clock.now()
+
+    @property
+    def enabled(self) -> bool:
+        return self._config.max_reads_per_s > 0
+
+    def per_s(self) -> float:
+        """This replica's share of the budget (reads a second)."""
+        return self._config.max_reads_per_s / max(self._replicas(), 1)
+
+    def slot(self, earliest: float, *, hinted: bool) -> float:
+        """When a poll wanted at `earliest` may start: the next free slot, which it takes."""
+        per_s = self.per_s()
+        self._metrics.read_budget.set(per_s)
+        if hinted:
+            self._decay_hinted(earliest)
+            self._hinted += math.log(2) / _HINTED_HALF_LIFE_S
+        start = max(earliest, self._next_slot)
+        self._next_slot = start + 1 / per_s
+        return start
+
+    def _decay_hinted(self, now: float) -> None:
+        self._hinted *= 0.5 ** (max(now - self._hinted_at, 0.0) / _HINTED_HALF_LIFE_S)
+        self._hinted_at = now
+
+    def polled(self, key: WatchKey, changed: bool, interval_s: float) -> None:
+        """A poll of `key`, `interval_s` after its previous one, saw a change or not."""
+        rate = self._rates.get(key)
+        if rate is None:
+            rate = self._rates[key] = ChangeRate()
+        rate.record(changed, interval_s)
+
+    def forget(self, key: WatchKey) -> None:
+        self._rates.pop(key, None)
+        self._intervals.pop(key, None)
+
+    def interval_ms(self, watch: Budgeted) -> float:
+        """The interval `watch` is given under the budget (its wanted one while the budget covers everyone)."""
+        now = self._clock.now()
+        if now - self._allocated_at >= _REALLOCATE_S or watch.key not in self._intervals:
+            self._allocate(now)
+        interval_s = self._intervals.get(watch.key)
+        return watch.wanted_ms if interval_s is None else interval_s * 1000
+
+    def _allocate(self, now: float) -> None:
+        self._allocated_at = now
+        polled = [watch for watch in self._watches() if watch.refs > 0 and self._may_poll(watch.key)]
+        demands = [
+            Demand(
+                watch.key,
+                watch.wanted_ms / 1000,
+                rate.per_s() if (rate := self._rates.get(watch.key)) is not None else 0.0,
+                watch.refs,
+            )
+            for watch in polled
+        ]
+        self._decay_hinted(now)
+        spendable = max(self.per_s() * _SCHEDULED_SHARE - self._hinted, 0.0)
+        # The floor is set so that jittered it stays within max_interval_ms less a margin for a slot's wait: no key
+        # goes unread longer than max_interval_ms.
+        margin = max(self._config.jitter, _MIN_MARGIN)
+        floor_s = self._config.max_interval_ms / 1000 * (1 - margin) / (1 + self._config.jitter)
+        previous, self._intervals = (
+            self._intervals,
+            allocate(demands, spendable, max_interval_s=floor_s, policy=self._config.allocation),
+        )
+        for watch in polled:
+            before = previous.get(watch.key)
+            if before is not None and self._intervals[watch.key] < before * _TIGHTER:
+                watch.tighten()  # armed for the longer interval: its next poll comes sooner now

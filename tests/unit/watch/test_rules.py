@@ -1,0 +1,87 @@
+"""`polling.rules` on their own: which rule a URI falls under, and what of a read counts as a change."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from sidecar.config.polling_rules import PollingRule
+from sidecar.watch.observe import observation_from_read
+from sidecar.watch.rules import Rules
+
+
+def _rules(*rules: dict[str, Any]) -> Rules:
+    return Rules([PollingRule.model_validate(rule) for rule in rules])
+
+
+def _read(text: str, **item: Any) -> dict[str, Any]:
+    return {"contents": [{"uri": "report://daily", "text": text, **item}]}
+
+
+def test_the_first_rule_whose_glob_fits_wins_and_star_crosses_slashes() -> None:
+    rules = _rules({"match": "report://daily/*", "interval_ms": 1}, {"match": "report://*", "interval_ms": 2})
+    assert rules.for_uri("report://daily/2026/05") is not None
+    assert rules.for_uri("report://daily/2026/05").interval_ms == 1  # type: ignore[union-attr]
+    assert rules.for_uri("report://weekly").interval_ms == 2  # type: ignore[union-attr]
+    assert rules.for_uri("other://daily") is None
+    assert _rules({"match": "a.b://x?"}).for_uri("aXb://xy") is None, "only * is special"
+
+
+def test_ignored_json_members_are_no_change_but_the_rest_is() -> None:
+    rule = _rules({"match": "*", "ignore": {"json_pointers": ["/generatedAt", "/items/0/seen", "/a~1b"]}}).for_uri("x")
+    base = observation_from_read(
+        _read('{"total": 1, "generatedAt": 1, "items": [{"seen": 1, "n": 1}], "a/b": 1}'), rule
+    )
+    noise = observation_from_read(
+        _read('{"items": [{"n": 1, "seen": 2}], "generatedAt": 2, "total": 1, "a/b": 2}'), rule
+    )
+    real = observation_from_read(
+        _read('{"total": 2, "generatedAt": 2, "items": [{"seen": 2, "n": 1}], "a/b": 2}'), rule
+    )
+    assert base.fingerprint == noise.fingerprint != real.fingerprint
+    assert (
+        observation_from_read(_read('{"total": 1, "generatedAt": 1}')).fingerprint
+        != observation_from_read(_read('{"total": 1, "generatedAt": 2}')).fingerprint
+    ), "without the rule the stamp is a change"
+
+
+def test_ignored_patterns_are_removed_from_text_and_pointers_from_structured_content() -> None:
+    rule = _rules(
+        {"match": "*", "ignore": {"patterns": [r"generated at \S+"], "json_pointers": ["/requestId"]}}
+    ).for_uri("x")
+    one = observation_from_read(_read("price 10, generated at 10:00", structured={"requestId": 1, "p": 10}), rule)
+    two = observation_from_read(_read("price 10, generated at 10:01", structured={"requestId": 2, "p": 10}), rule)
+    three = observation_from_read(_read("price 11, generated at 10:02", structured={"requestId": 3, "p": 10}), rule)
+    assert one.fingerprint == two.fingerprint != three.fingerprint
+
+
+def test_text_that_is_not_json_keeps_its_pointers_harmless() -> None:
+    rule = _rules({"match": "*", "ignore": {"json_pointers": ["/a"]}}).for_uri("x")
+    assert (
+        observation_from_read(_read("not json"), rule).fingerprint
+        != observation_from_read(_read("not json!"), rule).fingerprint
+    )
+
+
+def test_a_rule_never_changes_what_a_client_reads() -> None:
+    rule = _rules({"match": "*", "ignore": {"json_pointers": ["/s"], "patterns": ["x"]}}).for_uri("x")
+    result = _read('{"s": 1, "t": "x"}', structured={"s": 1})
+    observation_from_read(result, rule)
+    assert result == _read('{"s": 1, "t": "x"}', structured={"s": 1})
+
+
+@pytest.mark.parametrize(
+    ("rule", "problem"),
+    [
+        ({"match": ""}, "empty glob"),
+        ({"match": "a\tb"}, "whitespace"),
+        ({"match": "*", "ignore": {"json_pointers": [""]}}, "starts with '/'"),
+        ({"match": "*", "ignore": {"json_pointers": ["/a~2"]}}, "'~' must be written"),
+        ({"match": "*", "ignore": {"patterns": ["(unclosed"]}}, "not a regular expression"),
+        ({"match": "*", "interval_ms": 0}, "greater than or equal to 1"),
+    ],
+)
+def test_a_bad_rule_is_refused_naming_the_problem(rule: dict[str, Any], problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        PollingRule.model_validate(rule)
