@@ -27,7 +27,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from bench.services import redis_missing, start_redis
-from sidecar.bus.redis import RedisCluster
+from sidecar.bus.redis import RedisBus
 from sidecar.changes import ChangeEvent, WatchKey
 from sidecar.observability.metrics import Metrics
 
@@ -64,11 +64,11 @@ def _received(metrics: list[Metrics]) -> float:
     return sum(m.registry.get_sample_value(name) or 0.0 for m in metrics)
 
 
-def _owned(cluster: RedisCluster, keys: list[WatchKey]) -> set[WatchKey]:
+def _owned(cluster: RedisBus, keys: list[WatchKey]) -> set[WatchKey]:
     return {key for key in keys if cluster.may_poll(key)}
 
 
-async def _settled(clusters: list[RedisCluster], keys: list[WatchKey], within_s: float) -> list[int]:
+async def _settled(clusters: list[RedisBus], keys: list[WatchKey], within_s: float) -> list[int]:
     """Waits until every key has exactly one owner; returns the keys each replica owns."""
     deadline = time.monotonic() + within_s
     while True:
@@ -86,7 +86,7 @@ async def run(replicas: int, keys_count: int, interest: int, buckets: int) -> di
         stack.push_async_callback(client.aclose)
         metrics = [Metrics() for _ in range(replicas)]
         clusters = [
-            RedisCluster(url, instance=f"sim-{n}", metrics=metrics[n], lease_ms=LEASE_MS, buckets=buckets)
+            RedisBus(url, instance=f"sim-{n}", metrics=metrics[n], lease_ms=LEASE_MS, buckets=buckets)
             for n in range(replicas)
         ]
         for cluster in clusters:

@@ -11,7 +11,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from sidecar.bus.memory import MemoryBus
-from sidecar.bus.redis import RedisCluster
+from sidecar.bus.redis import RedisBus
 from sidecar.changes import Bus
 from sidecar.config import SidecarConfig
 from sidecar.downstream.handler import McpEndpoint, no_tracebacks
@@ -53,7 +53,7 @@ UPSTREAM: web.AppKey[Upstream] = web.AppKey("upstream")
 REGISTRY = web.AppKey("registry", WatchRegistry)
 HUB = web.AppKey("hub", StreamHub)
 IDENTITIES = web.AppKey("identities", IdentityRule)
-CLUSTER = web.AppKey("cluster", RedisCluster)
+CLUSTER = web.AppKey("cluster", RedisBus)
 LEGACY = web.AppKey("legacy", LegacySessions)
 FAIR_SHARE = web.AppKey("fair_share", FairShare)
 ADMIN = web.AppKey("admin", web.Application)
@@ -85,9 +85,9 @@ def build_app(config: SidecarConfig) -> web.Application:
     app[UPSTREAM] = upstream
     app.cleanup_ctx.append(_upstream_context)
     bus: Bus
-    cluster: RedisCluster | None = None
+    cluster: RedisBus | None = None
     if config.bus.backend == "redis":
-        cluster = RedisCluster(
+        cluster = RedisBus(
             config.bus.redis_url.get_secret_value(),
             instance=INSTANCE_ID,
             metrics=metrics,

@@ -4,6 +4,6 @@
 from __future__ import annotations
 
 from sidecar.bus.memory import MemoryBus
-from sidecar.bus.redis import RedisCluster, RedisUnavailable
+from sidecar.bus.redis import RedisBus, RedisUnavailable
 
-__all__ = ["MemoryBus", "RedisCluster", "RedisUnavailable"]
+__all__ = ["MemoryBus", "RedisBus", "RedisUnavailable"]

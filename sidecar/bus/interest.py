@@ -1,5 +1,5 @@
-"""This replica's interest in Redis: the one writer that adds and removes it, and the reader of the bus's
-messages (interest of the others, changes, hints).
+"""This replica's interest in Redis: the one writer that adds and removes it, in the order its streams came and
+went, and what a write reads back (who else is interested, the key's stored state) handed on.
 """
 
 from __future__ import annotations
@@ -7,37 +7,95 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable
+from typing import Any
 
-import orjson
-
-from sidecar.bus.connect import Op
-from sidecar.bus.coordinator import (
-    _HEARD_WITHIN_S,
-    _RETRY_MAX_S,
-    _RETRY_S,
-    _WRITE_FAILURES,
-    _NotHeard,
-    _pairs,
-    _reraise_cancellation,
-    _text,
-)
-from sidecar.bus.layout import (
-    HINTS_CHANNEL,
-    Interest,
-    decode,
-    encode_interest,
-    key_hash,
-)
+from sidecar.bus.channels import Channels
+from sidecar.bus.connect import REDIS_FAILURES, Op
+from sidecar.bus.fence import Fence
+from sidecar.bus.keys import TrackedKeys
+from sidecar.bus.layout import Interest, encode_interest, key_hash, text
+from sidecar.bus.link import Link
 from sidecar.bus.takeover import Takeover
+from sidecar.bus.tasks import stop_if_cancelled
 from sidecar.changes import WatchKey
 
 __all__ = ["InterestWriter"]
 
 logger = logging.getLogger(__name__)
 
+_HEARD_WITHIN_S = 2.0
+_RETRY_S = 0.5
+_RETRY_MAX_S = 30.0
 
-class InterestWriter(Takeover):
-    """The interest writer and the bus's message reader."""
+
+class _NotHeard(Exception):
+    """A bucket's subscription was not confirmed in time: our interest in its keys waits (and is retried)."""
+
+
+_WRITE_FAILURES: tuple[type[Exception], ...] = (*REDIS_FAILURES, _NotHeard)
+
+
+def _pairs(items: list[Any]) -> Iterable[tuple[Any, Any]]:
+    it = iter(items)
+    return zip(it, it, strict=True)
+
+
+class InterestWriter:
+    """The one writer of this replica's interest (`run`), fed by `join` and `leave`."""
+
+    def __init__(self, link: Link, channels: Channels, keys: TrackedKeys, fence: Fence, takeover: Takeover) -> None:
+        self._link = link
+        self._channels = channels
+        self._keys = keys
+        self._fence = fence
+        self._takeover = takeover
+        self._registered: set[WatchKey] = set()
+        """Keys whose interest of ours is written in Redis."""
+        self._pending: dict[WatchKey, bool] = {}
+        self._wake = asyncio.Event()
+        self._joining: set[str] = set()
+        """Keys (hashes) whose interest of ours is queued or being written: their interest messages wait in
+        `_early`, as the members the write reads back replace this replica's view of who is interested."""
+        self._early: dict[str, dict[str, bool]] = {}
+        """Interest messages heard for keys whose interest of ours is still being written (hash -> instance ->
+        present): newer than the members that write reads back, so they win over them."""
+        link.on_switch(self._switched)
+
+    def join(self, key: WatchKey) -> None:
+        self._queue([(key, True)])
+
+    def leave(self, key: WatchKey) -> None:
+        self._early.pop(key_hash(key), None)
+        self._queue([(key, False)])
+
+    def write_all(self) -> None:
+        """Redis may have come back empty, or taken us for dead: every interest is written again (and the others'
+        read afresh)."""
+        self._registered.clear()
+        self._queue((key, True) for key in self._keys)
+
+    def _switched(self, up: bool) -> None:
+        if up:
+            self.write_all()
+
+    def written(self, key: WatchKey) -> bool:
+        return key in self._registered
+
+    def settling(self, hashed: str) -> bool:
+        """Our interest in the key is queued or being written, or interest messages heard meanwhile wait for it."""
+        return hashed in self._joining or hashed in self._early
+
+    def hold_back(self, message: Interest) -> bool:
+        """Another replica's interest message, held back (True) when ours in the key is being written: it is newer
+        than what our write will read back, so it is applied after that."""
+        if message.hashed not in self._joining:
+            return False
+        self._early.setdefault(message.hashed, {})[message.origin] = message.present
+        return True
+
+    async def remove_all(self) -> None:
+        """Our interest leaves Redis, each removal told on its bucket (closing)."""
+        await self._write([], list(self._registered))
 
     def _queue(self, ops: Iterable[tuple[WatchKey, bool]]) -> None:
         for key, present in ops:
@@ -48,29 +106,29 @@ class InterestWriter(Takeover):
                 self._joining.discard(key_hash(key))
         self._wake.set()
 
-    async def _interest_loop(self) -> None:
+    async def run(self) -> None:
         """The one writer of our interest, so writes for a key happen in the order its streams came and went."""
         failures = 0
         while True:
-            _reraise_cancellation()
+            stop_if_cancelled()
             await self._wake.wait()
             self._wake.clear()
             ops, self._pending = self._pending, {}
-            joins = [key for key, present in ops.items() if present and key in self._tracked]
+            joins = [key for key, present in ops.items() if present and key in self._keys]
             joins = [key for key in joins if key not in self._registered]
             leaves = [key for key, present in ops.items() if not present and key in self._registered]
-            leaves = [key for key in leaves if key not in self._tracked]
+            leaves = [key for key in leaves if key not in self._keys]
             try:
-                await self._write_interest(joins, leaves)
+                await self._write(joins, leaves)
                 failures = 0
                 continue
             except _WRITE_FAILURES as exc:
-                _reraise_cancellation()
+                stop_if_cancelled()
                 if not isinstance(exc, _NotHeard):  # a slow confirmation is no outage: try again
-                    self._failed(exc)
+                    self._link.failed(exc)
                 delay = _RETRY_S
             except Exception:  # the one writer must outlive a bug or a state it cannot read: others rely on it
-                _reraise_cancellation()
+                stop_if_cancelled()
                 logger.exception("writing this replica's interest failed; retrying")
                 # Backing off, as the same failure may come back on every try: bounded, never a hot loop.
                 failures += 1
@@ -81,97 +139,53 @@ class InterestWriter(Takeover):
             for key in leaves:
                 self._pending.setdefault(key, False)
             await asyncio.sleep(delay)
-            if self.degraded is None:
+            if self._link.degraded is None:
                 self._queue((key, True) for key in joins)
 
-    async def _write_interest(self, joins: list[WatchKey], leaves: list[WatchKey]) -> None:
+    async def _write(self, joins: list[WatchKey], leaves: list[WatchKey]) -> None:
         if not joins and not leaves:
             return
-        buckets = {self._layout.bucket_of(key) for key in joins}
+        layout, instance, scripts = self._link.layout, self._link.instance, self._link.scripts
+        buckets = {layout.bucket_of(key) for key in joins}
         # Heard before written: from then on, every interest message and change of the bucket reaches us.
         heard = await asyncio.gather(*(self._channels.heard(bucket, _HEARD_WITHIN_S) for bucket in buckets))
         if not all(heard):
             raise _NotHeard
-        index = self._layout.interest_of(self._instance)
+        index = layout.interest_of(instance)
         ops: list[Op] = []
         for key in joins:
-            bucket, hashed = self._layout.bucket_of(key), key_hash(key)
-            message = encode_interest(Interest(self._instance, hashed, True))
-            keys = [self._layout.interest(bucket, hashed), self._layout.state(bucket, hashed)]
-            ops.append(Op(self._join, [*keys, self._layout.channel(bucket)], [self._instance, *self._cmd(message)]))
+            bucket, hashed = layout.bucket_of(key), key_hash(key)
+            message = encode_interest(Interest(instance, hashed, True))
+            keys = [layout.interest(bucket, hashed), layout.state(bucket, hashed), layout.channel(bucket)]
+            ops.append(Op(scripts.join, keys, [instance, *self._link.publish_args(message)]))
             ops.append(Op(None, args=[index, f"{bucket}:{hashed}"], command="sadd"))
         for key in leaves:
-            bucket, hashed = self._layout.bucket_of(key), key_hash(key)
-            message = encode_interest(Interest(self._instance, hashed, False))
-            keys = [self._layout.interest(bucket, hashed), self._layout.channel(bucket)]
-            ops.append(Op(self._leave, keys, [self._instance, *self._cmd(message)]))
+            bucket, hashed = layout.bucket_of(key), key_hash(key)
+            message = encode_interest(Interest(instance, hashed, False))
+            keys = [layout.interest(bucket, hashed), layout.channel(bucket)]
+            ops.append(Op(scripts.leave, keys, [instance, *self._link.publish_args(message)]))
             ops.append(Op(None, args=[index, f"{bucket}:{hashed}"], command="srem"))
-        results = await self._conn.batch(ops)
+        results = await self._link.batch(ops)
         for key, (joined, _) in zip(joins, _pairs(results[: 2 * len(joins)]), strict=True):
             self._registered.add(key)
             members, told, generation = joined
-            if key not in self._tracked:
+            if key not in self._keys:
                 self._pending.setdefault(key, False)  # gone while we wrote: take it back out
                 self._wake.set()
                 continue
-            await self._caught_up(key, *self._stored(key, told, generation))
-            if key not in self._tracked:
+            await self._fence.caught_up(key, *self._fence.stored(key, told, generation))
+            if key not in self._keys:
                 # Given up while its missed change was told (that yields): the leave is queued, and owning it
                 # now would keep it polled, and counted as held, for nobody.
                 continue
             hashed = key_hash(key)
             self._joining.discard(hashed)
-            interested = {_text(member) for member in members}
-            for instance, present in self._early.pop(hashed, {}).items():
+            interested = {text(member) for member in members}
+            for origin, present in self._early.pop(hashed, {}).items():
                 if present:
-                    interested.add(instance)
+                    interested.add(origin)
                 else:
-                    interested.discard(instance)
-            self._settle(self._own.track(hashed, interested))
+                    interested.discard(origin)
+            self._takeover.track(hashed, interested)
         for key in leaves:
             self._registered.discard(key)
-
-    def _dispatch(self, channel: bytes, data: bytes) -> None:
-        if channel in (HINTS_CHANNEL.encode(), HINTS_CHANNEL):
-            self._hint_message(data)
-            return
-        self._metrics.bus_received.inc()
-        try:
-            origin, message = decode(data)
-        except (ValueError, KeyError, TypeError):
-            logger.warning("undecodable message on the bus; ignored")
-            return
-        if origin == self._instance:
-            return  # delivered locally when it was published
-        if isinstance(message, Interest):
-            if message.hashed in self._joining:
-                # Ours is being written: this is newer than what our write will read back; applied after it.
-                self._early.setdefault(message.hashed, {})[origin] = message.present
-                return
-            self._settle(self._own.interest(message.hashed, origin, message.present))
-            return
-        event = message
-        if not event.baseline and event.key in self._tracked:
-            self._generation[event.key] = max(event.generation, self._generation.get(event.key, 0))
-            if self._tracked[event.key].fingerprint == event.fingerprint:
-                return  # what our streams already have (their watch saw it first): not news here
-        self._metrics.bus_messages.labels("in").inc()
-        # Synchronously, as it is read: the cache drops what it made stale before this replica serves another
-        # request (the cache listens before the streams do).
-        self._local.deliver(event)
-
-    def _hint_message(self, data: bytes) -> None:
-        try:
-            message = orjson.loads(data)
-            origin = str(message["o"])
-            if origin == self._instance:
-                return
-            if message.get("left"):
-                self._settle(self._own.set_live(self._own.live - {origin}))
-                return
-            contexts = frozenset(message["c"])
-        except (ValueError, KeyError, TypeError):
-            logger.warning("undecodable message on the bus; ignored")
-            return
-        for listener in self._revalidate_listeners:
-            listener(contexts)

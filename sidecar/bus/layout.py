@@ -34,6 +34,8 @@ __all__ = [
     "encode_event",
     "encode_interest",
     "key_hash",
+    "stored_generation",
+    "text",
 ]
 
 PREFIX = "mcp-sidecar:"
@@ -62,6 +64,12 @@ class Layout:
 
     def bucket_of(self, key: WatchKey) -> int:
         return self.bucket(key.kind, key.uri)
+
+    def state_of(self, key: WatchKey) -> str:
+        return self.state(self.bucket_of(key), key_hash(key))
+
+    def channel_of(self, key: WatchKey) -> str:
+        return self.channel(self.bucket_of(key))
 
     @staticmethod
     def tag(bucket: int) -> str:
@@ -128,3 +136,25 @@ def decode(raw: bytes) -> tuple[str, ChangeEvent | Interest]:
         return origin, Interest(origin, str(data["i"]), bool(data["a"]))
     key = WatchKey(data["k"], data["u"], data["p"])
     return origin, ChangeEvent(key, data["f"], int(data["g"]), float(data["t"]), baseline=bool(data.get("b", False)))
+
+
+def text(value: bytes | str) -> str:
+    """A value as Redis returned it (bytes, or str on a client that decodes)."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def stored_generation(raw: object) -> int | None:
+    """A stored generation (absent: 0), or None when it is not decimal digits alone below 2**53 (as the scripts
+    read it: `int` alone would take " 7" or "7_0", Lua's `tonumber` "7.0" or "0x10")."""
+    if raw is None:
+        return 0
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        digits = str(raw)
+    elif isinstance(raw, bytes | str):
+        digits = text(raw)
+    else:
+        return None
+    if not (digits.isascii() and digits.isdigit()):
+        return None
+    generation = int(digits)
+    return generation if generation < 2**53 else None

@@ -7,11 +7,12 @@ one script. Names and layout: `sidecar.bus.layout`; the owner rule: `sidecar.bus
 replica polls its own keys (degraded) and local streams keep getting changes; coordination resumes when Redis
 answers and the bus is heard again.
 
-`RedisCluster` is this module's; its parts, each built on the one before:
-`sidecar.bus.coordinator` (shared state, degraded or not), `sidecar.bus.publishing` (the publish path, catch-up
-from stored states), `sidecar.bus.takeover` (heartbeats, ownership, take-over, clean-up of dead replicas),
-`sidecar.bus.interest` (this replica's interest writer, the bus's message reader); here: lifecycle, the `Bus`
-and `PollCoordinator` surface, event routing for the cache.
+`RedisBus` is the one thing the app sees. It wires its parts once, here, each owning its state:
+the link (`link.py`: client, scripts, batches, coordinated or degraded), the bucket channels (`channels.py`),
+the tracked keys (`keys.py`, written here alone), the fence (`fence.py`: fenced publish, republish, catch-up),
+ownership and take-over (`takeover.py`), membership (`membership.py`: heartbeats, dead replicas, leaving), the
+interest writer (`interest.py`) and the inbox (`inbox.py`: the bus's messages routed). Here: lifecycle, the
+`Bus` and `PollCoordinator` surface, and the buckets the cache holds.
 """
 
 from __future__ import annotations
@@ -25,50 +26,102 @@ from collections.abc import Callable
 
 import orjson
 
-from sidecar.bus.connect import REDIS_FAILURES
-from sidecar.bus.coordinator import DEFAULT_LEASE_MS
+from sidecar.bus.channels import Channels
+from sidecar.bus.connect import REDIS_FAILURES, connect
+from sidecar.bus.fence import Fence
+from sidecar.bus.inbox import Inbox
 from sidecar.bus.interest import InterestWriter
-from sidecar.bus.layout import (
-    CONTEXT_NAMING_KEY,
-    HINTS_CHANNEL,
-    REPLICAS,
-    key_hash,
-)
-from sidecar.changes import ChangeListener, WatchKey, WatchKind, WatchState
+from sidecar.bus.keys import TrackedKeys
+from sidecar.bus.layout import CONTEXT_NAMING_KEY, DEFAULT_BUCKETS, HINTS_CHANNEL, Layout, key_hash
+from sidecar.bus.link import Link, RedisUnavailable
+from sidecar.bus.membership import DEFAULT_LEASE_MS, Membership
+from sidecar.bus.memory import MemoryBus
+from sidecar.bus.takeover import Takeover
+from sidecar.bus.tasks import Background, stop_if_cancelled
+from sidecar.changes import ChangeEvent, ChangeListener, WatchKey, WatchKind, WatchState
+from sidecar.observability.metrics import Metrics
 
-__all__ = ["DEFAULT_LEASE_MS", "RedisCluster", "RedisUnavailable"]
+__all__ = ["DEFAULT_LEASE_MS", "RedisBus", "RedisUnavailable"]
 
 logger = logging.getLogger(__name__)
 
 
-class RedisUnavailable(Exception):
-    """Redis could not be reached at start."""
+class RedisBus:
+    """The Redis bus (Bus protocol), the poll coordinator (PollCoordinator) and event routing for the cache.
 
+    `membership` and `fence` are the classes of those parts (a test passes a subclass to stage a race)."""
 
-class RedisCluster(InterestWriter):
-    """The Redis bus (Bus protocol), the poll coordinator (PollCoordinator) and event routing for the cache."""
+    def __init__(
+        self,
+        url: str,
+        *,
+        instance: str,
+        metrics: Metrics,
+        lease_ms: int = DEFAULT_LEASE_MS,
+        fallback: bool = False,
+        buckets: int = DEFAULT_BUCKETS,
+        membership: type[Membership] = Membership,
+        fence: type[Fence] = Fence,
+    ) -> None:
+        conn = connect(url)
+        layout = Layout(buckets)
+        self._channels = Channels(
+            conn.pubsub,
+            layout,
+            sharded=conn.sharded,
+            on_message=self._read,
+            on_connected=lambda: self._link.set_up(True),
+            on_confirmed=self._heard_again,
+            on_lost=lambda reason: self._link.set_up(False, reason),
+        )
+        self._link = Link(conn, self._channels, layout=layout, instance=instance, metrics=metrics, fallback=fallback)
+        self._tasks = Background()
+        self._keys = TrackedKeys(layout)
+        self._local = MemoryBus()
+        self._fence = fence(self._link, self._keys, self._local, metrics)
+        self._takeover = Takeover(self._link, self._keys, self._fence, self._tasks, metrics)
+        self._writer = InterestWriter(self._link, self._channels, self._keys, self._fence, self._takeover)
+        self._membership = membership(
+            self._link, self._takeover, self._tasks, lease_ms=lease_ms, taken_for_dead=self._writer.write_all
+        )
+        self._inbox = Inbox(instance, self._keys, self._fence, self._writer, self._takeover, self._local, metrics)
+        self._cache_holds: dict[int, float] = {}
+        """Bucket -> until when (monotonic) the cache holds an entry of it, so keeps hearing its changes."""
+
+    @property
+    def instance(self) -> str:
+        return self._link.instance
+
+    @property
+    def degraded(self) -> str | None:
+        """Why coordination is off (Redis unreachable), or None while it works."""
+        return self._link.degraded
+
+    @property
+    def owned_count(self) -> int:
+        """The keys this replica polls for the cluster (`mcp_sidecar_leases_held`)."""
+        return self._takeover.owned_count
+
+    @property
+    def live_replicas(self) -> int:
+        """The live replicas this one knows of, itself included (their shares of the fleet's read budget)."""
+        return len(self._takeover.live)
+
+    # -- lifecycle -------------------------------------------------------------------------------------------
 
     async def start(self) -> bytes:
         """Connect and return the shared key that names contexts; raises RedisUnavailable unless falling back."""
         shared = None
         try:
-            await self._conn.initialize()
-            await self._redis.set(CONTEXT_NAMING_KEY, secrets.token_hex(32), nx=True)
-            shared = await self._redis.get(CONTEXT_NAMING_KEY)
-            # A process restarted under the same name (MCP_SIDECAR_INSTANCE) forgets its predecessor's interest
-            # first; then it is live before any interest of ours is read by others.
-            await self._clean_up(self._instance, restarted=True)
-            await self._beat()
+            await self._link.initialize()
+            await self._link.client.set(CONTEXT_NAMING_KEY, secrets.token_hex(32), nx=True)
+            shared = await self._link.client.get(CONTEXT_NAMING_KEY)
+            await self._membership.join()
         except REDIS_FAILURES as exc:
-            if not self._fallback:
-                raise RedisUnavailable(f"cannot reach Redis at bus.redis_url: {exc}") from exc
-            self._set_up(False, f"redis unreachable at start: {exc}")
-        loop = asyncio.get_running_loop()
-        self._tasks = [
-            loop.create_task(self._channels.run()),
-            loop.create_task(self._heartbeat_loop()),
-            loop.create_task(self._interest_loop()),
-        ]
+            self._link.unreachable_at_start(exc)
+        self._tasks.loop(self._channels.run())
+        self._tasks.loop(self._heartbeat_loop())
+        self._tasks.loop(self._writer.run())
         if shared is None:
             return secrets.token_bytes(32)
         return shared.encode() if isinstance(shared, str) else bytes(shared)
@@ -76,42 +129,92 @@ class RedisCluster(InterestWriter):
     async def aclose(self) -> None:
         """Hand over first: our interest leaves Redis and the others hear it (and that we left), so each key we
         polled gets its next owner now rather than when our heartbeat runs out."""
-        tasks = [*self._tasks, *self._background]
-        if self._take_over_task is not None:
-            tasks.append(self._take_over_task)
-        for task in tasks:
-            task.cancel()
-        # A loop that died of a bug is reported, and must not keep our interest in Redis until our heartbeat
-        # runs out: the handover happens whatever the loops ended with.
-        for outcome in await asyncio.gather(*tasks, return_exceptions=True):
-            if isinstance(outcome, Exception):
-                logger.error("a redis coordination loop had failed", exc_info=outcome)
+        await self._tasks.aclose()
         try:
-            if self.degraded is None:
+            if self._link.degraded is None:
                 with contextlib.suppress(*REDIS_FAILURES):
-                    await self._write_interest([], list(self._registered))
-                    await self._redis.zrem(REPLICAS, self._instance)
-                    await self._redis.delete(self._layout.interest_of(self._instance))
-                    await self._redis.publish(HINTS_CHANNEL, orjson.dumps({"o": self._instance, "left": True}))
+                    await self._writer.remove_all()
+                    await self._membership.leave()
         finally:
-            self._metrics.leases_held.set(0)
+            self._takeover.closed()
             await self._channels.aclose()
-            await self._conn.aclose()
+            await self._link.aclose()
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            stop_if_cancelled()
+            await asyncio.sleep(self._membership.beat_every_s)
+            try:
+                await self._membership.beat()
+                self._link.set_up(True)
+                if self._fence.behind and self._link.degraded is None:
+                    await self._fence.publish_again()
+                await self._link.follow_slots()
+            except REDIS_FAILURES as exc:
+                stop_if_cancelled()
+                self._link.failed(exc)
+            self._sweep_cache_holds()
+
+    # -- what the bus reader hears ---------------------------------------------------------------------------
+
+    def _read(self, channel: bytes, data: bytes) -> None:
+        self._inbox.read(channel, data)
+
+    def _heard_again(self, bucket: int) -> None:
+        """A bucket's subscription is (re)confirmed: after a reconnection or a slot migration, a change published
+        while it was not may have been missed; its keys' stored states say."""
+        keys = [key for key in self._keys.in_bucket(bucket) if self._writer.written(key)]
+        if keys:
+            self._tasks.spawn(self._fence.resync(keys))
+
+    # -- Bus -------------------------------------------------------------------------------------------------
+
+    async def publish(self, event: ChangeEvent) -> None:
+        await self._fence.publish(event)
 
     def subscribe(self, listener: ChangeListener) -> Callable[[], None]:
         return self._local.subscribe(listener)
+
+    async def announce_revalidate(self, contexts: frozenset[str]) -> None:
+        with contextlib.suppress(*REDIS_FAILURES):
+            message = orjson.dumps({"o": self._link.instance, "c": sorted(contexts)})
+            await self._link.client.publish(HINTS_CHANNEL, message)
+
+    def on_revalidate(self, listener: Callable[[frozenset[str]], None]) -> None:
+        self._inbox.on_revalidate(listener)
+
+    # -- PollCoordinator -------------------------------------------------------------------------------------
+
+    def may_poll(self, key: WatchKey) -> bool:
+        return self._link.degraded is not None or self._takeover.owns(key_hash(key))
+
+    def track(self, watch: WatchState) -> None:
+        if not self._keys.add(watch):
+            return
+        self._channels.hold(self._link.layout.bucket_of(watch.key))
+        self._writer.join(watch.key)
+
+    def untrack(self, key: WatchKey) -> None:
+        if not self._keys.remove(key):
+            return
+        self._writer.leave(key)
+        self._fence.forget(key)
+        self._takeover.untrack(key_hash(key))
+        self._channels.release(self._link.layout.bucket_of(key))
+
+    # -- the cache's buckets ---------------------------------------------------------------------------------
 
     def hold(self, kind: WatchKind, uri: str | None, since: float, until: float) -> bool:
         """The cache keeps an entry of (kind, uri) until `until` (monotonic): keep hearing its bucket till then.
         True when the bucket was heard since before `since` (when the entry's request started), so a change
         after that request is heard here and drops the entry; False: do not keep it (heard from now on)."""
-        bucket = self._layout.bucket(kind, uri)
+        bucket = self._link.layout.bucket(kind, uri)
         held = self._cache_holds.get(bucket)
         if held is None:
             self._channels.hold(bucket)
         self._cache_holds[bucket] = max(until, held or until)
         confirmed = self._channels.confirmed_at(bucket)
-        return self.degraded is None and confirmed is not None and confirmed <= since
+        return self._link.degraded is None and confirmed is not None and confirmed <= since
 
     def _sweep_cache_holds(self) -> None:
         now = time.monotonic()
@@ -119,43 +222,3 @@ class RedisCluster(InterestWriter):
             if until < now:
                 del self._cache_holds[bucket]
                 self._channels.release(bucket)
-
-    def may_poll(self, key: WatchKey) -> bool:
-        return self.degraded is not None or self._own.owns(key_hash(key))
-
-    def track(self, watch: WatchState) -> None:
-        key = watch.key
-        if key in self._tracked:
-            return
-        self._tracked[key] = watch
-        self._by_hash[key_hash(key)] = key
-        self._bucket_keys.setdefault(self._layout.bucket_of(key), set()).add(key)
-        self._channels.hold(self._layout.bucket_of(key))
-        self._queue([(key, True)])
-
-    def untrack(self, key: WatchKey) -> None:
-        if self._tracked.pop(key, None) is None:
-            return
-        hashed = key_hash(key)
-        self._by_hash.pop(hashed, None)
-        self._early.pop(hashed, None)
-        self._unreadable.discard(hashed)
-        self._unpublished.pop(key, None)
-        same_bucket = self._bucket_keys.get(self._layout.bucket_of(key))
-        if same_bucket is not None:
-            same_bucket.discard(key)
-            if not same_bucket:
-                del self._bucket_keys[self._layout.bucket_of(key)]
-        self._generation.pop(key, None)
-        _, lost = self._own.untrack(hashed)
-        if lost:
-            self._metrics.leases_held.set(len(self._own.owned))
-        self._channels.release(self._layout.bucket_of(key))
-        self._queue([(key, False)])
-
-    async def announce_revalidate(self, contexts: frozenset[str]) -> None:
-        with contextlib.suppress(*REDIS_FAILURES):
-            await self._redis.publish(HINTS_CHANNEL, orjson.dumps({"o": self._instance, "c": sorted(contexts)}))
-
-    def on_revalidate(self, listener: Callable[[frozenset[str]], None]) -> None:
-        self._revalidate_listeners.append(listener)

@@ -3,9 +3,12 @@ Redis Cluster; the channel is passed as a key too, as sharded pub/sub wants) or 
 
 from __future__ import annotations
 
-__all__ = ["BASELINE", "CLAIM", "HEARTBEAT", "JOIN", "LEAVE", "PUBLISH_CHANGE"]
+from dataclasses import dataclass
+from typing import Any
 
-_GENERATION = """
+__all__ = ["BASELINE", "CLAIM", "GENERATION", "HEARTBEAT", "JOIN", "LEAVE", "PUBLISH_CHANGE", "Scripts"]
+
+GENERATION = """
 -- A stored generation as a number, or nil when this version cannot read it (not decimal digits alone below 2^53).
 local function generation(text)
   if type(text) ~= 'string' or not string.match(text, '^%d+$') then return nil end
@@ -58,7 +61,7 @@ return 1
 """
 
 PUBLISH_CHANGE = (
-    _GENERATION
+    GENERATION
     + """
 -- KEYS[1] state, KEYS[2] channel; ARGV[1] fingerprint, ARGV[2] the generation the publisher last knew,
 -- ARGV[3] state life in ms, ARGV[4] publish command, ARGV[5] message.
@@ -78,7 +81,7 @@ return {1, g + 1, ARGV[1]}
 )
 
 BASELINE = (
-    _GENERATION
+    GENERATION
     + """
 -- KEYS[1] state, KEYS[2] channel; ARGV[1] fingerprint, ARGV[2] state life in ms, ARGV[3] publish command,
 -- ARGV[4] message. A first look is the key's state only when the cluster has none yet (or none it can read).
@@ -90,3 +93,20 @@ redis.call(ARGV[3], KEYS[2], ARGV[4])
 return 1
 """
 )
+
+
+@dataclass(frozen=True, slots=True)
+class Scripts:
+    """The scripts registered on one client (each runs by its SHA, loaded on first use)."""
+
+    heartbeat: Any
+    claim: Any
+    join: Any
+    leave: Any
+    publish_change: Any
+    baseline: Any
+
+    @classmethod
+    def register(cls, client: Any) -> Scripts:
+        scripts = (HEARTBEAT, CLAIM, JOIN, LEAVE, PUBLISH_CHANGE, BASELINE)
+        return cls(*(client.register_script(script) for script in scripts))

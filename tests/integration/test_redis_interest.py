@@ -13,16 +13,16 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 
 import pytest
 import redis.asyncio as aioredis
 
 from sidecar.bus import scripts
-from sidecar.bus.coordinator import _generation
-from sidecar.bus.layout import REPLICAS, Layout, key_hash
+from sidecar.bus.layout import REPLICAS, Layout, key_hash, stored_generation
+from sidecar.bus.membership import Membership
 from sidecar.bus.ownership import rendezvous_owner
-from sidecar.bus.redis import RedisCluster
+from sidecar.bus.redis import RedisBus
 from sidecar.changes import ChangeEvent, WatchKey
 from sidecar.observability.metrics import Metrics
 from tests.cluster import LEASE_MS, RedisServer
@@ -57,13 +57,23 @@ async def admin(redis: RedisServer) -> AsyncIterator[aioredis.Redis]:
 
 @contextlib.asynccontextmanager
 async def _replicas(
-    redis: RedisServer, *instances: str, metrics: Metrics | None = None
-) -> AsyncIterator[tuple[RedisCluster, ...]]:
-    """Replicas on `redis`, started in order and closed however the test ends (closing twice is harmless)."""
-    started: list[RedisCluster] = []
+    redis: RedisServer,
+    *instances: str,
+    metrics: Metrics | None = None,
+    membership: Mapping[str, type[Membership]] | None = None,
+) -> AsyncIterator[tuple[RedisBus, ...]]:
+    """Replicas on `redis`, started in order and closed however the test ends (closing twice is harmless);
+    `membership` names the membership double a replica is built with (a race staged), by instance."""
+    started: list[RedisBus] = []
     try:
         for instance in instances:
-            cluster = RedisCluster(redis.url, instance=instance, metrics=metrics or Metrics(), lease_ms=LEASE_MS)
+            cluster = RedisBus(
+                redis.url,
+                instance=instance,
+                metrics=metrics or Metrics(),
+                lease_ms=LEASE_MS,
+                membership=(membership or {}).get(instance, Membership),
+            )
             await cluster.start()
             started.append(cluster)
         yield tuple(started)
@@ -99,7 +109,7 @@ async def test_closing_hands_over_a_key_whose_stored_state_it_cannot_read(
     layout = Layout()
     # A state this version cannot read (written by hand, or by another version).
     await admin.hset(layout.state(layout.bucket_of(KEY), key_hash(KEY)), mapping={"f": "f1", "g": "not a number"})
-    cluster = RedisCluster(redis.url, instance="r1", metrics=Metrics(), lease_ms=LEASE_MS)
+    cluster = RedisBus(redis.url, instance="r1", metrics=Metrics(), lease_ms=LEASE_MS)
     await cluster.start()
     cluster.track(_Watch(KEY))
     await eventually(lambda: _interested(admin, KEY, "r1"))
@@ -168,7 +178,7 @@ async def test_a_key_given_up_while_it_is_taken_over_starts_afresh_when_watched_
         await _watched_again_without_a_stale_change(heir, admin)
 
 
-def _giving_up(cluster: RedisCluster, told: list[ChangeEvent]) -> Callable[[ChangeEvent], None]:
+def _giving_up(cluster: RedisBus, told: list[ChangeEvent]) -> Callable[[ChangeEvent], None]:
     """A listener whose stream, the key's last, closes as a change is told to it."""
 
     def listener(event: ChangeEvent) -> None:
@@ -178,7 +188,7 @@ def _giving_up(cluster: RedisCluster, told: list[ChangeEvent]) -> Callable[[Chan
     return listener
 
 
-async def _watched_again_without_a_stale_change(cluster: RedisCluster, admin: aioredis.Redis) -> None:
+async def _watched_again_without_a_stale_change(cluster: RedisBus, admin: aioredis.Redis) -> None:
     """The key, given up, changes elsewhere (told while nobody here listened); watched again, its first look here is
     newer than that and stands: no change is told from what this replica knew before it gave the key up."""
     generation = int(await admin.hget(_state_key(KEY), "g") or 0)
@@ -234,7 +244,7 @@ async def test_after_the_interest_writer_failed_on_an_error_not_redis_s_it_retri
         # The failed key is written again: a replica joining it that wins its draw takes its polling over.
         rival.track(_Watch(KEY, "f1"))
         await eventually(lambda: rival.owned_count == 1 and cluster.owned_count == 1)
-        assert hashed not in cluster._joining
+        assert not cluster._writer.settling(hashed)
 
 
 async def test_a_resync_that_fails_on_an_error_not_redis_s_is_logged(
@@ -270,8 +280,7 @@ async def test_a_key_whose_stored_state_cannot_be_read_is_polled_from_its_first_
         await eventually(lambda: other.owned_count == 1 and alone.owned_count == 0)
         other.untrack(KEY)
         await eventually(lambda: alone.owned_count == 1)
-        assert alone._early == {}
-        assert hashed not in alone._joining
+        assert not alone._writer.settling(hashed)
         assert all(KEY.uri not in record.getMessage() for record in caplog.records)
         assert all(KEY.uri not in str(record.__dict__) for record in caplog.records)
 
@@ -313,39 +322,48 @@ async def test_a_first_look_of_a_key_whose_stored_state_cannot_be_read_becomes_i
         assert await admin.hgetall(_state_key(KEY)) == {"f": "f-first-look", "g": "0"}
 
 
+def _holding_beats(held: asyncio.Event, go: asyncio.Event) -> type[Membership]:
+    """A membership that beats as usual until `held` is set; from then on each beat waits for `go` first (a
+    replica only slow, or, `go` never set, one frozen)."""
+
+    class HeldBeats(Membership):
+        async def beat(self) -> None:
+            if held.is_set():
+                await go.wait()
+            await super().beat()
+
+    return HeldBeats
+
+
 async def test_a_replica_taken_for_dead_that_beats_again_before_its_clean_up_keeps_its_place_and_its_interest(
     redis: RedisServer, admin: aioredis.Redis
 ) -> None:
     hashed = key_hash(KEY)
     slow, peer = ("ra", "rb") if rendezvous_owner(("ra", "rb"), hashed) == "ra" else ("rb", "ra")
-    async with _replicas(redis, peer, slow) as (cleaner, late):
+    beats_held, beats_go = asyncio.Event(), asyncio.Event()
+    clean_up_reached, clean_up_go, clean_up_done = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    class GatedCleanUp(Membership):
+        """Cleans the slow replica up only once the test lets it."""
+
+        async def clean_up(self, instance: str, *, restarted: bool = False) -> None:
+            if instance != slow:
+                return await super().clean_up(instance, restarted=restarted)
+            clean_up_reached.set()
+            await clean_up_go.wait()
+            try:
+                await super().clean_up(instance, restarted=restarted)
+            finally:
+                clean_up_done.set()
+
+    doubles = {slow: _holding_beats(beats_held, beats_go), peer: GatedCleanUp}
+    async with _replicas(redis, peer, slow, membership=doubles) as (cleaner, late):
         cleaner.track(_Watch(KEY))
         late.track(_Watch(KEY))
         await eventually(lambda: late.owned_count == 1 and cleaner.owned_count == 0)
         await eventually(lambda: _interested(admin, KEY, peer))
         # The late replica stops beating for a while, long enough to be listed dead...
-        beats_go = asyncio.Event()
-        late_beat = late._beat
-
-        async def held_beat() -> None:
-            await beats_go.wait()
-            await late_beat()
-
-        late._beat = held_beat  # type: ignore[method-assign]
-        clean_up_reached, clean_up_go, clean_up_done = asyncio.Event(), asyncio.Event(), asyncio.Event()
-        clean_up = cleaner._clean_up
-
-        async def gated_clean_up(instance: str) -> None:
-            if instance != slow:
-                return await clean_up(instance)
-            clean_up_reached.set()
-            await clean_up_go.wait()
-            try:
-                await clean_up(instance)
-            finally:
-                clean_up_done.set()
-
-        cleaner._clean_up = gated_clean_up  # type: ignore[method-assign]
+        beats_held.set()
         seconds, micros = await admin.time()
         now_ms = seconds * 1000 + micros // 1000
         await admin.zadd(REPLICAS, {slow: now_ms - 3 * LEASE_MS}, xx=True)
@@ -367,18 +385,14 @@ async def test_a_replica_taken_for_dead_that_beats_again_before_its_clean_up_kee
 async def test_a_replica_whose_heartbeat_ran_out_leaves_the_replicas_and_every_interest(
     redis: RedisServer, admin: aioredis.Redis
 ) -> None:
-    async with _replicas(redis, "r1", "r2") as (survivor, frozen):
+    frozen_now, never = asyncio.Event(), asyncio.Event()
+    async with _replicas(redis, "r1", "r2", membership={"r2": _holding_beats(frozen_now, never)}) as (survivor, frozen):
         survivor.track(_Watch(KEY))
         frozen.track(_Watch(KEY))
         frozen.track(_Watch(OTHER))
         await eventually(lambda: _interested(admin, KEY, "r2"))
         await eventually(lambda: _interested(admin, OTHER, "r2"))
-        never = asyncio.Event()
-
-        async def no_beat() -> None:
-            await never.wait()
-
-        frozen._beat = no_beat  # type: ignore[method-assign]
+        frozen_now.set()
         # Silent for twice its life: cleaned up by the survivor, whose polling of the shared key resumes.
         await eventually(lambda: _no_interest(admin, OTHER))
         assert not await _interested(admin, KEY, "r2")
@@ -388,30 +402,33 @@ async def test_a_replica_whose_heartbeat_ran_out_leaves_the_replicas_and_every_i
 
 
 async def test_a_clean_up_cut_short_is_taken_up_by_another_replica(redis: RedisServer, admin: aioredis.Redis) -> None:
-    async with _replicas(redis, "r1", "r2", "r3") as (first, second, frozen):
-        frozen.track(_Watch(OTHER))
-        await eventually(lambda: _interested(admin, OTHER, "r3"))
-        claimed, never = asyncio.Event(), asyncio.Event()
-        first_clean_up, second_clean_up = first._clean_up, second._clean_up
+    claimed, frozen_now, never = asyncio.Event(), asyncio.Event(), asyncio.Event()
 
-        async def claims_then_stops(instance: str, *, restarted: bool = False) -> None:
+    class ClaimsThenStops(Membership):
+        """Claims the frozen replica's clean-up, then shuts down before it removes anything."""
+
+        async def clean_up(self, instance: str, *, restarted: bool = False) -> None:
             if instance != "r3":
-                return await first_clean_up(instance, restarted=restarted)
-            if await first._claim(keys=[REPLICAS], args=[instance, LEASE_MS, "0"]) is not None:
+                return await super().clean_up(instance, restarted=restarted)
+            if await self.claim(instance):
                 claimed.set()
-                await never.wait()  # the replica cleaning up shuts down before it removes anything
+                await never.wait()
 
-        async def after_the_first_claims(instance: str, *, restarted: bool = False) -> None:
+    class AfterTheFirstClaims(Membership):
+        async def clean_up(self, instance: str, *, restarted: bool = False) -> None:
             if instance == "r3":
                 await claimed.wait()
-            return await second_clean_up(instance, restarted=restarted)
+            return await super().clean_up(instance, restarted=restarted)
 
-        async def no_beat() -> None:
-            await never.wait()
-
-        first._clean_up = claims_then_stops  # type: ignore[method-assign]
-        second._clean_up = after_the_first_claims  # type: ignore[method-assign]
-        frozen._beat = no_beat  # type: ignore[method-assign]
+    doubles: dict[str, type[Membership]] = {
+        "r1": ClaimsThenStops,
+        "r2": AfterTheFirstClaims,
+        "r3": _holding_beats(frozen_now, never),
+    }
+    async with _replicas(redis, "r1", "r2", "r3", membership=doubles) as (first, _, frozen):
+        frozen.track(_Watch(OTHER))
+        await eventually(lambda: _interested(admin, OTHER, "r3"))
+        frozen_now.set()
         async with asyncio.timeout(10):
             await claimed.wait()
         await first.aclose()
@@ -425,8 +442,8 @@ async def test_a_clean_up_cut_short_is_taken_up_by_another_replica(redis: RedisS
     "text", ["0", "7", "9007199254740991", "9007199254740992", "-1", "7.0", "1e3", "0x10", " 7", "7_0", "", "seven"]
 )
 async def test_the_scripts_and_the_replica_read_a_stored_generation_alike(admin: aioredis.Redis, text: str) -> None:
-    lua = await admin.eval(scripts._GENERATION + "return generation(ARGV[1]) or -1", 0, text)  # type: ignore[misc]
-    assert (None if lua == -1 else lua) == _generation(text)
+    lua = await admin.eval(scripts.GENERATION + "return generation(ARGV[1]) or -1", 0, text)  # type: ignore[misc]
+    assert (None if lua == -1 else lua) == stored_generation(text)
 
 
 async def _beat_since(admin: aioredis.Redis, instance: str, now_ms: int) -> bool:
@@ -451,7 +468,7 @@ async def _interested(admin: aioredis.Redis, key: WatchKey, instance: str) -> bo
     return bool(await admin.sismember(_interest_key(key), instance))
 
 
-async def _neither_interested_nor_owning(admin: aioredis.Redis, cluster: RedisCluster, metrics: Metrics) -> None:
+async def _neither_interested_nor_owning(admin: aioredis.Redis, cluster: RedisBus, metrics: Metrics) -> None:
     """The key ends with no interest in Redis and no ownership here (nothing polled or counted for nobody)."""
     await eventually(lambda: _no_interest(admin, KEY))
     assert cluster.owned_count == 0

@@ -73,3 +73,37 @@ def test_the_http_and_stdio_legs_share_only_what_upstream_itself_holds() -> None
     http, stdio = _imports_of(upstream / "http"), _imports_of(upstream / "stdio")
     assert not {m for m in http if m.startswith("sidecar.upstream.stdio")}, "upstream/http imports the stdio leg"
     assert not {m for m in stdio if m.startswith("sidecar.upstream.http")}, "upstream/stdio imports the http leg"
+
+
+def _underscore_imports() -> list[str]:
+    """`from sidecar.x import _name`, and `module._name` of a module of ours imported by name, anywhere in sidecar/."""
+    found = []
+    for path in sorted(SIDECAR.rglob("*.py")):
+        where = path.relative_to(SIDECAR.parent)
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        modules: set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and _part(node.module) is not None:
+                for alias in node.names:
+                    if alias.name.startswith("_") and not alias.name.startswith("__"):
+                        found.append(f"{where}: from {node.module} import {alias.name}")
+                    package = SIDECAR.parent.joinpath(*node.module.split("."))
+                    if (package / f"{alias.name}.py").exists() or (package / alias.name / "__init__.py").exists():
+                        modules.add(alias.asname or alias.name)
+            elif isinstance(node, ast.Import):
+                modules.update(alias.asname for alias in node.names if alias.asname and _part(alias.name))
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in modules
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+            ):
+                found.append(f"{where}: {node.value.id}.{node.attr}")
+    return found
+
+
+def test_no_module_reaches_for_another_modules_underscore_names() -> None:
+    # An underscore name is its module's own: a second module that needs it gets a public name, or the code moves.
+    assert _underscore_imports() == []
