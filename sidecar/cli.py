@@ -273,6 +273,9 @@ def _hint(args: argparse.Namespace) -> int:
     if not args.uris and not args.lists:
         print("mcp-sidecar hint: name at least one URI or --list", file=sys.stderr)
         return 2
+    if not args.admin_url.startswith(("http://", "https://")):
+        print(f"mcp-sidecar hint: --admin-url: {args.admin_url!r} is not an http:// or https:// URL", file=sys.stderr)
+        return 2
     try:
         code, line = send_hint(args.admin_url, args.token_file, args.uris, args.lists, args.ca_file)
     except ValueError as exc:

@@ -306,3 +306,27 @@ async def test_a_hint_through_one_replica_is_looked_at_by_the_replica_that_polls
             assert (await one.metrics()).value("mcp_sidecar_hints_received_total", outcome="accepted") == 1
         finally:
             await stream.aclose()
+
+
+async def test_the_commands_mistakes_are_one_line_each_and_no_traceback(tmp_path: Path, token_file: Path) -> None:
+    unreachable = free_port()  # nothing listens there
+    cases = [
+        (["hint", "--token-file", str(token_file)], 2, "name at least one URI"),
+        (["hint", PRICE, "--token-file", str(token_file), "--admin-url", "127.0.0.1:9464"], 2, "--admin-url"),
+        (["hint", PRICE, "--token-file", str(tmp_path / "absent")], 1, "--token-file: cannot read"),
+        (
+            ["hint", PRICE, "--token-file", str(token_file), "--admin-url", f"http://127.0.0.1:{unreachable}"],
+            1,
+            "cannot reach",
+        ),
+    ]
+    for argv, wanted_code, wanted in cases:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "sidecar.cli", *argv, cwd=REPO_ROOT, env=child_env(),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        async with asyncio.timeout(30):
+            out, err = await proc.communicate()
+        lines = err.decode().splitlines()
+        assert proc.returncode == wanted_code and out == b"", (argv, err)
+        assert len(lines) == 1 and lines[0].startswith("mcp-sidecar hint: ") and wanted in lines[0], (argv, err)
