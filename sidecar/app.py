@@ -20,6 +20,7 @@ from sidecar.downstream.listen import StreamHub
 from sidecar.downstream.readthrough import ReadThrough
 from sidecar.downstream.shared_context import ignore_authorization
 from sidecar.fair_share import FairShare
+from sidecar.hints import HintEndpoint, HintToken
 from sidecar.identity import IdentityRule
 from sidecar.observability.health import healthz, make_readyz
 from sidecar.observability.logs import INSTANCE_ID
@@ -36,6 +37,7 @@ __all__ = [
     "CLUSTER",
     "CONFIG",
     "FAIR_SHARE",
+    "HINT_TOKEN",
     "HUB",
     "IDENTITIES",
     "LEGACY",
@@ -56,6 +58,8 @@ IDENTITIES = web.AppKey("identities", IdentityRule)
 CLUSTER = web.AppKey("cluster", RedisBus)
 LEGACY = web.AppKey("legacy", LegacySessions)
 FAIR_SHARE = web.AppKey("fair_share", FairShare)
+HINT_TOKEN = web.AppKey("hint_token", HintToken)
+"""The bearer token of `POST /hints` (only with `hints.token_file`): read again on SIGHUP."""
 ADMIN = web.AppKey("admin", web.Application)
 """The admin listener's application (/metrics, /status): served by the caller on `config.admin`."""
 
@@ -154,6 +158,10 @@ def build_app(config: SidecarConfig) -> web.Application:
     admin.router.add_get("/readyz", readyz)
     admin.router.add_get(config.metrics.path, _metrics_handler)
     admin.router.add_get("/status", make_status(upstream, registry, hub, fair_share))
+    if config.hints.token_file is not None:
+        # Only here, and only with a token: the source of truth's way to say what changed (never on the MCP port).
+        token = app[HINT_TOKEN] = HintToken(config.hints.token_file)
+        admin.router.add_route("*", "/hints", HintEndpoint(token, registry.hint_source, metrics).handle)
     app[ADMIN] = admin
     return app
 

@@ -1,4 +1,4 @@
-"""The `mcp-sidecar` command: run, check-config, demo."""
+"""The `mcp-sidecar` command: run, check-config, demo, hint."""
 
 from __future__ import annotations
 
@@ -19,10 +19,11 @@ from typing import Any
 from aiohttp import web
 
 from sidecar import __version__
-from sidecar.app import ADMIN, METRICS, UPSTREAM, build_app
+from sidecar.app import ADMIN, HINT_TOKEN, METRICS, UPSTREAM, build_app
 from sidecar.bus.redis import RedisUnavailable
 from sidecar.config import ConfigError, SidecarConfig, load_config
 from sidecar.config.shown import shown_config
+from sidecar.hints.client import DEFAULT_ADMIN_URL, send_hint
 from sidecar.observability.logs import INSTANCE_ENV, configure_logging, log_configuration
 from sidecar.observability.tracing import TracingUnavailable, configure_tracing, install, tracing
 from sidecar.serving import GuardedRunner, install_quiet_errors, raise_open_files_limit, settle_heap, stop_signals
@@ -50,6 +51,7 @@ examples:
   mcp-sidecar run --upstream 'uvx mcp-server-time'       in front of a stdio server it starts itself
   mcp-sidecar run --config sidecar.yaml                  every setting from a file (config/sidecar.example.yaml)
   mcp-sidecar demo                                       an embedded server whose catalog changes, to try it on
+  mcp-sidecar hint 'catalog://plans/*' --token-file F    tell a running sidecar what changed at its source
 
 `mcp-sidecar COMMAND --help` lists a command's options. Any setting can also come from the environment:
 MCP_SIDECAR__SECTION__KEY=value (MCP_SIDECAR__ADMIN__PORT=9465)."""
@@ -141,6 +143,32 @@ def _parser() -> argparse.ArgumentParser:
         description="Start an embedded 2025-11-25 MCP server without subscriptions, whose catalog changes every "
         "few seconds, and the sidecar in front of it; print its URLs and curl commands to try.",
     )
+    hint = sub.add_parser(
+        "hint",
+        help="tell a running sidecar that something changed at the source (POST /hints)",
+        description="Tell a running sidecar that resources changed at the source: each watched URI that matches "
+        "(exactly, or a glob where * matches any run of characters) is looked at now, in every context, with its "
+        "own credential; clients are told only if the content did change. Needs hints.token_file on the sidecar.",
+    )
+    hint.add_argument("uris", nargs="*", metavar="URI", help="a resource URI, or a glob such as 'catalog://plans/*'")
+    hint.add_argument(
+        "--list",
+        dest="lists",
+        action="append",
+        default=[],
+        choices=["tools", "prompts", "resources"],
+        help="a list that changed too (its watches look again); repeatable",
+    )
+    hint.add_argument(
+        "--admin-url",
+        default=DEFAULT_ADMIN_URL,
+        metavar="URL",
+        help=f"the sidecar's admin listener (default {DEFAULT_ADMIN_URL}; https:// when admin.tls is set)",
+    )
+    hint.add_argument(
+        "--token-file", required=True, metavar="FILE", help="the file holding the token (as hints.token_file)"
+    )
+    hint.add_argument("--ca-file", metavar="FILE", help="CA bundle to verify an HTTPS admin listener with")
     # Not offered: the demo's upstream is its own. Accepted only to say so (run takes --upstream).
     demo.add_argument("--upstream", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     for command in (parser, run):
@@ -208,6 +236,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "demo" and args.upstream is not None:
         print(f"mcp-sidecar demo: {_DEMO_HAS_ITS_UPSTREAM}", file=sys.stderr)
         return 2
+    if args.command == "hint":
+        return _hint(args)
     try:
         if args.command == "check-config":
             config = load_config(args.file)
@@ -237,6 +267,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_workers(workers, argv if argv is not None else sys.argv[1:])
     with asyncio.Runner(loop_factory=loop_factory) as runner:
         return runner.run(_serve_settled(config, reuse_port=workers > 1))
+
+
+def _hint(args: argparse.Namespace) -> int:
+    if not args.uris and not args.lists:
+        print("mcp-sidecar hint: name at least one URI or --list", file=sys.stderr)
+        return 2
+    if not args.admin_url.startswith(("http://", "https://")):
+        print(f"mcp-sidecar hint: --admin-url: {args.admin_url!r} is not an http:// or https:// URL", file=sys.stderr)
+        return 2
+    try:
+        code, line = send_hint(args.admin_url, args.token_file, args.uris, args.lists, args.ca_file)
+    except ValueError as exc:
+        print(f"mcp-sidecar hint: --token-file: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"mcp-sidecar hint: cannot reach {args.admin_url}: {getattr(exc, 'reason', exc)}", file=sys.stderr)
+        return 1
+    print(line if code == 0 else f"mcp-sidecar hint: {line}", file=sys.stdout if code == 0 else sys.stderr)
+    return code
 
 
 async def _serve_settled(config: SidecarConfig, *, reuse_port: bool) -> int:
@@ -401,7 +450,9 @@ async def _serve(config: SidecarConfig, ready: asyncio.Event | None, *, reuse_po
     try:
         # The handlers go in before the line that says the sidecar listens: a supervisor that sends SIGTERM as
         # soon as it reads that line gets a clean shutdown, not the default action's death.
-        with stop_signals() as stop, _reload_on_sighup(certificates):
+        hint_token = app.get(HINT_TOKEN)
+        reloads = [certificates.reload] + ([hint_token.reload] if hint_token is not None else [])
+        with stop_signals() as stop, _reload_on_sighup(reloads):
             log_configuration(config)  # secrets masked: never a token, a header value or a password
             for warning in config.upstream.identity_warnings():
                 logger.warning(warning)
@@ -443,9 +494,18 @@ async def _watch_certificates(certificates: CertificateWatch) -> None:
 
 
 @contextlib.contextmanager
-def _reload_on_sighup(certificates: CertificateWatch) -> Iterator[None]:
+def _reload_on_sighup(reloads: Sequence[Callable[[], None]]) -> Iterator[None]:
+    """SIGHUP reads the files in use again: the certificates, and the token of POST /hints."""
+
+    def reload() -> None:
+        for each in reloads:
+            try:
+                each()
+            except Exception:  # boundary: one reload failing must not keep the others from running
+                logger.exception("reloading on SIGHUP failed")
+
     loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGHUP, certificates.reload)
+    loop.add_signal_handler(signal.SIGHUP, reload)
     try:
         yield
     finally:

@@ -16,6 +16,7 @@ import yaml
 from pydantic import Field, SecretStr, ValidationError, model_validator
 
 from sidecar.config.base import ConfigError, Section
+from sidecar.config.hints import HintsConfig
 from sidecar.config.sections import (
     AdminConfig,
     BusConfig,
@@ -34,6 +35,7 @@ __all__ = [
     "BusConfig",
     "CacheConfig",
     "ConfigError",
+    "HintsConfig",
     "ListenConfig",
     "LoggingConfig",
     "MetricsConfig",
@@ -61,6 +63,7 @@ class SidecarConfig(Section):
     bus: BusConfig = Field(default_factory=BusConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     admin: AdminConfig = Field(default_factory=AdminConfig)
+    hints: HintsConfig = Field(default_factory=HintsConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     tracing: TracingConfig = Field(default_factory=TracingConfig)
 

@@ -45,7 +45,7 @@ DEFAULT_MAX_HINTED_POLLS_PER_S = 200.0  # a write hinting 2,000 watches costs on
 DEFAULT_MAX_BASELINES_PER_S = 200.0
 DEFAULT_BASELINE_WAIT_S = 10.0
 DEFAULT_BACKLOG = 2_048  # a burst of 1,024 connects waits in the kernel instead of being dropped
-DEFAULT_REVALIDATE_DEBOUNCE_MS = 10  # batches a burst of writes; short enough that a write is seen at once
+DEFAULT_REVALIDATE_DEBOUNCE_MS = 10  # the writes after a first one are batched over it (the first goes at once)
 DEFAULT_CACHE_ENTRIES = 10_000
 DEFAULT_CACHE_BYTES = 64 * 1_048_576
 DEFAULT_LEASE_MS = 5_000
@@ -148,7 +148,10 @@ class PollingConfig(Section):
     max_concurrency: int = Field(DEFAULT_POLL_CONCURRENCY, ge=1, description="Polls in flight at once.")
     linger_ms: int = Field(DEFAULT_LINGER_MS, ge=0, description="A watch outlives its last stream this long.")
     revalidate_debounce_ms: int = Field(
-        DEFAULT_REVALIDATE_DEBOUNCE_MS, ge=0, description="Writes through the sidecar hint watches after this pause."
+        DEFAULT_REVALIDATE_DEBOUNCE_MS,
+        ge=0,
+        description="A write through the sidecar hints watches at once; the writes within this window after it are "
+        "one more round at its end (a burst costs a watch at most two reads).",
     )
     native_notifications: bool = Field(
         True,

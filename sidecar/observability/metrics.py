@@ -12,7 +12,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, choose_encoder
 from sidecar import __version__
 from sidecar.protocol.constants import LEGACY_VERSION, LIST_CHANGED_METHODS, MODERN_VERSION, RESOURCE_UPDATED_METHOD
 
-__all__ = ["CONTENT_TYPE_LATEST", "Metrics", "ObservationBatch", "method_label"]
+__all__ = ["CONTENT_TYPE_LATEST", "HINT_OUTCOMES", "Metrics", "ObservationBatch", "method_label"]
 
 _KNOWN_METHODS = frozenset(
     {
@@ -52,6 +52,8 @@ _LIMITS = (
 _QUEUES = ("upstream_requests", "poll_concurrency", "hinted_polls", "read_budget")
 _RESTART_REASONS = ("exited", "unresponsive", "handshake_failed", "start_failed")
 _STDERR_OUTCOMES = ("logged", "dropped")
+HINT_OUTCOMES = ("accepted", "unauthorized", "bad_request", "too_large")
+"""How a `POST /hints` was answered: 202, 401, 400, 413."""
 _END_REASONS = ("client", "shutdown", "auth", "max_age")
 # No `_created` series beside every counter and histogram: Prometheus does not use them (it infers resets), and
 # they double the series an operator scrapes and stores. Process-wide, as prometheus_client keeps the switch.
@@ -183,6 +185,17 @@ class Metrics:
             "mcp_sidecar_upstream_notifications",
             "Change notifications the upstream sent; each makes the watch it names poll at once",
             ["method"],
+            registry=r,
+        )
+        self.hints_received = Counter(
+            "mcp_sidecar_hints_received",
+            "Change announcements from the source of truth received on the admin listener, by outcome",
+            ["outcome"],
+            registry=r,
+        )
+        self.watches_hinted = Counter(
+            "mcp_sidecar_watches_hinted",
+            "Watches of this process made to look at the upstream at once by the source's change announcements",
             registry=r,
         )
         self.polls = Counter(
@@ -352,6 +365,8 @@ class Metrics:
             self.upstream_notifications.labels(method)
         for limit in _LIMITS:
             self.limit_rejections.labels(limit)
+        for outcome in HINT_OUTCOMES:
+            self.hints_received.labels(outcome)
         for queue in _QUEUES:
             self.queue_depth.labels(queue)
             self.queue_wait.labels(queue)

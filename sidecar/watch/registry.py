@@ -43,6 +43,7 @@ from sidecar.watch.observe import Observation, observation_from_read, observe
 from sidecar.watch.poller import HintBudget, ObservationListener, Schedule, Watch
 from sidecar.watch.revalidate import Revalidator
 from sidecar.watch.rules import Rules
+from sidecar.watch.source_hints import SourceHint, from_bus, matching
 
 __all__ = ["Handle", "Stage", "WatchRegistry"]
 
@@ -156,7 +157,7 @@ class WatchRegistry:
         self._revalidator = Revalidator(
             config.revalidate_debounce_ms, self._coordinator, self._hint_contexts, self._spawn, self._clock
         )
-        self._coordinator.on_revalidate(self._hint_contexts)
+        self._coordinator.on_revalidate(self._heard_revalidate)
         self._release_handle = self._release
         """One bound method for every Handle (each `self._release` would be a new object, kept per handle)."""
 
@@ -458,6 +459,27 @@ class WatchRegistry:
                 watch.hint(everyone)
             elif context in contexts:
                 watch.hint(links.get(context, ()))
+
+    def hint_source(self, hint: SourceHint) -> int:
+        """The source says what changed: each matching watch, in every context, looks soon with its own credential
+        (a hint, not a change), and the other replicas are told (their lease owners look). The watches hinted here."""
+        self._spawn(self._coordinator.announce_revalidate(frozenset({hint.to_bus()})))
+        return self._hint_matching(hint)
+
+    def _hint_matching(self, hint: SourceHint) -> int:
+        hinted = 0
+        for watch in matching(self.watches(), hint):
+            watch.hint()
+            hinted += 1
+        self._metrics.watches_hinted.inc(hinted)
+        return hinted
+
+    def _heard_revalidate(self, announced: frozenset[str]) -> None:
+        written, hints = from_bus(announced)
+        if written:
+            self._hint_contexts(written)
+        for hint in hints:
+            self._hint_matching(hint)
 
     def _on_change(self, event: ChangeEvent) -> None:
         if event.baseline:

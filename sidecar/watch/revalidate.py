@@ -1,8 +1,12 @@
 """Revalidate on write: a request that may have changed data makes the watches it may concern poll soon.
 
-Writes are batched over `polling.revalidate_debounce_ms` (a burst of tool calls is one round of hints), the
-other replicas are told (their lease owners poll), and here the public watches and the writers' own
-contexts' watches are hinted; each hint then obeys the watch's backoff, jitter and the hint budget.
+The debounce is leading-edge: the first write after a quiet `polling.revalidate_debounce_ms` hints at once (a
+lone write is not made to wait), and opens a window; the writes that arrive within it are one round of hints at
+its end, which opens the next window. A burst therefore costs a watch at most two looks (the leading one, and
+one after it that the burst's later writes ask for), never one per write; a look still in flight when the
+trailing round comes is followed by one more (the watch's own coalescing). Each round tells the other replicas
+(their lease owners poll), and here hints the public watches and the writers' own contexts' watches; each hint
+then obeys the watch's min_interval_ms, backoff, jitter and the hint budget.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ __all__ = ["Revalidator"]
 
 
 class Revalidator:
-    """Collects the contexts that wrote, and hints their watches once per debounce window."""
+    """Collects the contexts that wrote, and hints their watches: at once when quiet, else once per window."""
 
     def __init__(
         self,
@@ -36,7 +40,8 @@ class Revalidator:
         self._contexts: set[str] = set()
         self._links: dict[str, list[Any]] = {}
         """Traced writes of this window by context (tracing on only): the polls they cause link to them."""
-        self._timer: Timer | None = None
+        self._window: Timer | None = None
+        """Open from a round of hints until the debounce has passed: writes within it wait for its end."""
 
     def wrote(self, context: str) -> None:
         """A request of `context` that may have written went through (its span, if traced, is current)."""
@@ -46,18 +51,25 @@ class Revalidator:
             links = self._links.setdefault(context, [])
             if len(links) < MAX_LINKS:
                 links.append(link)
-        if self._timer is None:
-            self._timer = self._clock.call_at(self._clock.now() + self._debounce_s, self._fire)
+        if self._window is None:
+            self._round()  # quiet: the leading edge, at once
 
-    def _fire(self) -> None:
+    def _window_ended(self) -> None:
+        self._window = None
+        if self._contexts:
+            self._round()  # the trailing edge: what was written within the window
+
+    def _round(self) -> None:
         contexts, self._contexts = frozenset(self._contexts), set()
         links = {context: tuple(written) for context, written in self._links.items()}
         self._links = {}
-        self._timer = None
+        self._window = self._clock.call_at(self._clock.now() + self._debounce_s, self._window_ended)
         self._spawn(self._coordinator.announce_revalidate(contexts))
         self._hint(contexts, links)
 
     def cancel(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        if self._window is not None:
+            self._window.cancel()
+            self._window = None
+        self._contexts.clear()
+        self._links.clear()

@@ -145,6 +145,8 @@ BAD_VALUES = [
     ),
     _row("metrics.path", {"metrics": {"path": "metrics"}}, "metrics-path-relative"),
     _row("metrics.path", {"metrics": {"path": "/metrics?format=text"}}, "metrics-path-query"),
+    _row("hints.token_file", {"hints": {"token_file": "/nonexistent/hints-token"}}, "hints-token-file-missing"),
+    _row("hints.token_file", {"hints": {"token_file": "{empty}"}}, "hints-token-file-empty"),
     _row("tracing.endpoint", {"tracing": {"endpoint": "collector:4318"}}, "tracing-endpoint-no-scheme"),
     _row("tracing.endpoint", {"tracing": {"endpoint": "http://collector:431800/v1/traces"}}, "tracing-endpoint-port"),
     _row("polling.rules[1].match", {"polling": {"rules": [{"match": "a://*"}, {"match": "a:// b"}]}}, "rule-glob"),

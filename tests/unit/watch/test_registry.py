@@ -615,11 +615,16 @@ async def test_a_write_makes_the_public_watches_and_the_writers_own_poll_soon(wo
     world.upstream.calls.clear()
     await world.clock.advance(1.0)
     world.registry.after_forward("tools/call", {"name": "edit"}, ALICE, {"result": {}}, world.registry.ticket())
+    await world.clock.advance(0)
+    looked = [("resources/read", DOC, "alice"), ("resources/read", OTHER, "alice")]
+    assert sorted(world.upstream.calls) == looked, "a lone write: at once, only the public and the writer's own"
+    world.upstream.calls.clear()
+    world.registry.after_forward("tools/call", {"name": "edit"}, ALICE, {"result": {}}, world.registry.ticket())
     world.registry.after_forward("tools/call", {"name": "edit"}, ALICE, {"result": {}}, world.registry.ticket())
     await world.clock.advance(0.09)
-    assert world.upstream.calls == [], "writes are batched over the debounce"
+    assert world.upstream.calls == [], "writes within the debounce wait for its end"
     await world.clock.advance(0.5)
-    assert sorted(world.upstream.calls) == [("resources/read", DOC, "alice"), ("resources/read", OTHER, "alice")]
+    assert sorted(world.upstream.calls) == looked, "and are one more look each"
 
 
 # -- refusals, recovery, other replicas ----------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""When a watch polls: interval, backoff, hints and the write debounce, on a clock the test moves by hand.
+"""When a watch polls: interval, backoff and hints, on a clock the test moves by hand (writes: test_revalidate).
 
 Nothing here sleeps: `ManualClock.advance` fires what has come due and waits for the polls it started.
 """
@@ -7,22 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine, Iterator, Mapping
-from typing import Any
 
 import pytest
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.trace import SpanContext, Tracer
 
 from sidecar.changes import ChangeEvent, LocalCoordinator, PollCoordinator, WatchKey
 from sidecar.config import PollingConfig
 from sidecar.observability.metrics import Metrics
-from sidecar.observability.tracing import MAX_LINKS, Tracing, install
 from sidecar.protocol.errors import UpstreamUnavailable
 from sidecar.watch.generations import Tickets
 from sidecar.watch.observe import Observation
 from sidecar.watch.poller import HintBudget, Schedule, Watch
-from sidecar.watch.revalidate import Revalidator
 from tests.unit.watch.manual_clock import ManualClock
 
 CONFIG = PollingConfig(
@@ -436,108 +430,3 @@ async def test_stopping_a_watch_ends_its_poll_in_flight_and_stopping_twice_is_ha
     assert upstream.in_flight == 0
     await clock.advance(60.0)
     assert upstream.polled_at == [2.0]
-
-
-async def test_writes_within_the_debounce_window_are_one_round_of_hints(clock: ManualClock) -> None:
-    hinted: list[frozenset[str]] = []
-    announced: list[frozenset[str]] = []
-
-    class Coordinator(LocalCoordinator):
-        async def announce_revalidate(self, contexts: frozenset[str]) -> None:
-            announced.append(contexts)
-
-    tasks: list[asyncio.Task[None]] = []
-    revalidator = Revalidator(
-        100,
-        Coordinator(),
-        lambda contexts, links: hinted.append(contexts),
-        lambda coro: tasks.append(asyncio.ensure_future(coro)),
-        clock,
-    )
-    revalidator.wrote("alice")
-    await clock.advance(0.05)
-    revalidator.wrote("bob")
-    revalidator.wrote("alice")
-    await clock.advance(0.049)
-    assert hinted == []
-    await clock.advance(0.001)
-    assert hinted == [frozenset({"alice", "bob"})]
-    assert announced == [frozenset({"alice", "bob"})]
-    revalidator.wrote("carol")
-    await clock.advance(0.1)
-    assert hinted[-1] == frozenset({"carol"})
-
-
-class _Rounds:
-    """What a Revalidator does when its window closes: the rounds of hints, and the announcements it spawns."""
-
-    def __init__(self) -> None:
-        self.hinted: list[tuple[frozenset[str], Mapping[str, tuple[Any, ...]]]] = []
-        self.tasks: list[asyncio.Future[None]] = []
-
-    def hint(self, contexts: frozenset[str], links: Mapping[str, tuple[Any, ...]]) -> None:
-        self.hinted.append((contexts, links))
-
-    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        self.tasks.append(asyncio.ensure_future(coro))
-
-    def revalidator(self, clock: ManualClock, debounce_ms: int = 100) -> Revalidator:
-        return Revalidator(debounce_ms, LocalCoordinator(), self.hint, self.spawn, clock)
-
-
-async def test_a_round_of_hints_waits_out_the_whole_debounce_window(clock: ManualClock) -> None:
-    rounds = _Rounds()
-    revalidator = rounds.revalidator(clock, debounce_ms=10_000)
-    revalidator.wrote("alice")
-    await clock.advance(9.999)
-    assert rounds.hinted == []
-    await clock.advance(0.001)
-    assert [contexts for contexts, _ in rounds.hinted] == [frozenset({"alice"})]
-
-
-async def test_a_write_just_before_shutdown_hints_nothing_afterwards(clock: ManualClock) -> None:
-    rounds = _Rounds()
-    revalidator = rounds.revalidator(clock)
-    revalidator.wrote("alice")
-    revalidator.cancel()
-    revalidator.cancel()  # twice is harmless
-    await clock.advance(1.0)
-    assert rounds.hinted == [] and rounds.tasks == []
-
-
-@pytest.fixture
-def tracer() -> Iterator[Tracer]:
-    provider = TracerProvider()
-    previous = install(Tracing(provider.get_tracer("tests"), provider))
-    try:
-        yield provider.get_tracer("tests")
-    finally:
-        install(previous)
-        provider.shutdown()
-
-
-async def test_each_round_of_hints_links_each_contexts_traced_writes_up_to_max_links(
-    clock: ManualClock, tracer: Tracer
-) -> None:
-    rounds = _Rounds()
-    revalidator = rounds.revalidator(clock)
-    alices: list[SpanContext] = []
-    for n in range(MAX_LINKS + 2):
-        with tracer.start_as_current_span(f"alice's write {n}") as span:
-            revalidator.wrote("alice")
-            alices.append(span.get_span_context())
-    with tracer.start_as_current_span("bob's write") as span:
-        revalidator.wrote("bob")
-        bob = span.get_span_context()
-    revalidator.wrote("carol")  # outside any span: nothing to link to
-    await clock.advance(0.1)
-    [(contexts, links)] = rounds.hinted
-    assert contexts == {"alice", "bob", "carol"}
-    assert {context: [link.context for link in written] for context, written in links.items()} == {
-        "alice": alices[:MAX_LINKS],
-        "bob": [bob],
-    }
-    with tracer.start_as_current_span("alice's next write") as span:
-        revalidator.wrote("alice")
-    await clock.advance(0.1)
-    assert [link.context for link in rounds.hinted[1][1]["alice"]] == [span.get_span_context()], "a new window"

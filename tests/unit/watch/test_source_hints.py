@@ -1,0 +1,141 @@
+"""Hints from the source: the glob, which watches a hint names, its form on the bus, and what the registry does
+with one (every context's matching watch looks, with its own credential; only a look that differs is a change).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from sidecar.changes import WatchKey
+from sidecar.identity import Identity
+from sidecar.watch.source_hints import SourceHint, UriGlob, from_bus, matching
+from tests.unit.watch.scripted_upstream import contents
+from tests.unit.watch.test_registry import ALICE, BOB, DOC, OTHER, Coordinator, _world
+
+# -- the glob ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("glob", "uri", "matches"),
+    [
+        ("catalog://price", "catalog://price", True),
+        ("catalog://price", "catalog://prices", False),
+        ("catalog://plans/*", "catalog://plans/gold", True),
+        ("catalog://plans/*", "catalog://plans/", True),  # `*` matches none too
+        ("catalog://plans/*", "catalog://plans/a/b", True),  # and any run, slashes included
+        ("catalog://plans/*", "catalog://plan", False),
+        ("catalog://plans/*", "other://catalog://plans/x", False),  # anchored at the start
+        ("*/gold", "catalog://plans/gold", True),
+        ("*/gold", "catalog://plans/golden", False),  # anchored at the end
+        ("a*b*c", "abc", True),
+        ("a*b*c", "a-c-b", False),  # the parts in order
+        ("a*b*b", "ab", False),  # a part is not counted twice
+        ("ab*ba", "aba", False),  # the first and the last part do not overlap
+        ("*", "", True),
+        ("**", "anything", True),
+        ("x://?[a]", "x://?[a]", True),  # only * is special
+        ("x://?[a]", "x://b[a]", False),
+    ],
+)
+def test_a_glob_matches_any_run_for_each_star_and_nothing_else_is_special(glob: str, uri: str, matches: bool) -> None:
+    assert UriGlob(glob).matches(uri) is matches
+
+
+def test_a_glob_of_many_stars_against_a_long_uri_is_linear() -> None:
+    # A backtracking matcher takes exponential time here; this one looks at the URI once a part.
+    assert not UriGlob("*a" * 50 + "*b").matches("a" * 10_000)
+
+
+# -- which watches a hint names --------------------------------------------------------------------------------
+
+
+class _Keyed:
+    def __init__(self, kind: str, uri: str | None, context: str) -> None:
+        self.key = WatchKey(kind, uri, context)  # type: ignore[arg-type]
+
+
+def test_a_hint_names_every_contexts_watch_of_its_uris_and_the_lists_it_names() -> None:
+    watches = [
+        _Keyed("resource", "catalog://plans/gold", "public"),
+        _Keyed("resource", "catalog://plans/gold", "ctx-alice"),
+        _Keyed("resource", "catalog://plans/silver", "ctx-bob"),
+        _Keyed("resource", "catalog://price", "ctx-bob"),
+        _Keyed("resource", "catalog://other", "public"),
+        _Keyed("tools_list", None, "public"),
+        _Keyed("tools_list", None, "ctx-bob"),
+        _Keyed("prompts_list", None, "public"),
+    ]
+    hint = SourceHint(("catalog://plans/*", "catalog://price"), ("tools",))
+    named = [watch.key for watch in matching(watches, hint)]
+    assert named == [watch.key for watch in watches[:4] + watches[5:7]]
+    assert list(matching(watches, SourceHint(("catalog://nothing",)))) == []
+
+
+def test_a_hint_travels_the_bus_as_an_entry_no_context_can_be_and_comes_back_whole() -> None:
+    hint = SourceHint(("catalog://plans/*", "x://a b"), ("prompts", "resources"))
+    entry = hint.to_bus()
+    assert not entry.startswith(("public", "anon", "ctx-"))
+    written, hints = from_bus(frozenset({entry, "ctx-alice", "public"}))
+    assert written == {"ctx-alice", "public"} and hints == [hint]
+    assert from_bus(frozenset({"source-hint:{not json", "anon"})) == (frozenset({"anon"}), [])
+
+
+# -- the registry ---------------------------------------------------------------------------------------------
+
+CAROL = Identity("carol", (("authorization", "Bearer c"),), client="carol-laptop")
+
+
+async def test_a_hint_makes_each_contexts_watch_look_with_its_own_credential_and_tells_the_other_replicas() -> None:
+    coordinator = Coordinator()
+    world = _world(coordinator=coordinator)
+    world.upstream.private[(DOC, "alice")] = contents(DOC, "alice's")
+    world.upstream.private[(DOC, "bob")] = contents(DOC, "bob's")
+    world.upstream.private[(OTHER, "bob")] = contents(OTHER, "bob's other")
+    for identity, uri in ((ALICE, DOC), (BOB, DOC), (BOB, OTHER)):
+        assert await world.registry.acquire("resource", uri, identity) is not None
+    await world.clock.advance(1.0)
+    world.upstream.calls.clear()
+    assert world.registry.hint_source(SourceHint(("file:///d*",))) == 2
+    await world.clock.advance(0)
+    assert sorted(world.upstream.calls) == [("resources/read", DOC, "alice"), ("resources/read", DOC, "bob")]
+    assert coordinator.announced == [frozenset({SourceHint(("file:///d*",)).to_bus()})]
+    assert world.changes() == [], "a hint is not a change: the looks saw what was there"
+    assert world.gauge("mcp_sidecar_watches_hinted_total") == 2
+    await world.registry.aclose()
+
+
+@pytest.mark.invariant(22)
+async def test_a_hint_notifies_only_what_its_look_finds_changed() -> None:
+    world = _world()
+    world.upstream.resources[DOC] = contents(DOC, "v1", cacheScope="public")
+    world.upstream.resources[OTHER] = contents(OTHER, "v1", cacheScope="public")
+    for uri in (DOC, OTHER):
+        assert await world.registry.acquire("resource", uri, ALICE) is not None
+    await world.clock.advance(1.0)
+    world.registry.hint_source(SourceHint(("file:///*",)))
+    await world.clock.advance(0.5)
+    assert world.changes() == [], "both looked, neither changed"
+    world.upstream.resources[OTHER] = contents(OTHER, "v2", cacheScope="public")
+    world.registry.hint_source(SourceHint(("file:///*",)))
+    await world.clock.advance(0.5)
+    assert [key.uri for key, _ in world.changes()] == [OTHER], "the look that differs, and only it"
+    await world.registry.aclose()
+
+
+async def test_a_hint_heard_from_another_replica_hints_the_matching_watches_here_and_no_others() -> None:
+    coordinator = Coordinator()
+    world = _world(coordinator=coordinator)
+    world.upstream.resources[DOC] = contents(DOC, "v1", cacheScope="public")
+    world.upstream.resources[OTHER] = contents(OTHER, "v1", cacheScope="public")
+    world.upstream.pages["tools/list"] = [{"tools": []}]
+    for uri in (DOC, OTHER):
+        assert await world.registry.acquire("resource", uri, CAROL) is not None
+    assert await world.registry.acquire("tools_list", None, CAROL) is not None
+    await world.clock.advance(1.0)
+    world.upstream.calls.clear()
+    assert coordinator.others_wrote is not None
+    coordinator.others_wrote(frozenset({SourceHint((OTHER,), ("tools",)).to_bus()}))
+    await world.clock.advance(0.5)
+    assert sorted(call[:2] for call in world.upstream.calls) == [("resources/read", OTHER), ("tools/list", None)]
+    assert coordinator.announced == [], "heard, not announced again"
+    await world.registry.aclose()
