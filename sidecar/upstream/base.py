@@ -3,9 +3,10 @@
 One class serves them all, `UpstreamBridge` (`bridge.py`), over an HTTP or a stdio transport; `app.py` builds
 it from the configuration. Each consumer types against the roles it uses, so what it depends on is said where
 it is used: the endpoint forwards (`Forward`), 2025-11-25 client sessions relay (`Relay`), listen streams learn
-the era (`LearnEra`), the watch engine reads on its own behalf (`Look`) and opens the upstream's notification stream
-(`OpenNotifications`), /readyz and /status read its health (`Health`), and the app starts and stops it
-(`Lifecycle`). `Upstream` is all of them, for the one place that builds and hands the bridge out.
+the era (`LearnEra`), the watch engine reads on its own behalf (`Look`), opens the upstream's notification
+stream (`OpenNotifications`) and hears when it answers again (`Watched`: all three), /readyz and /status read
+its health (`Health`), and the app starts and stops it (`Lifecycle`). `Upstream` is all of them, for the one
+place that builds and hands the bridge out.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ __all__ = [
     "OpenNotifications",
     "Relay",
     "Upstream",
+    "Watched",
 ]
 
 JsonObject = dict[str, Any]
@@ -118,6 +120,13 @@ class OpenNotifications(Look, Protocol):
         ...
 
 
+class Watched(OpenNotifications, Protocol):
+    """What the watch engine holds: its looks, the upstream's notifications, and the word that it answers again."""
+
+    on_recovered: Callable[[], None] | None
+    """Called when the upstream answers again after being unreachable (every failing watch re-reads then)."""
+
+
 class Health(Protocol):
     """Whether the upstream can be used now, and why not."""
 
@@ -179,7 +188,7 @@ class Lifecycle(Protocol):
         ...
 
 
-class Upstream(Forward, Relay, OpenNotifications, Health, Lifecycle, Protocol):
+class Upstream(Forward, Relay, Watched, Health, Lifecycle, Protocol):
     """Every role: what `app.py` builds and hands out (each consumer keeps only the roles it uses)."""
 
 
