@@ -22,7 +22,7 @@ from sidecar.protocol.envelope import Era, Message, RequestId
 from sidecar.protocol.errors import UpstreamError, UpstreamRpcError
 from sidecar.upstream.answers import Reply, UpstreamInfo
 from sidecar.upstream.base import Headers
-from sidecar.upstream.era import checked, own_request_params, response, strip_modern_meta, translated
+from sidecar.upstream.era import checked, own_request_params, response, result_of, strip_modern_meta, translated
 from sidecar.upstream.reachability import Reachability
 from sidecar.upstream.transport import AnswerShaper, Transport
 
@@ -225,10 +225,7 @@ class UpstreamBridge:
             else:
                 raw = await self._transport.exchange(identity, "legacy", method, params)
                 answer = translated(self.url, self._cache, method, params, raw)
-            if "error" in answer:
-                raise UpstreamRpcError(self.url, answer["error"])
-        result: JsonObject = answer["result"]
-        return result
+            return result_of(self.url, answer)
 
     @contextlib.asynccontextmanager
     async def open_notifications(

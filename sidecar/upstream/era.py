@@ -9,7 +9,7 @@ from typing import Any
 from sidecar.config import CacheConfig
 from sidecar.protocol.constants import META_CLIENT_CAPABILITIES, META_CLIENT_INFO, META_LOG_LEVEL, META_PROTOCOL_VERSION
 from sidecar.protocol.envelope import RequestId
-from sidecar.protocol.errors import UpstreamBadResponse
+from sidecar.protocol.errors import UpstreamBadResponse, UpstreamRpcError
 from sidecar.protocol.frames import modern_request_meta, stamp_result
 
 __all__ = [
@@ -18,6 +18,7 @@ __all__ = [
     "own_request_params",
     "reply_to_server_request",
     "response",
+    "result_of",
     "strip_modern_meta",
     "translated",
     "with_modern_meta",
@@ -75,6 +76,14 @@ def checked(upstream: str, answer: JsonObject) -> JsonObject:
     if isinstance(answer.get("result"), dict):
         return {"result": answer["result"]}
     raise UpstreamBadResponse(upstream, "response has neither result nor error")
+
+
+def result_of(upstream: str, answer: JsonObject) -> JsonObject:
+    """A checked answer's result, or its error raised as an UpstreamRpcError (the sidecar's own requests)."""
+    if "error" in answer:
+        raise UpstreamRpcError(upstream, answer["error"])
+    result: JsonObject = answer["result"]
+    return result
 
 
 def response(request_id: RequestId | None, answer: JsonObject) -> JsonObject:

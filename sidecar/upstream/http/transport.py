@@ -35,7 +35,7 @@ from sidecar.protocol.errors import (
 )
 from sidecar.upstream.answers import ReleasingStream, Reply, UpstreamInfo, json_object
 from sidecar.upstream.base import Headers
-from sidecar.upstream.era import checked, own_request_params
+from sidecar.upstream.era import checked, own_request_params, result_of
 from sidecar.upstream.http.auth import metadata_paths, rewrite_challenge, rewrite_metadata
 from sidecar.upstream.http.endpoint import UpstreamHTTP, iter_messages, raise_for_status, read_limited
 from sidecar.upstream.http.relay import relay_answer, relay_events, request_id_of
@@ -122,16 +122,12 @@ class HTTPTransport:
         if info.era == "modern":
             await self._modern_call("server/discover", {})
             return
-        answer = checked(self.url, await self._sessions.request(ANONYMOUS_IDENTITY.context, "ping", {}, {}))
-        if "error" in answer:
-            raise UpstreamRpcError(self.url, answer["error"])
+        answer = await self._sessions.request(ANONYMOUS_IDENTITY.context, "ping", {}, {})
+        result_of(self.url, checked(self.url, answer))
 
     async def _modern_call(self, method: str, headers: Mapping[str, str]) -> JsonObject:
-        answer = checked(self.url, await self._modern_exchange(method, own_request_params({}), headers))
-        if "error" in answer:
-            raise UpstreamRpcError(self.url, answer["error"])
-        result: JsonObject = answer["result"]
-        return result
+        answer = await self._modern_exchange(method, own_request_params({}), headers)
+        return result_of(self.url, checked(self.url, answer))
 
     # -- what the upstream serves besides MCP --------------------------------------------------------------
 
