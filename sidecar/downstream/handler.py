@@ -40,7 +40,7 @@ from sidecar.protocol.errors import (
 )
 from sidecar.protocol.frames import SERVER_INFO, error_response, result_response
 from sidecar.upstream.answers import Reply, UpstreamInfo
-from sidecar.upstream.base import Upstream
+from sidecar.upstream.base import Forward
 
 __all__ = [
     "ForwardObserver",
@@ -126,7 +126,7 @@ class McpEndpoint:
     def __init__(
         self,
         config: SidecarConfig,
-        upstream: Upstream,
+        upstream: Forward,
         *,
         identities: IdentityRule,
         listen: ListenHandler | None = None,

@@ -42,7 +42,7 @@ from sidecar.protocol.errors import (
 )
 from sidecar.protocol.frames import error_response, result_response
 from sidecar.upstream.answers import Reply
-from sidecar.upstream.base import Upstream
+from sidecar.upstream.base import Relay
 from sidecar.upstream.sse import SSEDecoder, SSETooLarge
 from sidecar.watch.registry import Handle, WatchRegistry
 
@@ -70,7 +70,7 @@ class LegacySessions:
 
     def __init__(
         self,
-        upstream: Upstream,
+        upstream: Relay,
         registry: WatchRegistry,
         hub: StreamHub,
         config: StreamsConfig,

@@ -34,7 +34,7 @@ from sidecar.observability.tracing import tracing
 from sidecar.protocol.envelope import Message, RequestId
 from sidecar.protocol.errors import InvalidParams, Overloaded, RpcError, UpstreamError, UpstreamHTTPError
 from sidecar.protocol.frames import ack_notification, complete_result, notification
-from sidecar.upstream.base import Upstream
+from sidecar.upstream.base import LearnEra
 from sidecar.watch.poller import JITTER
 from sidecar.watch.registry import Handle, WatchRegistry
 
@@ -187,7 +187,7 @@ class StreamHub:
     """Every open listen stream of this process, indexed by the watch keys they hold."""
 
     def __init__(
-        self, registry: WatchRegistry, upstream: Upstream, bus: Bus, config: StreamsConfig, metrics: Metrics
+        self, registry: WatchRegistry, upstream: LearnEra, bus: Bus, config: StreamsConfig, metrics: Metrics
     ) -> None:
         self._registry = registry
         self._upstream = upstream

@@ -1,9 +1,11 @@
-"""The upstream: over HTTP (`UpstreamClient`) or a stdio child process (`StdioUpstream`), both an `Upstream`."""
+"""The upstream: one era bridge (`UpstreamBridge`) over HTTP (`UpstreamClient`) or a stdio child process
+(`StdioUpstream`); consumers hold it as the small roles of `base.py` (`Upstream` is all of them)."""
 
 from __future__ import annotations
 
 from sidecar.upstream.answers import Reply, UpstreamInfo
 from sidecar.upstream.base import NotificationListener, NotificationSource, Upstream
+from sidecar.upstream.bridge import UpstreamBridge
 from sidecar.upstream.http.client import UpstreamClient
 from sidecar.upstream.stdio.client import StdioUpstream
 
@@ -13,6 +15,7 @@ __all__ = [
     "Reply",
     "StdioUpstream",
     "Upstream",
+    "UpstreamBridge",
     "UpstreamClient",
     "UpstreamInfo",
 ]

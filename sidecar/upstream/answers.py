@@ -6,9 +6,11 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import orjson
+
 from sidecar.protocol.envelope import ERA_REVISIONS, Era
 
-__all__ = ["ByteStream", "ReleasingStream", "Reply", "UpstreamInfo"]
+__all__ = ["ByteStream", "ReleasingStream", "Reply", "UpstreamInfo", "json_object"]
 
 JsonObject = dict[str, Any]
 
@@ -26,6 +28,18 @@ class UpstreamInfo:
     def revision(self) -> str:
         """The protocol revision spoken upstream (`2025-11-25`, `2026-07-28`), as an operator reads it."""
         return ERA_REVISIONS[self.era]
+
+    @classmethod
+    def of(cls, era: Era, result: JsonObject, server_info: Any) -> UpstreamInfo:
+        """What a `server/discover` or `initialize` result says (its fields of the wrong type left out)."""
+        capabilities = result.get("capabilities")
+        instructions = result.get("instructions")
+        return cls(
+            era=era,
+            capabilities=capabilities if isinstance(capabilities, dict) else {},
+            server_info=server_info if isinstance(server_info, dict) else None,
+            instructions=instructions if isinstance(instructions, str) else None,
+        )
 
 
 class ByteStream(Protocol):
@@ -74,3 +88,12 @@ class ReleasingStream:
         release, self._release = self._release, None
         if release is not None:
             release()
+
+
+def json_object(body: bytes | None) -> JsonObject | None:
+    """The body as a JSON object, or None when it is not one."""
+    try:
+        decoded = orjson.loads(body or b"")
+    except orjson.JSONDecodeError:
+        return None
+    return decoded if isinstance(decoded, dict) else None

@@ -1,9 +1,12 @@
-"""What the rest of the sidecar uses of its upstream, whichever way it is reached: the `Upstream` protocol.
+"""What the rest of the sidecar uses of its upstream, as small roles, whichever way the upstream is reached.
 
-Two classes have this surface: `UpstreamClient` (an MCP server over HTTP) and `StdioUpstream` (an MCP
-server the sidecar starts as a child process and speaks to on its stdin and stdout). `app.py` picks
-one from the configuration; the endpoint, listen streams, legacy sessions, the watch engine, /readyz,
-/status and /metrics hold it as an `Upstream` and never know which.
+One class serves them all, `UpstreamBridge` (`bridge.py`), over an HTTP or a stdio transport; `app.py` builds
+it from the configuration. Each consumer types against the roles it uses, so what it depends on is said where
+it is used: the endpoint forwards (`Forward`), 2025-11-25 client sessions relay (`Relay`), listen streams learn
+the era (`LearnEra`), the watch engine reads on its own behalf (`Look`), opens the upstream's notification
+stream (`OpenNotifications`) and hears when it answers again (`Watched`: all three), /readyz and /status read
+its health (`Health`), and the app starts and stops it (`Lifecycle`). `Upstream` is all of them, for the one
+place that builds and hands the bridge out.
 """
 
 from __future__ import annotations
@@ -20,7 +23,20 @@ if TYPE_CHECKING:
     from sidecar.protocol.envelope import Message
     from sidecar.upstream.answers import Reply, UpstreamInfo
 
-__all__ = ["Headers", "NotificationListener", "NotificationSource", "Upstream"]
+__all__ = [
+    "Forward",
+    "Headers",
+    "Health",
+    "LearnEra",
+    "Lifecycle",
+    "Look",
+    "NotificationListener",
+    "NotificationSource",
+    "OpenNotifications",
+    "Relay",
+    "Upstream",
+    "Watched",
+]
 
 JsonObject = dict[str, Any]
 Headers = CIMultiDictProxy[str] | Mapping[str, str]
@@ -30,11 +46,8 @@ NotificationListener = Callable[[JsonObject], None]
 Synchronous; it must not raise (a raising listener is logged and skipped)."""
 
 
-class Upstream(Protocol):
-    """The upstream as the sidecar uses it: era detection, forwarding, legacy sessions, its own polls, health."""
-
-    on_recovered: Callable[[], None] | None
-    """Called when the upstream answers again after being unreachable (every failing watch re-reads then)."""
+class LearnEra(Protocol):
+    """The upstream's era and capabilities."""
 
     @property
     def url(self) -> str:
@@ -45,6 +58,86 @@ class Upstream(Protocol):
     def info(self) -> UpstreamInfo | None:
         """The era and capabilities learned by the last probe; None before one succeeded."""
         ...
+
+    async def ensure_info(self, identity: Identity = ANONYMOUS_IDENTITY) -> UpstreamInfo:
+        """The upstream's era and capabilities, probed (as `identity`) when not known yet."""
+        ...
+
+
+class Forward(LearnEra, Protocol):
+    """A modern client's request on its way upstream, and what the answer's headers may say."""
+
+    def public_headers(self, headers: dict[str, str]) -> dict[str, str]: ...
+
+    async def protected_resource_metadata(self, public_url: str) -> JsonObject | None: ...
+
+    async def forward(self, message: Message, client_headers: Headers, identity: Identity) -> Reply:
+        """A modern client's request, answered in the client's era."""
+        ...
+
+
+class Relay(LearnEra, Protocol):
+    """A 2025-11-25 client session's messages, passed through."""
+
+    def public_headers(self, headers: dict[str, str]) -> dict[str, str]: ...
+
+    async def relay(
+        self,
+        body: bytes | None,
+        client_headers: Headers,
+        identity: Identity,
+        *,
+        session_id: str | None = None,
+        http_method: str = "POST",
+    ) -> Reply:
+        """A 2025-11-25 client session's message, on the upstream session `session_id` (None: `initialize`)."""
+        ...
+
+
+class Look(Protocol):
+    """The sidecar's own requests (a poll)."""
+
+    @property
+    def url(self) -> str: ...
+
+    async def call(self, method: str, params: JsonObject, identity: Identity = ANONYMOUS_IDENTITY) -> JsonObject:
+        """One request on the sidecar's own behalf (a poll), as `identity`: the result, or an UpstreamError."""
+        ...
+
+
+class OpenNotifications(Look, Protocol):
+    """The upstream's own notifications, used as hints (subscribing at 2025-11-25 is a `call`)."""
+
+    @property
+    def info(self) -> UpstreamInfo | None: ...
+
+    def open_notifications(
+        self, identity: Identity, wanted: JsonObject
+    ) -> contextlib.AbstractAsyncContextManager[AsyncIterator[JsonObject]]:
+        """The upstream's own notifications for `identity`, held open for the block: against a 2026-07-28 upstream
+        a `subscriptions/listen` with the filter `wanted` (its first message is the ack); against a 2025-11-25
+        one every notification it sends on its own (the caller subscribes with `call("resources/subscribe")`)."""
+        ...
+
+
+class Watched(OpenNotifications, Protocol):
+    """What the watch engine holds: its looks, the upstream's notifications, and the word that it answers again."""
+
+    on_recovered: Callable[[], None] | None
+    """Called when the upstream answers again after being unreachable (every failing watch re-reads then)."""
+
+
+class Health(Protocol):
+    """Whether the upstream can be used now, and why not."""
+
+    on_recovered: Callable[[], None] | None
+    """Called when the upstream answers again after being unreachable (every failing watch re-reads then)."""
+
+    @property
+    def url(self) -> str: ...
+
+    @property
+    def info(self) -> UpstreamInfo | None: ...
 
     @property
     def up(self) -> bool | None:
@@ -66,16 +159,10 @@ class Upstream(Protocol):
         """Why the sidecar cannot serve now (unreachable, unusable, not probed yet), or None when it can."""
         ...
 
-    async def start(self) -> None: ...
-
-    async def aclose(self) -> None: ...
-
-    def drain(self, grace_s: float) -> None:
-        """Shutdown has begun: requests still waiting near the end of `grace_s` are answered with an error."""
-        ...
-
-    async def ensure_info(self, identity: Identity = ANONYMOUS_IDENTITY) -> UpstreamInfo:
-        """The upstream's era and capabilities, probed (as `identity`) when not known yet."""
+    @property
+    def retry_in_s(self) -> float | None:
+        """Seconds until the sidecar asks the unreachable upstream again; None when it is not down (or, for a
+        stdio server, the restart is said in `last_error`)."""
         ...
 
     async def check(self) -> bool:
@@ -86,43 +173,23 @@ class Upstream(Protocol):
         """The era and capabilities once the upstream has answered, waiting (however long) until it has."""
         ...
 
-    @property
-    def retry_in_s(self) -> float | None:
-        """Seconds until the sidecar asks the unreachable upstream again; None when it is not down (or, for a
-        stdio server, the restart is said in `last_error`)."""
+    async def ensure_info(self, identity: Identity = ANONYMOUS_IDENTITY) -> UpstreamInfo: ...
+
+
+class Lifecycle(Protocol):
+    """Starting and stopping the way to the upstream."""
+
+    async def start(self) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+    def drain(self, grace_s: float) -> None:
+        """Shutdown has begun: requests still waiting near the end of `grace_s` are answered with an error."""
         ...
 
-    def public_headers(self, headers: dict[str, str]) -> dict[str, str]: ...
 
-    async def protected_resource_metadata(self, public_url: str) -> JsonObject | None: ...
-
-    async def forward(self, message: Message, client_headers: Headers, identity: Identity) -> Reply:
-        """A modern client's request, answered in the client's era."""
-        ...
-
-    async def relay(
-        self,
-        body: bytes | None,
-        client_headers: Headers,
-        identity: Identity,
-        *,
-        session_id: str | None = None,
-        http_method: str = "POST",
-    ) -> Reply:
-        """A 2025-11-25 client session's message, on the upstream session `session_id` (None: `initialize`)."""
-        ...
-
-    async def call(self, method: str, params: JsonObject, identity: Identity = ANONYMOUS_IDENTITY) -> JsonObject:
-        """One request on the sidecar's own behalf (a poll), as `identity`: the result, or an UpstreamError."""
-        ...
-
-    def open_notifications(
-        self, identity: Identity, wanted: JsonObject
-    ) -> contextlib.AbstractAsyncContextManager[AsyncIterator[JsonObject]]:
-        """The upstream's own notifications for `identity`, held open for the block: against a 2026-07-28 upstream
-        a `subscriptions/listen` with the filter `wanted` (its first message is the ack); against a 2025-11-25
-        one every notification it sends on its own (the caller subscribes with `call("resources/subscribe")`)."""
-        ...
+class Upstream(Forward, Relay, Watched, Health, Lifecycle, Protocol):
+    """Every role: what `app.py` builds and hands out (each consumer keeps only the roles it uses)."""
 
 
 @runtime_checkable

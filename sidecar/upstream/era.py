@@ -1,13 +1,28 @@
 """The rules that bridge the two eras whichever leg the upstream is on (HTTP or stdio): what a 2025-11-25 server
-must not be sent, and how its errors read to a 2026-07-28 client (protocol.md section 5)."""
+must not be sent, how its answers read to a 2026-07-28 client (stamped results, mapped errors: protocol.md
+section 5), the `_meta` a 2026-07-28 server needs, and what counts as an answer at all."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from sidecar.config import CacheConfig
 from sidecar.protocol.constants import META_CLIENT_CAPABILITIES, META_CLIENT_INFO, META_LOG_LEVEL, META_PROTOCOL_VERSION
+from sidecar.protocol.envelope import RequestId
+from sidecar.protocol.errors import UpstreamBadResponse, UpstreamRpcError
+from sidecar.protocol.frames import modern_request_meta, stamp_result
 
-__all__ = ["map_legacy_error", "strip_modern_meta"]
+__all__ = [
+    "checked",
+    "map_legacy_error",
+    "own_request_params",
+    "reply_to_server_request",
+    "response",
+    "result_of",
+    "strip_modern_meta",
+    "translated",
+    "with_modern_meta",
+]
 
 JsonObject = dict[str, Any]
 
@@ -16,6 +31,7 @@ _NOT_FOUND_CODES = (-32002, 0)  # -32002: 2025-11-25 and most SDKs; 0: Python SD
 _NOT_FOUND_WORDS = ("not found", "unknown resource", "no such resource", "does not exist")
 _RESERVED_RANGE = range(-32099, -32019)  # spec-reserved; only codes it defines may reach a modern client
 _DEFINED_MODERN_CODES = (-32020, -32021, -32022)
+_REFUSED = {"code": -32601, "message": "not available through mcp-sidecar"}
 
 
 def strip_modern_meta(params: JsonObject) -> JsonObject:
@@ -41,3 +57,55 @@ def map_legacy_error(method: str, params: JsonObject, error: JsonObject) -> Json
     if isinstance(code, int) and code in _RESERVED_RANGE and code not in _DEFINED_MODERN_CODES:
         return {"code": -32603, "message": message, "data": {"upstreamCode": code}}
     return error
+
+
+def translated(upstream: str, cache: CacheConfig, method: str, params: JsonObject, answer: JsonObject) -> JsonObject:
+    """A 2025-11-25 server's answer as a 2026-07-28 client needs it: its result stamped (`resultType`, `ttlMs`,
+    `cacheScope`), or its error mapped."""
+    answer = checked(upstream, answer)
+    if "error" in answer:
+        return {"error": map_legacy_error(method, params, answer["error"])}
+    ttl_ms, scope = cache.default_ttl_ms, cache.default_scope
+    return {"result": stamp_result(method, answer["result"], ttl_ms=ttl_ms, scope=scope)}
+
+
+def checked(upstream: str, answer: JsonObject) -> JsonObject:
+    """The answer's `result` or `error`, or UpstreamBadResponse when it has neither (of the right shape)."""
+    if isinstance(answer.get("error"), dict):
+        return {"error": answer["error"]}
+    if isinstance(answer.get("result"), dict):
+        return {"result": answer["result"]}
+    raise UpstreamBadResponse(upstream, "response has neither result nor error")
+
+
+def result_of(upstream: str, answer: JsonObject) -> JsonObject:
+    """A checked answer's result, or its error raised as an UpstreamRpcError (the sidecar's own requests)."""
+    if "error" in answer:
+        raise UpstreamRpcError(upstream, answer["error"])
+    result: JsonObject = answer["result"]
+    return result
+
+
+def response(request_id: RequestId | None, answer: JsonObject) -> JsonObject:
+    """A JSON-RPC response to `request_id` carrying `answer`'s result or error."""
+    return {"jsonrpc": "2.0", "id": request_id, **answer}
+
+
+def own_request_params(params: JsonObject) -> JsonObject:
+    """The params of a 2026-07-28 request the sidecar makes on its own behalf: the `_meta` the era requires."""
+    return {**params, "_meta": modern_request_meta()}
+
+
+def with_modern_meta(params: JsonObject) -> JsonObject:
+    """A 2025-11-25 client's params with the `_meta` a 2026-07-28 server requires (its own keys, progressToken
+    and the like, kept)."""
+    meta = params.get("_meta")
+    return {**params, "_meta": {**modern_request_meta(), **(meta if isinstance(meta, dict) else {})}}
+
+
+def reply_to_server_request(request: JsonObject) -> JsonObject:
+    """The sidecar's reply to a request the upstream sends its client (sampling, elicitation, roots): no client of
+    ours can answer for all, so it is refused at once and the upstream does not wait forever; a ping is answered."""
+    if request.get("method") == "ping":
+        return {"jsonrpc": "2.0", "id": request["id"], "result": {}}
+    return {"jsonrpc": "2.0", "id": request["id"], "error": dict(_REFUSED)}

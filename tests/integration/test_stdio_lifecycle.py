@@ -230,7 +230,7 @@ async def test_requests_over_the_childs_capacity_wait_their_turn_instead_of_bein
 
 
 def _in_flight(sidecar: Any) -> int:
-    child = _upstream(sidecar)._supervisor.child
+    child = _upstream(sidecar)._stdio._supervisor.child
     return child.in_flight if child is not None else -1
 
 

@@ -23,6 +23,7 @@ from sidecar.protocol.errors import (
     UpstreamUnavailable,
 )
 from sidecar.tls import upstream_context
+from sidecar.upstream.answers import json_object
 from sidecar.upstream.http.wire import Answer, WirePool
 from sidecar.upstream.sse import SSE_CONTENT_TYPE, SSEDecoder, SSETooLarge
 
@@ -264,12 +265,8 @@ async def raise_for_status(response: Answer, http: UpstreamHTTP) -> None:
     """Non-2xx: a JSON-RPC error body passes through as UpstreamRpcError, anything else is an HTTP error."""
     if 200 <= response.status < 300:
         return
-    body = await read_limited(response, http.max_response_bytes, http.url)
-    try:
-        message = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        message = None
-    if isinstance(message, dict) and isinstance(message.get("error"), dict) and response.status not in (401, 403):
+    message = json_object(await read_limited(response, http.max_response_bytes, http.url))
+    if message is not None and isinstance(message.get("error"), dict) and response.status not in (401, 403):
         raise UpstreamRpcError(http.url, message["error"], http_status=response.status)
     challenge = {k: v for k, v in response.headers.items() if k.lower() == "www-authenticate"}
     raise UpstreamHTTPError(http.url, response.status, response.reason or "", challenge)

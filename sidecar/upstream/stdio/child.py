@@ -1,14 +1,13 @@
 """One stdio MCP server process: newline-delimited JSON-RPC on its stdin and stdout, requests multiplexed by id.
 
-The child runs in a process group of its own (`stdio_process`), so `terminate` reaches whatever it
-started, through wrapper chains too (npx, uvx, `sh -c`): SIGTERM to the whole group, SIGKILL after the
-grace. Its stderr is read as it comes (a pipe nobody reads fills up and blocks the child) and logged,
-rate-limited, under the logger `sidecar.upstream.stdio.stderr`. Each request goes out with an id of
-ours, and a progress token of ours when it carries one, so callers that picked the same ids never
-meet; a notification tied to a request in flight (its progress, or a frame of the listen stream it
-opened) goes to that request, any other notification to `on_notification`. The child's own requests
-(sampling, elicitation, roots) are refused, `ping` answered, as the HTTP bridge does. A `StdioChild` is
-one life of the process; restarting it is `stdio_supervisor`'s job.
+The child runs in a process group of its own (`process.py`), so `terminate` reaches whatever it started,
+through wrapper chains too (npx, uvx, `sh -c`): SIGTERM to the whole group, SIGKILL after the grace. Its
+stderr is read as it comes (a pipe nobody reads fills up and blocks the child) and logged, rate-limited,
+under the logger `sidecar.upstream.stdio.stderr`. Each request goes out with an id of ours, and a progress
+token of ours when it carries one, so callers that picked the same ids never meet; a notification tied to a
+request in flight (its progress, or a frame of the listen stream it opened) goes to that request, any other
+to `on_notification`. The child's own requests are answered as over HTTP (`era.reply_to_server_request`).
+One `StdioChild` is one life of the process; restarting it is `supervisor.py`'s job.
 """
 
 from __future__ import annotations
@@ -34,6 +33,7 @@ from sidecar.protocol.errors import (
     UpstreamTimeout,
     UpstreamUnavailable,
 )
+from sidecar.upstream.era import reply_to_server_request
 from sidecar.upstream.stdio.lines import LineSplitter, OverlongLine, RateLimitedLog, TokenBucket
 from sidecar.upstream.stdio.process import ChildStdin, end_process_group, exit_reason, start_in_own_session
 
@@ -56,7 +56,6 @@ _STDERR_SETTLE_S = 0.5
 """How long an exited child's last stderr lines may take to be read, when something else still holds the pipe."""
 _EXIT_AFTER_EOF_S = 2.0
 """A child that closed its stdout has this long to exit on its own before its group is ended."""
-_REFUSED = {"code": -32601, "message": "not available through mcp-sidecar"}
 _CANCELLED_CODE = -32603  # nobody reads it: the client that cancelled expects no answer
 
 
@@ -210,10 +209,8 @@ class StdioChild:
 
     def notify(self, method: str, params: JsonObject | None = None) -> None:
         """Write a notification without waiting for the pipe (it is small; a full pipe holds it in memory)."""
-        message: JsonObject = {"jsonrpc": "2.0", "method": method}
-        if params is not None:
-            message["params"] = params
-        self._write_nowait(message)
+        params_part: JsonObject = {} if params is None else {"params": params}
+        self._write_nowait({"jsonrpc": "2.0", "method": method, **params_part})
 
     def _drop(self, call: InFlight) -> None:
         if self._pending.get(call.id) is call:
@@ -298,13 +295,10 @@ class StdioChild:
             call.answer.set_result(message)
 
     def _answer_server_request(self, request: JsonObject) -> None:
-        # The child asks its client (sampling, elicitation, roots): no client of ours can answer for all; say so
-        # at once so the child does not wait forever. A ping is answered.
-        if request["method"] == "ping":
-            self._write_nowait({"jsonrpc": "2.0", "id": request["id"], "result": {}})
-        else:
+        reply = reply_to_server_request(request)
+        if "error" in reply:
             logger.info("refused a request from the stdio server", extra={"method": request["method"]})
-            self._write_nowait({"jsonrpc": "2.0", "id": request["id"], "error": _REFUSED})
+        self._write_nowait(reply)
 
     def _route_notification(self, method: str, message: JsonObject) -> None:
         params = message.get("params")

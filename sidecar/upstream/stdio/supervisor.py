@@ -23,19 +23,12 @@ from typing import Any, Literal
 
 from sidecar.config import UpstreamConfig
 from sidecar.observability.metrics import Metrics
-from sidecar.protocol.constants import HANDSHAKE_VERSIONS, LEGACY_VERSION, MODERN_VERSION
-from sidecar.protocol.errors import (
-    ShuttingDown,
-    UpstreamBadResponse,
-    UpstreamBusy,
-    UpstreamError,
-    UpstreamRpcError,
-    UpstreamTimeout,
-    UpstreamUnavailable,
-)
-from sidecar.protocol.frames import SERVER_INFO, modern_request_meta
+from sidecar.protocol.errors import ShuttingDown, UpstreamBusy, UpstreamError, UpstreamTimeout, UpstreamUnavailable
 from sidecar.upstream.answers import UpstreamInfo
 from sidecar.upstream.base import NotificationListener
+from sidecar.upstream.era import own_request_params
+from sidecar.upstream.probe import INITIALIZE_PARAMS, initialize_result, learn_era
+from sidecar.upstream.reachability import Reachability
 from sidecar.upstream.stdio.child import StdioChild
 from sidecar.upstream.stdio.process import REACH_ENVIRONMENT, StdioStartError, child_environment
 
@@ -51,7 +44,8 @@ STABLE_AFTER_S = 60.0
 _JITTER = random.Random()
 """Our own source of jitter, apart from the process-wide `random` state."""
 _BACKOFF_JITTER = 0.2
-_DISCOVER_PARAMS: JsonObject = {"_meta": modern_request_meta()}
+_DISCOVER_PARAMS: JsonObject = own_request_params({})
+_STARTING = "starting: waiting for the stdio server to answer its handshake"
 _ENVIRONMENT_HINT = (
     "the command gets only PATH, HOME, locale, the proxy and CA variables and upstream.inherit_env of the "
     "sidecar's environment, and upstream.env; pass more with upstream.inherit_env or --upstream-env NAME[=VALUE]"
@@ -61,14 +55,15 @@ _ENVIRONMENT_HINT = (
 class StdioSupervisor:
     """The child session every client shares, kept alive."""
 
-    def __init__(self, config: UpstreamConfig, metrics: Metrics, *, on_ready: Callable[[], None]) -> None:
+    def __init__(self, config: UpstreamConfig, metrics: Metrics, reachability: Reachability) -> None:
         self.label = config.display_url
         self._config = config
         self._metrics = metrics
-        self._on_ready = on_ready
+        self._reach = reachability
         self.state: SupervisorState = "starting"
-        self.reason: str | None = "starting: waiting for the stdio server to answer its handshake"
+        self.reason: str | None = _STARTING
         """Why the child is not ready, in words (None while it is)."""
+        reachability.not_answering(_STARTING, down=False)
         self.info: UpstreamInfo | None = None
         self.handshake: JsonObject = {}
         """The child's answer to the handshake: its `server/discover` or `initialize` result."""
@@ -240,7 +235,7 @@ class StdioSupervisor:
 
     async def _live(self, child: StdioChild) -> tuple[str, str]:
         """Handshake, serve until the child ends; returns why it ended and the restart metric's label."""
-        self._enter("starting", "starting: waiting for the stdio server to answer its handshake")
+        self._enter("starting", _STARTING)
         try:
             self.info, self.handshake = await self._handshake(child)
         except UpstreamError as exc:
@@ -250,23 +245,24 @@ class StdioSupervisor:
         else:
             self._ready_at = time.monotonic()
             self._enter("ready", None)
-            self._on_ready()
         ended = await asyncio.shield(child.ended)
         reason, kind = self._ending.get(child, ("", "exited"))
         return (f"{reason}; it {ended}" if reason else ended), kind
 
     async def _handshake(self, child: StdioChild) -> tuple[UpstreamInfo, JsonObject]:
-        protocol = self._config.protocol
         timeout_s = self._config.timeout_s
         initialize_first, self._discover_ends_child = self._discover_ends_child, False
-        if protocol != LEGACY_VERSION and not initialize_first:
+
+        async def discover() -> JsonObject | None:
+            if initialize_first:
+                return None
             try:
-                answer = await child.request("server/discover", {"_meta": modern_request_meta()}, timeout_s=timeout_s)
+                answer = await child.request("server/discover", own_request_params({}), timeout_s=timeout_s)
             except UpstreamUnavailable:
                 # Some servers exit on a method they do not know: the next start goes straight to initialize. Only a
                 # child that read the request says so; one that died before reading it (a failed download) says
                 # nothing. Where that cannot be told (None), the death counts, as it always did.
-                if protocol == "auto" and child.read_what_it_was_sent() is not False:
+                if self._config.protocol == "auto" and child.read_what_it_was_sent() is not False:
                     self._discover_ends_child = True
                     logger.info(
                         "the stdio server ended on server/discover; its next start gets initialize first",
@@ -274,23 +270,15 @@ class StdioSupervisor:
                     )
                 raise
             result = answer.get("result")
-            versions = result.get("supportedVersions") if isinstance(result, dict) else None
-            if isinstance(result, dict) and isinstance(versions, list) and MODERN_VERSION in versions:
-                meta = result.get("_meta") if isinstance(result.get("_meta"), dict) else {}
-                server_info = (meta or {}).get("io.modelcontextprotocol/serverInfo")
-                return _info("modern", result, server_info), result
-            if protocol == MODERN_VERSION:
-                raise UpstreamBadResponse(self.label, f"server/discover does not list {MODERN_VERSION}")
-            logger.debug("server/discover refused; trying initialize", extra={"upstream": self.label})
-        params = {"protocolVersion": LEGACY_VERSION, "capabilities": {}, "clientInfo": SERVER_INFO}
-        answer = await child.request("initialize", params, timeout_s=timeout_s)
-        if isinstance(answer.get("error"), dict):
-            raise UpstreamRpcError(self.label, answer["error"])
-        result = answer.get("result")
-        if not isinstance(result, dict) or result.get("protocolVersion") not in HANDSHAKE_VERSIONS:
-            raise UpstreamBadResponse(self.label, "initialize answered without a known protocolVersion")
-        child.notify("notifications/initialized")
-        return _info("legacy", result, result.get("serverInfo")), result
+            return result if isinstance(result, dict) else None
+
+        async def initialize() -> JsonObject:
+            answer = await child.request("initialize", INITIALIZE_PARAMS, timeout_s=timeout_s)
+            result = initialize_result(self.label, answer)
+            child.notify("notifications/initialized")
+            return result
+
+        return await learn_era(self.label, self._config.protocol, discover, initialize)
 
     def _enter(self, state: SupervisorState, reason: str | None) -> None:
         if self.state == "closed":
@@ -308,6 +296,9 @@ class StdioSupervisor:
             logger.info(
                 "stdio server ready", extra={"upstream": self.label, "era": self.info.revision, "pid": self.child_pid}
             )
+            self._reach.handshake_answered(self.info)
+        else:
+            self._reach.not_answering(reason or state, down=state == "down")
 
     @property
     def child_pid(self) -> int | None:
@@ -324,14 +315,3 @@ class StdioSupervisor:
                 listener(message)
             except Exception:  # boundary: one listener's bug must not keep the message from the others
                 logger.exception("a notification listener failed", extra={"method": message.get("method")})
-
-
-def _info(era: Literal["modern", "legacy"], result: JsonObject, server_info: Any) -> UpstreamInfo:
-    capabilities = result.get("capabilities")
-    instructions = result.get("instructions")
-    return UpstreamInfo(
-        era=era,
-        capabilities=capabilities if isinstance(capabilities, dict) else {},
-        server_info=server_info if isinstance(server_info, dict) else None,
-        instructions=instructions if isinstance(instructions, str) else None,
-    )

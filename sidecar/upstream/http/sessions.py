@@ -1,4 +1,6 @@
-"""The 2025-11-25 bridge: upstream sessions per authorization context, id rewriting, stamping, error mapping."""
+"""The sidecar's 2025-11-25 sessions with an HTTP upstream, one per authorization context: opened with
+`initialize`, opened again when the upstream forgets one, ids of the sidecar's own, and the upstream's requests
+to a client that has none here refused. The answers come back as the upstream gave them (the bridge translates)."""
 
 from __future__ import annotations
 
@@ -13,21 +15,14 @@ from typing import Any
 import orjson
 from cachetools import LRUCache
 
-from sidecar.config import CacheConfig
-from sidecar.protocol.constants import (
-    HANDSHAKE_VERSIONS,
-    HEADER_PROTOCOL_VERSION,
-    HEADER_SESSION_ID,
-    LEGACY_VERSION,
-    READ_ONLY_METHODS,
-)
-from sidecar.protocol.errors import UpstreamBadResponse, UpstreamRpcError
-from sidecar.protocol.frames import SERVER_INFO, stamp_result
-from sidecar.upstream.era import map_legacy_error, strip_modern_meta
+from sidecar.protocol.constants import HEADER_PROTOCOL_VERSION, HEADER_SESSION_ID, READ_ONLY_METHODS
+from sidecar.protocol.errors import UpstreamBadResponse
+from sidecar.upstream.era import checked, reply_to_server_request, strip_modern_meta
 from sidecar.upstream.http.endpoint import UpstreamHTTP, iter_messages, raise_for_status
+from sidecar.upstream.probe import INITIALIZE_PARAMS, initialize_result
 from sidecar.upstream.sse import SSE_CONTENT_TYPE
 
-__all__ = ["LegacyBridge", "LegacySession"]
+__all__ = ["UpstreamSession", "UpstreamSessions"]
 
 logger = logging.getLogger(__name__)
 
@@ -39,25 +34,24 @@ MAX_SESSIONS = 10_000
 
 
 @dataclass(frozen=True, slots=True)
-class LegacySession:
-    """One `initialize`d upstream session."""
+class UpstreamSession:
+    """One session the sidecar `initialize`d with a 2025-11-25 upstream."""
 
     session_id: str | None
     protocol_version: str
     initialize_result: JsonObject
 
 
-class LegacyBridge:
-    """Speaks 2025-11-25 to the upstream on behalf of modern clients, one session per context."""
+class UpstreamSessions:
+    """Speaks 2025-11-25 to the upstream on behalf of modern clients and the sidecar, one session per context."""
 
-    def __init__(self, http: UpstreamHTTP, cache: CacheConfig) -> None:
+    def __init__(self, http: UpstreamHTTP) -> None:
         self._http = http
-        self._cache = cache
-        self._sessions: LRUCache[str, LegacySession] = LRUCache(maxsize=MAX_SESSIONS)
+        self._sessions: LRUCache[str, UpstreamSession] = LRUCache(maxsize=MAX_SESSIONS)
         self._locks: LRUCache[str, asyncio.Lock] = LRUCache(maxsize=MAX_SESSIONS)
         self._ids = itertools.count(1)
 
-    async def initialize(self, context: str, headers: Mapping[str, str]) -> LegacySession:
+    async def initialize(self, context: str, headers: Mapping[str, str]) -> UpstreamSession:
         """The context's session, opening one with `initialize` when there is none."""
         session = self._sessions.get(context)
         if session is not None:
@@ -72,32 +66,28 @@ class LegacyBridge:
                 self._sessions[context] = session
         return session
 
-    async def reach(self, context: str, headers: Mapping[str, str]) -> LegacySession:
+    async def reach(self, context: str, headers: Mapping[str, str]) -> UpstreamSession:
         """The context's session, after an exchange with the upstream: opened now, or the one it has answering a
         `ping` (an error answer is an answer too; an expired session is opened again)."""
         if self._sessions.get(context) is None:
             return await self.initialize(context, headers)
-        await self.request(context, "ping", {}, headers)
+        checked(self._http.url, await self.request(context, "ping", {}, headers))
         return await self.initialize(context, headers)
 
-    async def _open_session(self, headers: Mapping[str, str]) -> LegacySession:
+    async def _open_session(self, headers: Mapping[str, str]) -> UpstreamSession:
         request_id = f"sidecar-{next(self._ids)}"
         body = {
             "jsonrpc": "2.0",
             "id": request_id,
             "method": "initialize",
-            "params": {"protocolVersion": LEGACY_VERSION, "capabilities": {}, "clientInfo": SERVER_INFO},
+            "params": INITIALIZE_PARAMS,
         }
         async with self._http.post(orjson.dumps(body), _base_headers(headers)) as response:
             await raise_for_status(response, self._http)
             session_id = response.headers.get(HEADER_SESSION_ID)
             reply = await self._final_message(response, request_id, None, session_id)
-        if "error" in reply:
-            raise UpstreamRpcError(self._http.url, reply["error"])
-        result = reply.get("result")
-        if not isinstance(result, dict) or result.get("protocolVersion") not in HANDSHAKE_VERSIONS:
-            raise UpstreamBadResponse(self._http.url, "initialize answered without a known protocolVersion")
-        session = LegacySession(session_id, str(result["protocolVersion"]), result)
+        result = initialize_result(self._http.url, reply)
+        session = UpstreamSession(session_id, str(result["protocolVersion"]), result)
         notify = {"jsonrpc": "2.0", "method": "notifications/initialized"}
         await self._http.send_quietly(orjson.dumps(notify), self._session_headers(headers, session))
         logger.info("upstream session opened", extra={"protocol_version": session.protocol_version})
@@ -112,7 +102,7 @@ class LegacyBridge:
         *,
         on_notification: NotificationSink | None = None,
     ) -> JsonObject:
-        """Send one request; the answer is a JSON-RPC message without an id, stamped for modern clients.
+        """Send one request; the answer is the upstream's JSON-RPC response, as it came.
 
         An expired session (404) is opened again once and the request retried.
         """
@@ -133,8 +123,7 @@ class LegacyBridge:
                     logger.info("upstream session expired; initializing again")
                     continue
                 await raise_for_status(response, self._http)
-                reply = await self._final_message(response, request_id, on_notification, session.session_id)
-            return self._translate(method, params, reply)
+                return await self._final_message(response, request_id, on_notification, session.session_id)
         raise AssertionError("unreachable: the retry loop returns or raises")
 
     @contextlib.asynccontextmanager
@@ -158,15 +147,6 @@ class LegacyBridge:
                 if "method" in message and "id" not in message
             )
 
-    def _translate(self, method: str, params: JsonObject, reply: JsonObject) -> JsonObject:
-        if "error" in reply and isinstance(reply["error"], dict):
-            return {"error": map_legacy_error(method, params, reply["error"])}
-        result = reply.get("result")
-        if not isinstance(result, dict):
-            raise UpstreamBadResponse(self._http.url, "response has neither result nor error")
-        stamped = stamp_result(method, result, ttl_ms=self._cache.default_ttl_ms, scope=self._cache.default_scope)
-        return {"result": stamped}
-
     async def _final_message(
         self, response: Any, request_id: str, on_notification: NotificationSink | None, session_id: str | None
     ) -> JsonObject:
@@ -182,21 +162,17 @@ class LegacyBridge:
         raise UpstreamBadResponse(self._http.url, "stream ended without a response")
 
     async def _refuse(self, request: JsonObject, session_id: str | None) -> None:
-        if request.get("method") == "ping":
-            reply: JsonObject = {"jsonrpc": "2.0", "id": request["id"], "result": {}}
-        else:
-            error = {"code": -32601, "message": "not available through mcp-sidecar"}
-            reply = {"jsonrpc": "2.0", "id": request["id"], "error": error}
+        reply = reply_to_server_request(request)
         headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
         if session_id is not None:
             headers[HEADER_SESSION_ID] = session_id
         asyncio.get_running_loop().create_task(self._http.send_quietly(orjson.dumps(reply), headers))
 
-    def _drop(self, context: str, session: LegacySession) -> None:
+    def _drop(self, context: str, session: UpstreamSession) -> None:
         if self._sessions.get(context) is session:
             del self._sessions[context]
 
-    def _session_headers(self, headers: Mapping[str, str], session: LegacySession) -> dict[str, str]:
+    def _session_headers(self, headers: Mapping[str, str], session: UpstreamSession) -> dict[str, str]:
         merged = _base_headers(headers)
         merged[HEADER_PROTOCOL_VERSION] = session.protocol_version
         if session.session_id is not None:

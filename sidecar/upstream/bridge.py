@@ -1,0 +1,241 @@
+"""The one era bridge: probing, forwarding, the sidecar's own calls, the 2025-11-25 translation and stamping, and
+the upstream's notification stream, over whichever transport reaches the upstream (HTTP or a stdio child).
+
+A 2026-07-28 client's request to a 2025-11-25 upstream loses the modern `_meta` keys, and its answer is
+stamped (`resultType`, `ttlMs`, `cacheScope`) or its error mapped (protocol.md section 5); to a 2026-07-28
+upstream over HTTP it passes as it came. The sidecar's own requests carry the `_meta` a 2026-07-28 upstream
+needs. Every exchange is counted and timed by one `Reachability`, which also holds whether the upstream can be
+used now. `UpstreamClient` and `StdioUpstream` are this class wired to one transport each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from functools import partial
+from typing import Any
+
+from sidecar.config import CacheConfig
+from sidecar.identity import ANONYMOUS_IDENTITY, Identity
+from sidecar.protocol.envelope import Era, Message, RequestId
+from sidecar.protocol.errors import UpstreamError, UpstreamRpcError
+from sidecar.upstream.answers import Reply, UpstreamInfo
+from sidecar.upstream.base import Headers
+from sidecar.upstream.era import checked, own_request_params, response, result_of, strip_modern_meta, translated
+from sidecar.upstream.reachability import Reachability
+from sidecar.upstream.transport import AnswerShaper, Transport
+
+__all__ = ["UpstreamBridge"]
+
+JsonObject = dict[str, Any]
+
+_JSON = {"Content-Type": "application/json"}
+
+
+class UpstreamBridge:
+    """The upstream as the sidecar uses it (every role of `sidecar.upstream.base`), in whichever era it speaks."""
+
+    def __init__(self, transport: Transport, reachability: Reachability, cache: CacheConfig) -> None:
+        self._transport = transport
+        self._reach = reachability
+        self._cache = cache
+        self._on_demand = transport.probes_on_demand
+        self._probe_lock = asyncio.Lock()
+        if self._on_demand:
+            reachability.retry = self._reach_again
+
+    # -- health -------------------------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        return self._reach.url
+
+    @property
+    def info(self) -> UpstreamInfo | None:
+        return self._reach.info
+
+    @property
+    def up(self) -> bool | None:
+        return self._reach.up
+
+    @property
+    def last_error(self) -> str | None:
+        return self._reach.last_error
+
+    @property
+    def unusable(self) -> str | None:
+        return self._reach.unusable
+
+    @property
+    def not_ready_reason(self) -> str | None:
+        return self._reach.not_ready_reason
+
+    @property
+    def retry_in_s(self) -> float | None:
+        return self._reach.retry_in_s
+
+    @property
+    def on_recovered(self) -> Callable[[], None] | None:
+        return self._reach.on_recovered
+
+    @on_recovered.setter
+    def on_recovered(self, callback: Callable[[], None] | None) -> None:
+        self._reach.on_recovered = callback
+
+    async def reached(self) -> UpstreamInfo:
+        return await self._reach.reached()
+
+    async def check(self) -> bool:
+        """Readiness: the era is known and the upstream was heard from lately; without recent contact it is
+        asked again (an HTTP upstream whose era is not known yet is probed)."""
+        info = self._reach.info
+        with contextlib.suppress(UpstreamError):
+            if info is None:
+                if self._on_demand:
+                    await self.ensure_info()
+            elif self._reach.up is not False and self._reach.stale(self._transport.heard_at()):
+                await (self._liveness(info) if self._on_demand else self._transport.liveness(info))
+        return self._reach.not_ready_reason is None
+
+    # -- lifecycle ----------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self._transport.start()
+
+    async def aclose(self) -> None:
+        self._reach.stop_retrying()
+        await self._transport.aclose()
+
+    def drain(self, grace_s: float) -> None:
+        self._transport.drain(grace_s)
+
+    # -- the era ------------------------------------------------------------------------------------------
+
+    async def ensure_info(self, identity: Identity = ANONYMOUS_IDENTITY) -> UpstreamInfo:
+        """The era and capabilities: probed once (again after a failure) as `identity`, since a protected upstream
+        refuses an anonymous probe; or, for a stdio child, its handshake (waiting while it starts)."""
+        if not self._on_demand:
+            return await self._transport.era(identity)
+        info = self._reach.info
+        if info is not None:
+            return info
+        async with self._probe_lock:
+            if self._reach.info is None:
+                try:
+                    with self._reach.observe("probe"):
+                        info = await self._transport.era(identity)
+                except UpstreamError as exc:
+                    self._reach.probe_failed(exc)
+                    raise
+                self._reach.learned(info)
+                return info
+            return self._reach.info
+
+    async def _reach_again(self) -> None:
+        # One exchange over the network while the upstream is down: a probe, or a liveness check.
+        info = self._reach.info
+        if info is None:
+            await self.ensure_info()
+        else:
+            await self._liveness(info)
+
+    async def _liveness(self, info: UpstreamInfo) -> None:
+        try:
+            with self._reach.observe("probe"):
+                await self._transport.liveness(info)
+        except UpstreamRpcError:
+            self._reach.usable(None)  # an error answer is an answer: the upstream speaks JSON-RPC
+        except UpstreamError as exc:
+            self._reach.probe_failed(exc)
+            if self._reach.unusable is not None:
+                self._reach.info = None  # probed afresh once it answers sensibly again
+            raise
+        else:
+            self._reach.usable(None)
+
+    # -- forwarding ---------------------------------------------------------------------------------------
+
+    async def forward(self, message: Message, client_headers: Headers, identity: Identity) -> Reply:
+        """A modern client's request, answered in the client's era."""
+        info = await self.ensure_info(identity) if self._on_demand else None
+        with self._reach.observe(message.method):
+            if info is None:
+                info = await self._transport.era(identity)
+            if info.era == "modern":
+                reply = await self._transport.pass_through(message, client_headers, identity)
+                if reply is not None:
+                    return reply
+                params, shape = message.params, partial(checked, self.url)
+            else:
+                params = strip_modern_meta(message.params)
+                shape = partial(translated, self.url, self._cache, message.method, message.params)
+            return await self._answer(identity, info.era, message.method, params, message.id, client_headers, shape)
+
+    async def _answer(
+        self,
+        identity: Identity,
+        era: Era,
+        method: str,
+        params: JsonObject,
+        request_id: RequestId | None,
+        client_headers: Headers,
+        shape: AnswerShaper,
+    ) -> Reply:
+        streamed = await self._transport.stream(method, params, request_id, shape)
+        if streamed is not None:
+            return streamed
+        answer = await self._transport.exchange(identity, era, method, params, client_headers)
+        return Reply(200, dict(_JSON), message=response(request_id, shape(answer)))
+
+    async def relay(
+        self,
+        body: bytes | None,
+        client_headers: Headers,
+        identity: Identity,
+        *,
+        session_id: str | None = None,
+        http_method: str = "POST",
+    ) -> Reply:
+        """A 2025-11-25 client session's message, on the upstream session `session_id` (the upstream's own id;
+        None: `initialize`)."""
+        return await self._transport.relay(
+            body, client_headers, identity, session_id=session_id, http_method=http_method
+        )
+
+    def public_headers(self, headers: dict[str, str]) -> dict[str, str]:
+        """Response headers for the client: an auth challenge points at the sidecar when public_url is set."""
+        return self._transport.public_headers(headers)
+
+    async def protected_resource_metadata(self, public_url: str) -> JsonObject | None:
+        """The upstream's OAuth protected-resource metadata, rewritten to name `public_url`; None if it has none."""
+        return await self._transport.protected_resource_metadata(public_url)
+
+    # -- the sidecar's own calls --------------------------------------------------------------------------
+
+    async def call(self, method: str, params: JsonObject, identity: Identity = ANONYMOUS_IDENTITY) -> JsonObject:
+        """One request on the sidecar's behalf (a poll), for `identity`; the result, or an UpstreamError."""
+        info = await self.ensure_info(identity) if self._on_demand else None
+        with self._reach.observe(method):
+            if info is None:
+                info = await self._transport.era(identity)
+            if info.era == "modern":
+                sent = own_request_params(params)
+                answer = checked(self.url, await self._transport.exchange(identity, "modern", method, sent))
+            else:
+                raw = await self._transport.exchange(identity, "legacy", method, params)
+                answer = translated(self.url, self._cache, method, params, raw)
+            return result_of(self.url, answer)
+
+    @contextlib.asynccontextmanager
+    async def open_notifications(
+        self, identity: Identity, wanted: JsonObject
+    ) -> AsyncIterator[AsyncIterator[JsonObject]]:
+        """The upstream's own notifications for one authorization context, held open for the block: against a
+        2026-07-28 upstream, a `subscriptions/listen` with the filter `wanted` (its first message is the ack);
+        against a 2025-11-25 one, every notification it sends on its own (the caller subscribes to URIs with
+        `call("resources/subscribe", ...)`, on the same upstream session)."""
+        info = await self.ensure_info(identity)
+        params = own_request_params({"notifications": wanted}) if info.era == "modern" else {}
+        async with self._transport.open_stream(identity, info.era, params) as messages:
+            yield messages

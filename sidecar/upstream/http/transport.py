@@ -1,0 +1,318 @@
+"""The HTTP transport: the upstream's MCP endpoint over the wire pool, one session per authorization context when
+it speaks 2025-11-25, a modern client's request passed as it came, and the OAuth metadata and challenges it
+serves rewritten to name the sidecar."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import ssl
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import orjson
+
+from sidecar.config import UpstreamConfig
+from sidecar.identity import ANONYMOUS_IDENTITY, Identity, IdentityRule
+from sidecar.observability.tracing import tracing
+from sidecar.protocol.constants import (
+    HEADER_METHOD,
+    HEADER_NAME,
+    HEADER_PROTOCOL_VERSION,
+    HEADER_SESSION_ID,
+    MODERN_VERSION,
+    NAMED_METHODS,
+    READ_ONLY_METHODS,
+)
+from sidecar.protocol.envelope import Era, Message, RequestId, encode_header_value
+from sidecar.protocol.errors import (
+    UpstreamBadResponse,
+    UpstreamError,
+    UpstreamHTTPError,
+    UpstreamRpcError,
+)
+from sidecar.upstream.answers import ReleasingStream, Reply, UpstreamInfo, json_object
+from sidecar.upstream.base import Headers
+from sidecar.upstream.era import checked, own_request_params, result_of
+from sidecar.upstream.http.auth import metadata_paths, rewrite_challenge, rewrite_metadata
+from sidecar.upstream.http.endpoint import UpstreamHTTP, iter_messages, raise_for_status, read_limited
+from sidecar.upstream.http.relay import relay_answer, relay_events, request_id_of
+from sidecar.upstream.http.sessions import UpstreamSessions
+from sidecar.upstream.http.wire import Answer
+from sidecar.upstream.probe import learn_era
+from sidecar.upstream.reachability import Reachability
+from sidecar.upstream.sse import SSE_CONTENT_TYPE
+from sidecar.upstream.transport import AnswerShaper
+
+__all__ = ["HTTPTransport"]
+
+logger = logging.getLogger(__name__)
+
+JsonObject = dict[str, Any]
+
+_PASSTHROUGH_RESPONSE_HEADERS = ("Content-Type", "WWW-Authenticate")
+_MCP_REQUEST_HEADERS = frozenset(name.lower() for name in (HEADER_PROTOCOL_VERSION, HEADER_METHOD, HEADER_NAME))
+"""The client's 2026-07-28 headers that go upstream as they came (validated equal to the body's values), and
+its `Mcp-Param-*` headers."""
+_GATEWAY_STATUSES = (502, 503, 504)
+"""What a proxy in front says for an upstream it cannot reach, or one not up yet: the upstream said nothing."""
+
+
+class HTTPTransport:
+    """An MCP server over HTTP: the `Transport` of `UpstreamClient`."""
+
+    probes_on_demand = True
+
+    def __init__(
+        self, config: UpstreamConfig, reachability: Reachability, identities: IdentityRule | None = None
+    ) -> None:
+        self.url = config.display_url
+        self._config = config
+        self._reach = reachability
+        self._identities = identities or IdentityRule(config.forward_headers, config.non_identity_headers)
+        self._http = UpstreamHTTP(config)
+        self._sessions = UpstreamSessions(self._http)
+        self._ids = itertools.count(1)
+
+    async def start(self) -> None:
+        await self._http.start()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    def drain(self, grace_s: float) -> None:
+        """Shutdown has begun: see `UpstreamHTTP.drain`."""
+        self._http.drain(grace_s)
+
+    def use_tls(self, context: ssl.SSLContext) -> None:
+        """New connections to an https upstream use `context` (its certificate files were read again)."""
+        self._http.use_tls(context)
+
+    def heard_at(self) -> float | None:
+        return None  # what the answers say: the bridge's reachability keeps it
+
+    # -- the era -------------------------------------------------------------------------------------------
+
+    async def era(self, identity: Identity) -> UpstreamInfo:
+        """Probe over the network, with `identity`'s headers (a protected upstream refuses an anonymous probe)."""
+        headers = identity.as_headers()
+
+        async def discover() -> JsonObject | None:
+            try:
+                return await self._modern_call("server/discover", headers)
+            except UpstreamError as exc:
+                # Only a refusal means "try the handshake era": an answer that is not MCP at all is no era, and
+                # neither is a transport failure (refused, reset, or a gateway's 502/503/504 for an upstream it
+                # cannot reach): a dual-era server would answer initialize next and be driven as legacy for good.
+                if self._config.protocol == MODERN_VERSION or not _refusal(exc):
+                    raise
+                logger.debug("server/discover refused (%s)", exc.reason)
+                return None
+
+        async def initialize() -> JsonObject:
+            # Over the network even when the context has a session: a cached one proves nothing about now.
+            return (await self._sessions.reach(identity.context, headers)).initialize_result
+
+        return (await learn_era(self.url, self._config.protocol, discover, initialize))[0]
+
+    async def liveness(self, info: UpstreamInfo) -> None:
+        # One cheap exchange in the era already known; a cached legacy session alone would prove nothing.
+        if info.era == "modern":
+            await self._modern_call("server/discover", {})
+            return
+        answer = await self._sessions.request(ANONYMOUS_IDENTITY.context, "ping", {}, {})
+        result_of(self.url, checked(self.url, answer))
+
+    async def _modern_call(self, method: str, headers: Mapping[str, str]) -> JsonObject:
+        answer = await self._modern_exchange(method, own_request_params({}), headers)
+        return result_of(self.url, checked(self.url, answer))
+
+    # -- what the upstream serves besides MCP --------------------------------------------------------------
+
+    def public_headers(self, headers: dict[str, str]) -> dict[str, str]:
+        """Response headers for the client: an auth challenge points at the sidecar when public_url is set."""
+        public_url = self._config.public_url
+        if public_url is None:
+            return headers
+        return {
+            name: rewrite_challenge(value, public_url) if name.lower() == "www-authenticate" else value
+            for name, value in headers.items()
+        }
+
+    async def protected_resource_metadata(self, public_url: str) -> JsonObject | None:
+        """The upstream's OAuth protected-resource metadata, rewritten to name `public_url`; None if it has none."""
+        parts = urlsplit(self._config.url)
+        for path in metadata_paths(self._config.url):
+            url = urlunsplit((parts.scheme, parts.netloc, path, "", ""))
+            with contextlib.suppress(UpstreamError):
+                status, body = await self._http.get(url, self._http.max_response_bytes)
+                document = json_object(body) if status == 200 else None
+                if document is not None:
+                    return rewrite_metadata(document, public_url)
+        return None
+
+    # -- exchanges ----------------------------------------------------------------------------------------------
+
+    async def exchange(
+        self, identity: Identity, era: Era, method: str, params: JsonObject, client_headers: Headers | None = None
+    ) -> JsonObject:
+        """One request and the upstream's response to it: at 2026-07-28 on its own (`params` carry the `_meta`
+        it needs), at 2025-11-25 on the context's session; a client's with its forwarded headers."""
+        if client_headers is None:
+            headers = identity.as_headers()
+        else:
+            headers = self._identities.forwarded(client_headers)
+            tracing().inject(headers, None)  # the client span's context goes upstream
+        if era == "modern":
+            return await self._modern_exchange(method, params, headers)
+        return await self._sessions.request(identity.context, method, params, headers)
+
+    async def stream(
+        self, method: str, params: JsonObject, request_id: RequestId | None, shape: AnswerShaper
+    ) -> Reply | None:
+        return None  # a bridged request is answered whole
+
+    async def pass_through(self, message: Message, client_headers: Headers, identity: Identity) -> Reply:
+        headers = self._identities.forwarded(client_headers)
+        # The client span's context goes upstream (in the headers and in `_meta`).
+        tracing().inject(headers, message.meta)
+        for name, value in client_headers.items():
+            if name[:4].lower() == "mcp-":
+                lower = name.lower()
+                if lower in _MCP_REQUEST_HEADERS or lower.startswith("mcp-param-"):
+                    headers[name] = value
+        idempotent = message.method in READ_ONLY_METHODS
+        return await self._relay_post(orjson.dumps(message.raw), headers, request_id=message.id, idempotent=idempotent)
+
+    async def relay(
+        self,
+        body: bytes | None,
+        client_headers: Headers,
+        identity: Identity,
+        *,
+        session_id: str | None,
+        http_method: str,
+    ) -> Reply:
+        """Pass a legacy-era client's request through on the upstream session `session_id` (the upstream's
+        own id; the client's session header is replaced by it, or dropped when None)."""
+        headers = self._identities.forwarded(client_headers)
+        for name, value in client_headers.items():
+            if name.lower() == "mcp-protocol-version":
+                headers[name] = value
+        if session_id is not None:
+            headers[HEADER_SESSION_ID] = session_id
+        with self._reach.observe("legacy-session"):
+            # The upstream's session id is handed back only when a session is being opened (to the caller,
+            # which names it anew); on a session's later answers it must never reach the client.
+            return await self._relay_post(
+                body,
+                headers,
+                pass_session=session_id is None,
+                http_method=http_method,
+                request_id=request_id_of(body) if http_method == "POST" else None,
+            )
+
+    async def _relay_post(
+        self,
+        body: bytes | None,
+        headers: dict[str, str],
+        *,
+        pass_session: bool = False,
+        http_method: str = "POST",
+        request_id: RequestId | None = None,
+        idempotent: bool = False,
+    ) -> Reply:
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+        headers["Accept"] = "application/json, text/event-stream" if http_method == "POST" else SSE_CONTENT_TYPE
+        names = (*_PASSTHROUGH_RESPONSE_HEADERS, HEADER_SESSION_ID) if pass_session else _PASSTHROUGH_RESPONSE_HEADERS
+        # The whole answer within timeout_s (a body dripping a byte at a time must not hold a client and a
+        # pooled connection for ever); an SSE answer, once it starts, is bounded by silence and max_stream_s.
+        response = await self._http.open(http_method, body, headers, idempotent=idempotent)
+        try:
+            passthrough = self.public_headers(
+                {name: response.headers[name] for name in names if name in response.headers}
+            )
+            if response.headers.get("Content-Type", "").startswith(SSE_CONTENT_TYPE) and response.status < 300:
+                response.unbounded(self._config.timeout_s)
+                stream = ReleasingStream(self._relay(response, request_id), response.release)
+                return Reply(response.status, passthrough, stream=stream)
+            body = await read_limited(response, self._http.max_response_bytes, self.url)
+        except BaseException:
+            response.release()
+            raise
+        response.release()
+        decoded = json_object(body)
+        if http_method != "POST" and response.status < 500:
+            return Reply(response.status, passthrough, message=decoded, body=body)
+        if response.status in (401, 403) or isinstance(decoded, dict) or (response.status < 300 and not body):
+            return Reply(response.status, passthrough, message=decoded, body=body)
+        if 200 <= response.status < 300:
+            raise UpstreamBadResponse(self.url, "answer is not JSON")
+        raise UpstreamHTTPError(self.url, response.status, response.reason or "")
+
+    def _relay(self, response: Answer, request_id: RequestId | None) -> AsyncGenerator[bytes, None]:
+        # Relayed as it arrives (buffering would hold back progress); a stream that breaks off ends with a
+        # JSON-RPC error event for its request rather than as a cut stream (see upstream/relay.py).
+        limit = self._http.max_response_bytes
+        if request_id is None:
+            return relay_events(response, upstream=self.url, limit=limit)
+        max_s = self._config.max_stream_s
+        return relay_answer(response, request_id, upstream=self.url, limit=limit, max_s=max_s)
+
+    # -- the upstream's notifications -------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def open_stream(
+        self, identity: Identity, era: Era, params: JsonObject
+    ) -> AsyncIterator[AsyncIterator[JsonObject]]:
+        """At 2026-07-28 a `subscriptions/listen` POST held open; at 2025-11-25 the context session's GET stream
+        (the bridge subscribes to URIs on the same session)."""
+        headers = identity.as_headers()
+        if era == "legacy":
+            async with self._sessions.open_notifications(identity.context, headers) as messages:
+                yield messages
+            return
+        _, body, sent = self._modern_request("subscriptions/listen", params, headers)
+        async with self._http.send("POST", body, sent, long_lived=True) as response:
+            await raise_for_status(response, self._http)
+            limit = self._http.max_response_bytes
+            yield (message async for message in iter_messages(response, limit, self.url) if "method" in message)
+
+    def _modern_request(
+        self, method: str, params: JsonObject, headers: Mapping[str, str]
+    ) -> tuple[str, bytes, dict[str, str]]:
+        """Id, body and headers of a 2026-07-28 request made on the sidecar's own behalf (`params` with its `_meta`)."""
+        request_id = f"sidecar-{next(self._ids)}"
+        meta = params["_meta"]
+        body = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}
+        sent = {
+            **headers,
+            "Content-Type": "application/json",
+            "Accept": "application/json, text/event-stream",
+            HEADER_PROTOCOL_VERSION: MODERN_VERSION,
+            HEADER_METHOD: method,
+        }
+        named = NAMED_METHODS.get(method)
+        if named is not None:
+            sent[HEADER_NAME] = encode_header_value(str(params.get(named, "")))
+        tracing().inject(sent, meta)  # a poll's span, when tracing is on
+        return request_id, orjson.dumps(body), sent
+
+    async def _modern_exchange(self, method: str, params: JsonObject, headers: Mapping[str, str]) -> JsonObject:
+        request_id, body, sent = self._modern_request(method, params, headers)
+        async with self._http.post(body, sent, idempotent=method in READ_ONLY_METHODS) as response:
+            await raise_for_status(response, self._http)
+            async for reply in iter_messages(response, self._http.max_response_bytes, self.url):
+                if reply.get("id") == request_id:
+                    return reply
+        raise UpstreamBadResponse(self.url, "stream ended without a response")
+
+
+def _refusal(exc: UpstreamError) -> bool:
+    """The upstream itself refused server/discover (a JSON-RPC error, an HTTP status of its own)."""
+    if isinstance(exc, UpstreamHTTPError):
+        return exc.status not in _GATEWAY_STATUSES
+    return isinstance(exc, UpstreamRpcError)

@@ -1,0 +1,212 @@
+"""Whether the upstream can be used now, whichever leg reaches it: reachable (`up`, `last_error`), usable (its
+answers are MCP), its era known (`info`), heard from lately (readiness freshness); every exchange counted and
+timed.
+
+Two legs tell it differently. Over HTTP every exchange does (`follows_exchanges`): any answer means up, a
+transport failure means down; while down the sidecar asks again on its own, at the pace of `Outage` (which also
+says what the log says), so recovery is noticed, and told to `on_recovered`, without waiting for a client or a
+readiness probe. A stdio server's supervisor tells it instead (`handshake_answered`, `not_answering`): the child
+is up from its handshake until it ends, and the supervisor's reason says when it is started again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+from sidecar.observability.metrics import Metrics, method_label
+from sidecar.protocol.errors import UpstreamError, UpstreamHTTPError
+from sidecar.upstream.answers import UpstreamInfo
+from sidecar.upstream.outage import Outage
+
+__all__ = ["READY_FRESH_S", "Reachability"]
+
+logger = logging.getLogger("sidecar.upstream")
+
+READY_FRESH_S = 2.0
+"""A readiness check trusts an upstream heard from this recently; otherwise it is asked again."""
+
+
+class Reachability:
+    """Reachability, usability and the era of one upstream, and the count of its exchanges."""
+
+    def __init__(self, url: str, metrics: Metrics, *, follows_exchanges: bool) -> None:
+        self.url = url
+        self._metrics = metrics
+        self._follows_exchanges = follows_exchanges
+        self.info: UpstreamInfo | None = None
+        """The era and capabilities; None while not known (over HTTP also while down: probed afresh then)."""
+        self.up: bool | None = None
+        """True while the upstream answers; False while it does not; None before the first try."""
+        self.last_error: str | None = None
+        self.unusable: str | None = None
+        """Why an upstream that answers cannot be used (its probe answer was not MCP), or None."""
+        self.auth_required = False
+        """The upstream refused an anonymous probe with 401/403: it works, and needs client credentials."""
+        self.heard_at = 0.0
+        """When the upstream last answered (monotonic): readiness trusts it for READY_FRESH_S."""
+        self.on_recovered: Callable[[], None] | None = None
+        """Called when the upstream answers again after being unreachable."""
+        self.retry: Callable[[], Awaitable[None]] | None = None
+        """One exchange with the upstream over the network, tried at the outage's pace while it is down."""
+        self._outage = Outage(url)
+        self._handshakes = 0
+        self._retrying: asyncio.Task[None] | None = None
+        self._changed = asyncio.Event()
+        self._series_cache: dict[tuple[str, str], tuple[Any, Any]] = {}
+
+    # -- what consumers read -------------------------------------------------------------------------------
+
+    @property
+    def retry_in_s(self) -> float | None:
+        """Seconds until the sidecar asks the unreachable upstream again; None while it is not down (and for a
+        stdio server, whose restart is said in `last_error`)."""
+        return self._outage.retry_in_s if self.up is False and self._follows_exchanges else None
+
+    @property
+    def not_ready_reason(self) -> str | None:
+        """Why the sidecar cannot serve now (None when it can): unreachable, unusable, or not reached yet."""
+        if self.up is False:
+            return self.last_error or "upstream unreachable"
+        if self.unusable is not None:
+            return self.unusable
+        if self.info is None and not self.auth_required:
+            return self.last_error or "upstream not reached yet"
+        return None
+
+    def stale(self, heard_at: float | None = None) -> bool:
+        """Readiness asks the upstream again: it has not been heard from (at `heard_at`, when the leg knows
+        better) within READY_FRESH_S."""
+        return time.monotonic() - (self.heard_at if heard_at is None else heard_at) > READY_FRESH_S
+
+    async def reached(self) -> UpstreamInfo:
+        """The era and capabilities once the upstream has answered, waiting (however long) until it has."""
+        while self.info is None or self.up is False:
+            self._changed.clear()
+            await self._changed.wait()
+        return self.info
+
+    # -- what the era probe tells ----------------------------------------------------------------------------
+
+    def learned(self, info: UpstreamInfo) -> None:
+        """A probe learned the era."""
+        self._know(info)
+        self.auth_required = False
+        self.usable(None)
+        self._metrics.upstream_speaks(info.revision)
+        logger.info("upstream era detected", extra={"era": info.revision, "upstream": self.url})
+
+    def probe_failed(self, exc: UpstreamError) -> None:
+        if exc.is_transport_failure:
+            return  # down, not unusable: `observe` says so
+        if isinstance(exc, UpstreamHTTPError) and exc.is_auth_failure:
+            # A protected upstream answers an anonymous probe so: it works, and its era is learned with the
+            # first client credential.
+            self.auth_required = True
+            self.usable(None)
+            return
+        self.usable(f"the upstream answers but is unusable: {exc.reason}")
+
+    def usable(self, problem: str | None) -> None:
+        if problem is not None and problem != self.unusable:
+            logger.warning("upstream unusable", extra={"upstream": self.url, "reason": problem})
+        elif problem is None and self.unusable is not None:
+            logger.info("upstream usable again", extra={"upstream": self.url})
+        self.unusable = problem
+        self._metrics.upstream_usable.set(0 if problem is not None else 1)
+
+    # -- what a stdio supervisor tells -------------------------------------------------------------------------
+
+    def handshake_answered(self, info: UpstreamInfo) -> None:
+        """A child answered its handshake: up, in the era it said; after a restart, reachable again."""
+        again, self._handshakes = self._handshakes > 0, self._handshakes + 1
+        self.up = True
+        self.last_error = None
+        self._know(info)
+        if again:
+            logger.info("upstream reachable again", extra={"upstream": self.url})
+            if self.on_recovered is not None:
+                self.on_recovered()
+
+    def not_answering(self, reason: str, *, down: bool) -> None:
+        """The child is not ready (`down`: ended, waiting to be started again; else starting or closing)."""
+        self.up = False if down or self._handshakes else None
+        self.last_error = reason
+
+    # -- every exchange ----------------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def observe(self, method: str) -> Iterator[None]:
+        """Count and time one exchange; over HTTP also track reachability: any answer means up, a transport
+        failure means down and a re-probe on the next request."""
+        started = time.monotonic()
+        outcome = "ok"
+        try:
+            yield
+        except UpstreamError as exc:
+            outcome = "unreachable" if exc.is_transport_failure else "error"
+            if self._follows_exchanges:
+                if exc.is_transport_failure:
+                    self._went_down(exc.reason)
+                else:
+                    self._answered()
+            raise
+        else:
+            if self._follows_exchanges:
+                self._answered()
+        finally:
+            counter, histogram = self._series(method_label(method), outcome)
+            counter.inc()
+            histogram.observe(time.monotonic() - started)
+
+    def stop_retrying(self) -> None:
+        if self._retrying is not None:
+            self._retrying.cancel()
+            self._retrying = None
+
+    def _know(self, info: UpstreamInfo) -> None:
+        self.info = info
+        self._changed.set()
+
+    def _series(self, label: str, outcome: str) -> tuple[Any, Any]:
+        # Resolving labelled children costs more than the observation itself; keep them.
+        key = (label, outcome)
+        series = self._series_cache.get(key)
+        if series is None:
+            series = (
+                self._metrics.upstream_requests.labels(label, outcome),
+                self._metrics.upstream_duration.labels(label),
+            )
+            self._series_cache[key] = series
+        return series
+
+    def _went_down(self, reason: str) -> None:
+        # The era is probed afresh once it answers: over the network, never from a cached session.
+        self._outage.failed(reason)
+        self.up = False
+        self.last_error = reason
+        self.info = None
+        if self._retrying is None and self.retry is not None:
+            self._retrying = asyncio.get_running_loop().create_task(self._retry_while_down(self.retry))
+
+    def _answered(self) -> None:
+        self.up = True
+        self.heard_at = time.monotonic()
+        self.last_error = None
+        if self._outage.answered() and self.on_recovered is not None:
+            self.on_recovered()
+
+    async def _retry_while_down(self, retry: Callable[[], Awaitable[None]]) -> None:
+        try:
+            while self.up is False:
+                await asyncio.sleep(self._outage.retry_in_s)
+                if self.up is False:  # nothing else reached it meanwhile
+                    with contextlib.suppress(UpstreamError):
+                        await retry()
+        finally:
+            if self._retrying is asyncio.current_task():
+                self._retrying = None

@@ -1,0 +1,101 @@
+"""What the bridge needs of a way to reach the upstream: the `Transport` protocol, served over HTTP
+(`http/transport.py`) and over a stdio child's pipes (`stdio/transport.py`).
+
+A transport moves messages: one exchange (a request and its raw answer, in the era given), a stream (of the
+upstream's own notifications, or of a request's progress), a client session's message passed through, and its
+own start and close. What the messages mean across eras (probing, stamping, mapping errors, the `_meta` a
+2026-07-28 server needs) is the bridge's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Protocol
+
+from sidecar.identity import Identity
+from sidecar.protocol.envelope import Era, Message, RequestId
+from sidecar.upstream.answers import Reply, UpstreamInfo
+from sidecar.upstream.base import Headers
+
+__all__ = ["AnswerShaper", "Transport"]
+
+JsonObject = dict[str, Any]
+AnswerShaper = Callable[[JsonObject], JsonObject]
+"""Turns the upstream's raw answer into what the client gets (its `result` or `error`), or raises."""
+
+
+class Transport(Protocol):
+    """One way to the upstream."""
+
+    @property
+    def url(self) -> str:
+        """The upstream as it may be shown."""
+        ...
+
+    @property
+    def probes_on_demand(self) -> bool:
+        """True: the bridge probes the era when it needs it and every exchange tells reachability (HTTP).
+        False: the transport learns the era itself and tells reachability (a stdio child's handshake)."""
+        ...
+
+    async def start(self) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+    def drain(self, grace_s: float) -> None:
+        """Shutdown has begun: requests still waiting near the end of `grace_s` are answered with an error."""
+        ...
+
+    def heard_at(self) -> float | None:
+        """When the upstream last said anything (monotonic), where the transport knows better than its answers."""
+        ...
+
+    async def era(self, identity: Identity) -> UpstreamInfo:
+        """The era: probed over the network now (`probes_on_demand`), or the ready child's handshake."""
+        ...
+
+    async def liveness(self, info: UpstreamInfo) -> None:
+        """One cheap exchange in the era known (an UpstreamError when the upstream does not answer)."""
+        ...
+
+    async def exchange(
+        self, identity: Identity, era: Era, method: str, params: JsonObject, client_headers: Headers | None = None
+    ) -> JsonObject:
+        """One request in `era` and its answer, as the upstream gave it (`client_headers`: a client's request)."""
+        ...
+
+    async def stream(
+        self, method: str, params: JsonObject, request_id: RequestId | None, shape: AnswerShaper
+    ) -> Reply | None:
+        """The request's progress as it comes and then its answer, as an SSE stream; None where the transport
+        answers it whole (then the bridge makes an `exchange`)."""
+        ...
+
+    async def pass_through(self, message: Message, client_headers: Headers, identity: Identity) -> Reply | None:
+        """A modern client's request to a modern upstream, as it came, and the answer as it comes; None where the
+        transport has no such passage (the bridge answers it)."""
+        ...
+
+    def open_stream(
+        self, identity: Identity, era: Era, params: JsonObject
+    ) -> contextlib.AbstractAsyncContextManager[AsyncIterator[JsonObject]]:
+        """The upstream's own notifications: a `subscriptions/listen` with `params` (modern), or every notification
+        it sends on its own (legacy)."""
+        ...
+
+    async def relay(
+        self,
+        body: bytes | None,
+        client_headers: Headers,
+        identity: Identity,
+        *,
+        session_id: str | None,
+        http_method: str,
+    ) -> Reply:
+        """A 2025-11-25 client session's message, passed through."""
+        ...
+
+    def public_headers(self, headers: dict[str, str]) -> dict[str, str]: ...
+
+    async def protected_resource_metadata(self, public_url: str) -> JsonObject | None: ...
