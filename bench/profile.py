@@ -201,7 +201,7 @@ async def profile_polls(out: Path, seconds: float, event_loop: str, tree: Path) 
 
 async def profile_streams(out: Path, count: int) -> None:
     """The sidecar in this process (its own `serve`), streams opened by the load generator, tracemalloc between."""
-    from sidecar.cli import serve
+    from sidecar.commands.serve import serve
     from sidecar.config import load_config
     from tests.procs import free_port
 

@@ -9,10 +9,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from sidecar.protocol.constants import LIST_CHANGED_METHODS, RESOURCE_UPDATED_METHOD
+from sidecar.protocol.constants import RESOURCE_UPDATED_METHOD
+from sidecar.protocol.lists import LIST_KINDS, ListKind
 
 __all__ = [
-    "LIST_KINDS",
     "Bus",
     "ChangeEvent",
     "ChangeListener",
@@ -26,9 +26,8 @@ __all__ = [
 
 # -- what a watch watches ------------------------------------------------------------------------------------
 
-WatchKind = Literal["resource", "resources_list", "tools_list", "prompts_list"]
-
-LIST_KINDS: tuple[WatchKind, ...] = ("resources_list", "tools_list", "prompts_list")
+WatchKind = Literal["resource", ListKind]
+"""A resource, or one of the list kinds (`sidecar.protocol.lists`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +41,7 @@ class WatchKey:
     @property
     def notification_method(self) -> str:
         """The notification a change of this key sends."""
-        return RESOURCE_UPDATED_METHOD if self.kind == "resource" else LIST_CHANGED_METHODS[self.kind]
+        return RESOURCE_UPDATED_METHOD if self.kind == "resource" else LIST_KINDS[self.kind].notification_method
 
     @property
     def short_hash(self) -> str:

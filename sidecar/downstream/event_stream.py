@@ -1,14 +1,18 @@
-"""A text/event-stream response that is written to without a task or an await of its own.
+"""The one writer of text/event-stream responses: listen streams, 2025-11-25 GET streams, relayed answers.
 
-A frame goes straight into the connection's send buffer while that buffer is below `high_water`; only a
-client that reads slowly makes its stream's handler await (the drain, bounded by `stall_timeout_s`). So a
-change fans out to thousands of streams in one pass over them, and a quiet stream costs no task: keep-alive
-comments come from one ticker for every stream (`KeepAliveTicker`).
+As in aiohttp-sse, one small class is the whole SSE response: its headers, its framing of events and comments,
+its end. Unlike aiohttp-sse (which this project used before), it can be written to without a task or an await
+of its own: a frame goes straight into the connection's send buffer while that buffer is below `high_water`,
+and only a client that reads slowly makes its stream's handler await (`drain`). So a change fans out to
+thousands of listen streams in one pass over them, and a quiet stream costs no task: keep-alive comments come
+from one ticker for every stream (`KeepAliveTicker`). aiohttp-sse's response starts a ping task per stream in
+`prepare()` (the interval cannot be turned off) and every `send()` awaits under a timeout of its own: on the
+fan-out's path that is a task and an await per stream per change.
 
-This departs from aiohttp-sse, which this project used before: its response starts a ping task per stream
-in `prepare()` (the interval cannot be turned off) and every `send()` awaits under a timeout of its own.
-What it did for a hung peer is kept: TCP_USER_TIMEOUT makes the kernel drop a connection whose data goes
-unacknowledged for `stall_timeout_s`, and a write that cannot drain for that long aborts it.
+A stream served by a handler of its own (a 2025-11-25 GET stream, a relayed answer) awaits each write
+(`send`), as aiohttp's own `write` does. With `stall_timeout_s`, what aiohttp-sse did for a hung peer is kept:
+TCP_USER_TIMEOUT makes the kernel drop a connection whose data goes unacknowledged for that long, and a write
+that cannot drain for that long aborts it; without it a slow client is waited for, as aiohttp waits.
 """
 
 from __future__ import annotations
@@ -16,19 +20,38 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
 from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
+from multidict import CIMultiDict
 
-__all__ = ["EventStream", "KeepAliveTarget", "KeepAliveTicker", "StreamStalled"]
+__all__ = [
+    "COMMENT",
+    "DEFAULT_HIGH_WATER",
+    "EventStream",
+    "KeepAliveTarget",
+    "KeepAliveTicker",
+    "StreamStalled",
+    "message_event",
+]
 
 _TCP_USER_TIMEOUT: int | None = getattr(socket, "TCP_USER_TIMEOUT", None)
-_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-_COMMENT = b": ping\r\n\r\n"
+_CONTENT_TYPE = "text/event-stream"
+_NOT_BUFFERED = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+"""Neither a cache nor a proxy (nginx) may hold frames back."""
+DEFAULT_HIGH_WATER = 65_536
+"""asyncio's own high-water mark of a transport's send buffer: what a stream with no bound of its own keeps."""
+COMMENT = b": ping\r\n\r\n"
+"""The keep-alive comment."""
 _TICKER_SLICE = 512
 """Streams the keep-alive ticker writes to before it lets the event loop run other work."""
+
+
+def message_event(data: bytes) -> bytes:
+    """An SSE event named `message` (as a 2025-11-25 GET stream writes them; `data` is one line of JSON)."""
+    return b"event: message\r\ndata: " + data + b"\r\n\r\n"
 
 
 class StreamStalled(Exception):
@@ -36,10 +59,24 @@ class StreamStalled(Exception):
 
 
 class EventStream:
-    """One SSE response: `open`, then `write_event`/`write_comment` (synchronous), `drain` when not `writable`."""
+    """One SSE response: `open`, then `write_event`/`write_comment` (synchronous) and `drain` when not `writable`,
+    or `send` (awaited); `close` ends the body.
 
-    def __init__(self, request: web.Request, *, high_water: int, stall_timeout_s: float) -> None:
-        self.response = web.StreamResponse(headers=_HEADERS)
+    `headers` are added to the stream's own (a relayed answer keeps the upstream's Content-Type and challenge)."""
+
+    def __init__(
+        self,
+        request: web.Request,
+        *,
+        high_water: int = DEFAULT_HIGH_WATER,
+        stall_timeout_s: float | None = None,
+        status: int = 200,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        own: CIMultiDict[str] = CIMultiDict({"Content-Type": _CONTENT_TYPE})
+        own.update(headers or {})
+        own.update(_NOT_BUFFERED)
+        self.response = web.StreamResponse(status=status, headers=own)
         self.quiet = True
         """Nothing written since the keep-alive ticker last looked."""
         self._request = request
@@ -88,12 +125,22 @@ class EventStream:
         self._write(b"data: " + data + b"\r\n\r\n")
 
     def write_comment(self) -> None:
-        self._write(_COMMENT)
+        self._write(COMMENT)
+
+    async def send(self, payload: bytes) -> None:
+        """Write whole SSE frames (`message_event`, `COMMENT`, or bytes relayed as they came) and wait while the
+        client is behind; ConnectionResetError once it is gone (its handler stops reading what it relays)."""
+        if not self.connected:
+            raise ConnectionResetError("the client went away")
+        self._write(payload)
+        await self.drain()
 
     def _write(self, payload: bytes) -> None:
         transport = self._transport
         if transport is None or transport.is_closing():
             return  # the client is gone; its handler is ending the stream
+        if not payload:
+            return  # an empty chunk would end a chunked body
         self.quiet = False
         if self._chunked:
             transport.write(b"%x\r\n%b\r\n" % (len(payload), payload))
@@ -105,6 +152,9 @@ class EventStream:
         if self.writable or not self.connected:
             return
         assert self._writer is not None
+        if self._stall_timeout_s is None:
+            await self._writer.drain()
+            return
         try:
             async with asyncio.timeout(self._stall_timeout_s):
                 await self._writer.drain()  # aiohttp's flow control: resumes when the kernel takes more
@@ -122,7 +172,7 @@ class EventStream:
             self._restore_user_timeout()
 
     def _set_user_timeout(self) -> None:
-        if _TCP_USER_TIMEOUT is None or self._request.transport is None:
+        if _TCP_USER_TIMEOUT is None or self._stall_timeout_s is None or self._request.transport is None:
             return
         sock = self._request.transport.get_extra_info("socket")
         if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):

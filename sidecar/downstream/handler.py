@@ -15,6 +15,8 @@ from cachetools import LRUCache
 
 from sidecar.config import SidecarConfig
 from sidecar.downstream.client_address import ClientAddresses
+from sidecar.downstream.discover import build_discover_result
+from sidecar.downstream.event_stream import EventStream
 from sidecar.downstream.guards import check_host_and_origin, read_body
 from sidecar.downstream.legacy import LegacySessions
 from sidecar.downstream.readthrough import ReadThrough, is_shareable
@@ -24,12 +26,9 @@ from sidecar.observability.metrics import Metrics, method_label
 from sidecar.observability.tracing import tracing
 from sidecar.protocol.constants import (
     HEADER_SESSION_ID,
-    META_SERVER_INFO,
-    META_UPSTREAM_SERVER_INFO,
-    MODERN_VERSION,
     REMOVED_METHODS,
 )
-from sidecar.protocol.envelope import Message, RequestId, detect_era, parse_message, validate_modern
+from sidecar.protocol.envelope import Message, detect_era, parse_message, validate_modern
 from sidecar.protocol.errors import (
     InternalError,
     MethodNotFound,
@@ -38,22 +37,21 @@ from sidecar.protocol.errors import (
     UpstreamError,
     UpstreamHTTPError,
 )
-from sidecar.protocol.frames import SERVER_INFO, error_response, result_response
-from sidecar.upstream.answers import Reply, UpstreamInfo
+from sidecar.protocol.frames import error_response, result_response
+from sidecar.protocol.types import JsonObject, RequestId
+from sidecar.upstream.answers import Reply
 from sidecar.upstream.base import Forward
 
 __all__ = [
     "ForwardObserver",
     "ListenHandler",
     "McpEndpoint",
-    "build_discover_result",
     "json_response",
     "no_tracebacks",
 ]
 
 logger = logging.getLogger(__name__)
 
-JsonObject = dict[str, Any]
 ListenHandler = Callable[[web.Request, Message, Identity], Awaitable[web.StreamResponse]]
 
 # Typed keys: a plain string key makes aiohttp warn (NotAppKeyWarning), an error under our test settings.
@@ -62,10 +60,6 @@ _OUTCOME_KEY = web.RequestKey("mcp_sidecar.outcome", str)
 _TRACE_KEY = web.RequestKey("mcp_sidecar.trace_id", str)
 """The request's trace id while tracing is on: its duration's exemplar."""
 
-DISCOVER_TTL_MS = 300_000
-"""Capabilities change only when the upstream is replaced; clients may cache discover for five minutes."""
-
-_PRIMITIVES = ("resources", "tools", "prompts")
 _ACCEPTED_CONTEXTS = 10_000
 """Accepted credentials remembered (least recently used go first, and count against their address again)."""
 
@@ -90,34 +84,6 @@ def json_response(payload: JsonObject, status: int = 200, headers: dict[str, str
     response = web.Response(body=orjson.dumps(payload), status=status, headers=headers)
     response.content_type = "application/json"
     return response
-
-
-def build_discover_result(info: UpstreamInfo, *, subscriptions: bool) -> JsonObject:
-    """The sidecar's own `server/discover`: the upstream's capabilities plus the ones the sidecar synthesises."""
-    capabilities = {
-        name: dict(value) if isinstance(value, dict) else value for name, value in info.capabilities.items()
-    }
-    capabilities.pop("logging", None)  # logging/setLevel is gone at 2026-07-28 (SEP-2577)
-    if subscriptions:
-        for primitive in _PRIMITIVES:
-            if isinstance(capabilities.get(primitive), dict):
-                capabilities[primitive]["listChanged"] = True
-        if isinstance(capabilities.get("resources"), dict):
-            capabilities["resources"]["subscribe"] = True
-    meta: JsonObject = {META_SERVER_INFO: SERVER_INFO}
-    if info.server_info is not None:
-        meta[META_UPSTREAM_SERVER_INFO] = info.server_info
-    result: JsonObject = {
-        "resultType": "complete",
-        "supportedVersions": [MODERN_VERSION],
-        "capabilities": capabilities,
-        "ttlMs": DISCOVER_TTL_MS,
-        "cacheScope": "public",
-        "_meta": meta,
-    }
-    if info.instructions is not None:
-        result["instructions"] = info.instructions
-    return result
 
 
 class McpEndpoint:
@@ -369,20 +335,18 @@ class McpEndpoint:
             if "error" in reply.message:
                 request[_OUTCOME_KEY] = "error"
             return json_response(reply.message, reply.status, reply.headers)
-        response = web.StreamResponse(status=reply.status, headers=reply.headers)
-        response.headers["Cache-Control"] = "no-cache"
-        response.headers["X-Accel-Buffering"] = "no"
+        events = EventStream(request, status=reply.status, headers=reply.headers)
         try:
             async with contextlib.aclosing(reply.stream) as chunks:
-                await response.prepare(request)
+                await events.open()
                 async for chunk in chunks:
-                    await response.write(chunk)
-            await response.write_eof()
+                    await events.send(chunk)
+            await events.close()
         except ConnectionResetError:
             # The client went away mid-stream (a client may stop reading once it has its answer): an ordinary
             # end, not an unexpected failure to log with a traceback and answer with an error nobody can read.
             pass
-        return response
+        return events.response
 
     def _error(
         self, request_id: RequestId | None, error: RpcError, headers: dict[str, str] | None = None

@@ -21,8 +21,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from sidecar.changes import WatchKind
 from sidecar.config import StreamsConfig
+from sidecar.downstream.event_stream import EventStream
 from sidecar.downstream.legacy_session import LegacySession
 from sidecar.downstream.listen import StreamHub
 from sidecar.downstream.listen_filter import LeftOut, log_left_out
@@ -41,6 +41,8 @@ from sidecar.protocol.errors import (
     UpstreamHTTPError,
 )
 from sidecar.protocol.frames import error_response, result_response
+from sidecar.protocol.lists import LIST_KIND_OF_PRIMITIVE, synthesise_capabilities
+from sidecar.protocol.types import JsonObject
 from sidecar.upstream.answers import Reply
 from sidecar.upstream.base import Relay
 from sidecar.upstream.sse import SSEDecoder, SSETooLarge
@@ -50,14 +52,7 @@ __all__ = ["LegacySession", "LegacySessions"]
 
 logger = logging.getLogger(__name__)
 
-JsonObject = dict[str, Any]
-
 _LOCAL_METHODS = ("ping", "resources/subscribe", "resources/unsubscribe")
-_LIST_KINDS: tuple[tuple[str, WatchKind], ...] = (
-    ("tools", "tools_list"),
-    ("prompts", "prompts_list"),
-    ("resources", "resources_list"),
-)
 _MAX_INITIALIZE_BYTES = 1_048_576
 _REFUSED = "resources/subscribe refused"
 """The log line of a refused subscribe, counted as a listen's left-out URIs are."""
@@ -169,14 +164,10 @@ class LegacySessions:
         result = answer["result"]
         capabilities = result.get("capabilities")
         if isinstance(capabilities, dict):
-            for primitive in ("resources", "tools", "prompts"):
-                if isinstance(capabilities.get(primitive), dict):
-                    capabilities[primitive]["listChanged"] = True
-            if isinstance(capabilities.get("resources"), dict):
-                capabilities["resources"]["subscribe"] = True
+            synthesise_capabilities(capabilities)
         session_id = secrets.token_urlsafe(24)
         upstream_session = reply.headers.get(HEADER_SESSION_ID)
-        self._sessions[session_id] = LegacySession(session_id, upstream_session, identity)
+        self._sessions[session_id] = LegacySession(session_id, upstream_session, identity, self._metrics)
         self._metrics.legacy_sessions.set(len(self._sessions))
         logger.info("legacy session opened")
         return web.json_response(answer, headers={HEADER_SESSION_ID: session_id}, dumps=_dumps)
@@ -250,44 +241,19 @@ class LegacySessions:
                 session.lists_watched = False
                 raise
         session.get_streams += 1
-        response = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-        )
+        events = EventStream(request)
         frames: asyncio.Queue[bytes] = asyncio.Queue(maxsize=_UPSTREAM_FRAMES)
         relay = asyncio.get_running_loop().create_task(self._pump_upstream(request, session, frames))
-        waiter: asyncio.Task[None] | None = None
-        getter: asyncio.Task[bytes] | None = None
         try:
-            await response.prepare(request)
-            while session.session_id in self._sessions:
-                waiter = asyncio.ensure_future(session.wait())
-                getter = asyncio.ensure_future(frames.get())
-                done, _ = await asyncio.wait(
-                    {waiter, getter}, timeout=self._config.keepalive_s, return_when=asyncio.FIRST_COMPLETED
-                )
-                for task in (waiter, getter):
-                    if task not in done:
-                        task.cancel()
-                if getter in done:
-                    await response.write(getter.result())
-                for frame in session.drain():
-                    await response.write(b"event: message\r\ndata: " + _dumps(frame).encode() + b"\r\n\r\n")
-                    self._metrics.notifications.labels(frame["method"]).inc()
-                if not done:
-                    await response.write(b": ping\r\n\r\n")
-                    self._metrics.keepalives.inc()
+            await events.open()
+            await session.serve_get(events, frames, self._config.keepalive_s)
+            await events.close()
         except ConnectionResetError:
             pass
         finally:
-            # A client that goes away cancels this handler inside asyncio.wait, which leaves both helper tasks
-            # pending: cancel them here, or they are garbage-collected pending ("Task was destroyed but it is
-            # pending!", seen after every conformance run) and the session's waiter lingers until its next signal.
-            for leftover in (waiter, getter):
-                if leftover is not None:
-                    leftover.cancel()
             relay.cancel()
             session.get_streams -= 1
-        return response
+        return events.response
 
     async def _pump_upstream(self, request: web.Request, session: LegacySession, frames: asyncio.Queue[bytes]) -> None:
         """Merge the upstream's own GET stream (logs, list changes it does send) into the client's."""
@@ -327,7 +293,7 @@ class LegacySessions:
         # Legacy sessions get list changes whenever the capability is on: watch the lists the upstream has.
         # As the session's client: a protected upstream refuses an anonymous probe.
         capabilities = (await self._upstream.ensure_info(session.identity)).capabilities
-        kinds = [kind for primitive, kind in _LIST_KINDS if primitive in capabilities]
+        kinds = [kind for primitive, kind in LIST_KIND_OF_PRIMITIVE.items() if primitive in capabilities]
         handles = await asyncio.gather(
             *(self._registry.acquire(kind, None, session.identity) for kind in kinds), return_exceptions=True
         )

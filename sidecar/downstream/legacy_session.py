@@ -1,24 +1,28 @@
-"""One 2025-11-25 client session: the upstream session it rides on, its subscriptions, its pending signals."""
+"""One 2025-11-25 client session: the upstream session it rides on, its subscriptions, its pending signals, and
+its GET stream, where our notifications merge with the upstream's own frames."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+
+import orjson
 
 from sidecar.changes import WatchKey
+from sidecar.downstream.event_stream import COMMENT, EventStream, message_event
+from sidecar.downstream.pending import PendingSignals
 from sidecar.identity import Identity
+from sidecar.observability.metrics import Metrics
+from sidecar.protocol.frames import session_notification
 from sidecar.watch.handles import Handle
 
 __all__ = ["LegacySession"]
-
-JsonObject = dict[str, Any]
 
 
 class LegacySession:
     """One client session: the upstream session it rides on, its subscriptions, its pending signals."""
 
-    def __init__(self, session_id: str, upstream_session: str | None, identity: Identity) -> None:
+    def __init__(self, session_id: str, upstream_session: str | None, identity: Identity, metrics: Metrics) -> None:
         self.session_id = session_id
         self.upstream_session = upstream_session
         self.identity = identity
@@ -30,7 +34,9 @@ class LegacySession:
         self.list_handles: list[Handle] = []
         self.lists_watched = False
         self.get_streams = 0
-        self._pending: dict[tuple[str, str | None], float] = {}
+        self.ended = False
+        self._metrics = metrics
+        self._pending = PendingSignals(metrics.coalesced)
         self._wake = asyncio.Event()
 
     @property
@@ -39,10 +45,12 @@ class LegacySession:
 
     def signal(self, method: str, uri: str | None, detected_at: float) -> None:
         """Bus fan-out: synchronous, never raises; pending signals are a set, as on listen streams."""
-        self._pending[(method, uri)] = self._pending.get((method, uri), detected_at)
-        self._wake.set()
+        if self._pending.add(method, uri, detected_at):
+            self._wake.set()
 
     def close(self, reason: str) -> None:
+        """The session ended: its GET streams end too."""
+        self.ended = True
         self._wake.set()
 
     def revoke(self, key: WatchKey) -> list[Handle]:
@@ -53,13 +61,34 @@ class LegacySession:
         self.list_handles = [handle for handle in self.list_handles if handle.key != key]
         return revoked
 
-    def drain(self) -> list[JsonObject]:
-        pending, self._pending = self._pending, {}
-        self._wake.clear()
-        return [
-            {"jsonrpc": "2.0", "method": method, "params": {"uri": uri} if uri is not None else {}}
-            for method, uri in pending
-        ]
-
-    async def wait(self) -> None:
-        await self._wake.wait()
+    async def serve_get(self, events: EventStream, upstream_frames: asyncio.Queue[bytes], keepalive_s: float) -> None:
+        """A GET stream until the session ends: the upstream's frames as they come, our signals when pending, and a
+        comment after `keepalive_s` of neither."""
+        waiter: asyncio.Task[bool] | None = None
+        getter: asyncio.Task[bytes] | None = None
+        try:
+            while not self.ended:
+                waiter = asyncio.ensure_future(self._wake.wait())
+                getter = asyncio.ensure_future(upstream_frames.get())
+                done, _ = await asyncio.wait({waiter, getter}, timeout=keepalive_s, return_when=asyncio.FIRST_COMPLETED)
+                for task in (waiter, getter):
+                    if task not in done:
+                        task.cancel()
+                if getter in done:
+                    await events.send(getter.result())
+                signals = list(self._pending)
+                self._pending.clear()
+                self._wake.clear()
+                for method, uri in signals:
+                    await events.send(message_event(orjson.dumps(session_notification(method, uri))))
+                    self._metrics.notifications.labels(method).inc()
+                if not done:
+                    await events.send(COMMENT)
+                    self._metrics.keepalives.inc()
+        finally:
+            # A client that goes away cancels its handler inside asyncio.wait, which leaves both helper tasks
+            # pending: cancel them here, or they are garbage-collected pending ("Task was destroyed but it is
+            # pending!", seen after every conformance run) and the session's waiter lingers until its next signal.
+            for leftover in (waiter, getter):
+                if leftover is not None:
+                    leftover.cancel()

@@ -9,18 +9,17 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 import orjson
 from aiohttp import web
 
 from sidecar.changes import Bus, ChangeEvent, WatchKey, WatchKind
 from sidecar.config import StreamsConfig
+from sidecar.downstream.delivered import Delivered
 from sidecar.downstream.event_stream import EventStream, KeepAliveTicker, StreamStalled
 from sidecar.downstream.listen_filter import (
-    LIST_FIELDS,
     Ack,
     Asked,
     LeftOut,
@@ -28,12 +27,14 @@ from sidecar.downstream.listen_filter import (
     log_left_out,
     parse_filter,
 )
+from sidecar.downstream.pending import PendingSignals
 from sidecar.identity import Identity
-from sidecar.observability.metrics import Metrics, ObservationBatch
+from sidecar.observability.metrics import Metrics
 from sidecar.observability.tracing import tracing
 from sidecar.protocol.envelope import Message, RequestId
 from sidecar.protocol.errors import InvalidParams, Overloaded, RpcError, UpstreamError, UpstreamHTTPError
 from sidecar.protocol.frames import ack_notification, complete_result, notification
+from sidecar.protocol.lists import LIST_KINDS
 from sidecar.upstream.base import LearnEra
 from sidecar.watch.poller import JITTER
 from sidecar.watch.registry import Handle, WatchRegistry
@@ -94,10 +95,9 @@ class ListenStream:
         self.handles: list[Handle] = []
         self.end_reason = "client"
         self.ended = False
-        self._metrics = metrics
         self._on_pending = on_pending
         self._on_written = on_written
-        self._pending: dict[tuple[str, str | None], float] = {}
+        self._pending = PendingSignals(metrics.coalesced)
         self._waiter: asyncio.Future[None] | None = None
         """Set while the handler waits for work (an asyncio.Event would keep a deque per stream for ever)."""
         self._closing = False
@@ -110,12 +110,7 @@ class ListenStream:
 
     def signal(self, method: str, uri: str | None, detected_at: float) -> None:
         """Called by the bus fan-out; synchronous, never raises. A second signal before a write merges."""
-        key = (method, uri)
-        if key in self._pending:
-            self._metrics.coalesced.inc()
-            return
-        self._pending[key] = detected_at
-        if len(self._pending) == 1:
+        if self._pending.add(method, uri, detected_at):
             self._on_pending(self)
 
     def revoke(self, key: WatchKey) -> list[Handle]:
@@ -199,11 +194,7 @@ class StreamHub:
         self._dirty: dict[ListenStream, None] = {}
         """Streams with pending signals, in the order they got them, for the next fan-out pass."""
         self._flush_scheduled = False
-        self._notified: dict[str, Any] = {}
-        """Notifications written by method since the last `_commit_written`, and the counter each goes to."""
-        self._written_count: dict[str, int] = {}
-        self._delivery = ObservationBatch(metrics.delivery_latency)
-        self._commit_scheduled = False
+        self._delivered = Delivered(metrics)
         self._keepalive = KeepAliveTicker(config.keepalive_s, lambda: self._streams, metrics.keepalives.inc)
         self._unsubscribe: Callable[[], None] = bus.subscribe(self._on_change)
         registry.on_auth_failure(self._on_auth_failure)
@@ -252,24 +243,6 @@ class StreamHub:
         else:
             self._flush_scheduled = False
 
-    def _written(self, method: str, detected_at: float) -> None:
-        # Counted here, added to the metrics once per loop turn: a fan-out pass writes thousands at once.
-        self._written_count[method] = self._written_count.get(method, 0) + 1
-        self._delivery.observe(max(0.0, time.time() - detected_at))
-        if not self._commit_scheduled:
-            self._commit_scheduled = True
-            asyncio.get_running_loop().call_soon(self._commit_written)
-
-    def _commit_written(self) -> None:
-        self._commit_scheduled = False
-        written, self._written_count = self._written_count, {}
-        for method, count in written.items():
-            counter = self._notified.get(method)
-            if counter is None:
-                counter = self._notified[method] = self._metrics.notifications.labels(method)
-            counter.inc(count)
-        self._delivery.commit()
-
     def _on_auth_failure(self, key: WatchKey, context: str) -> None:
         # The credential was refused: that context's sinks on this key stop getting it (a listen stream ends, so
         # its client re-authenticates; a legacy session drops the subscription).
@@ -289,7 +262,7 @@ class StreamHub:
         if len(self._streams) >= self._config.max_streams:
             self._metrics.limit_rejections.labels("max_streams").inc()
             raise Overloaded(f"this sidecar already serves {self._config.max_streams} listen streams; retry later")
-        stream = ListenStream(message.id, self._metrics, self._pending, self._written)
+        stream = ListenStream(message.id, self._metrics, self._pending, self._delivered.written)
         self._streams.add(stream)
         self._metrics.listen_streams.inc()
         self._keepalive.start()
@@ -348,12 +321,12 @@ class StreamHub:
         capabilities = (await self._upstream.ensure_info(identity)).capabilities
         # A list kind whose primitive the upstream lacks is left out of the ack (invariant 2).
         lists: list[tuple[str, WatchKind]] = []
-        for field, kind, primitive in LIST_FIELDS:
-            if kind in wanted.lists:
-                if primitive in capabilities:
-                    lists.append((field, kind))
+        for row in LIST_KINDS.values():
+            if row.kind in wanted.lists:
+                if row.primitive in capabilities:
+                    lists.append((row.filter_field, row.kind))
                 else:
-                    ack.leave_out(LeftOut.unsupported(field, primitive))
+                    ack.leave_out(LeftOut.unsupported(row.filter_field, row.primitive))
 
         failures: list[UpstreamError | RpcError] = []
 

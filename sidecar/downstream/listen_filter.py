@@ -22,20 +22,14 @@ from sidecar.changes import WatchKind
 from sidecar.identity import Identity
 from sidecar.observability.naming import context_label, shown_uri
 from sidecar.protocol.errors import InvalidParams, RpcError, TooManyRequests, UpstreamError, UpstreamHTTPError
+from sidecar.protocol.lists import LIST_KINDS
+from sidecar.protocol.types import JsonObject
 
-__all__ = ["LIST_FIELDS", "Ack", "Asked", "LeftOut", "SubscriptionFilter", "log_left_out", "parse_filter"]
+__all__ = ["Ack", "Asked", "LeftOut", "SubscriptionFilter", "log_left_out", "parse_filter"]
 
 logger = logging.getLogger(__name__)
 
-JsonObject = dict[str, Any]
-
 _URI_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*:")
-LIST_FIELDS: tuple[tuple[str, WatchKind, str], ...] = (
-    ("toolsListChanged", "tools_list", "tools"),
-    ("promptsListChanged", "prompts_list", "prompts"),
-    ("resourcesListChanged", "resources_list", "resources"),
-)
-"""Each list field of a filter: the watch kind it asks for, and the upstream capability that kind needs."""
 _LOGGED_URIS = 10
 """URIs a log line names per reason at most (its counts cover them all)."""
 
@@ -54,12 +48,12 @@ def parse_filter(params: dict[str, Any], max_uri_length: int) -> SubscriptionFil
     if not isinstance(notifications, dict):
         raise InvalidParams("params.notifications must be an object (a SubscriptionFilter)")
     lists: list[WatchKind] = []
-    for field, kind, _ in LIST_FIELDS:
-        value = notifications.get(field, False)
+    for row in LIST_KINDS.values():
+        value = notifications.get(row.filter_field, False)
         if not isinstance(value, bool):
-            raise InvalidParams(f"notifications.{field} must be a boolean")
+            raise InvalidParams(f"notifications.{row.filter_field} must be a boolean")
         if value:
-            lists.append(kind)
+            lists.append(row.kind)
     uris = notifications.get("resourceSubscriptions", [])
     if not isinstance(uris, list):
         raise InvalidParams("notifications.resourceSubscriptions must be an array of URIs")

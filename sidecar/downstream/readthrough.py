@@ -15,7 +15,6 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import orjson
 from cachetools import LRUCache, TLRUCache
@@ -25,6 +24,8 @@ from sidecar.config import CacheConfig
 from sidecar.identity import PUBLIC
 from sidecar.observability.metrics import Metrics
 from sidecar.protocol.constants import CACHEABLE_METHODS
+from sidecar.protocol.lists import LIST_KIND_OF_METHOD, LIST_KINDS
+from sidecar.protocol.types import JsonObject
 from sidecar.upstream.answers import Reply
 from sidecar.watch.fingerprint import fingerprint_contents
 
@@ -32,23 +33,11 @@ __all__ = ["ReadThrough", "is_shareable"]
 
 logger = logging.getLogger(__name__)
 
-JsonObject = dict[str, Any]
 Group = tuple[str, str | None]
 """(method, uri): what a change invalidates; lists use uri None."""
 CacheKey = tuple[str, bytes, str]
 
-_LIST_GROUPS: dict[str, tuple[str, ...]] = {
-    "tools_list": ("tools/list",),
-    "prompts_list": ("prompts/list",),
-    "resources_list": ("resources/list", "resources/templates/list"),
-}
-_KINDS: dict[str, WatchKind] = {
-    "resources/read": "resource",
-    "tools/list": "tools_list",
-    "prompts/list": "prompts_list",
-    "resources/list": "resources_list",
-    "resources/templates/list": "resources_list",
-}
+_KINDS: dict[str, WatchKind] = {"resources/read": "resource", **LIST_KIND_OF_METHOD}
 """The watch kind whose changes drop a cached answer of each method (others are never dropped by a change)."""
 _MRTR_PARAMS = ("inputResponses", "requestState")
 _INDEX_PRUNE_EVERY = 1024
@@ -83,7 +72,7 @@ def _params_key(params: JsonObject) -> bytes:
 def _groups_of(key: WatchKey) -> tuple[Group, ...]:
     if key.kind == "resource":
         return (("resources/read", key.uri),)
-    return tuple((method, None) for method in _LIST_GROUPS[key.kind])
+    return tuple((listed.method, None) for listed in LIST_KINDS[key.kind].methods)
 
 
 def _differs(group: Group, result: JsonObject, fingerprint: str) -> bool:

@@ -10,7 +10,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, choose_encoder
 
 from sidecar import __version__
-from sidecar.protocol.constants import LEGACY_VERSION, LIST_CHANGED_METHODS, MODERN_VERSION, RESOURCE_UPDATED_METHOD
+from sidecar.protocol.constants import LEGACY_VERSION, MODERN_VERSION, RESOURCE_UPDATED_METHOD
+from sidecar.protocol.lists import LIST_KIND_OF_METHOD, LIST_KINDS
 
 __all__ = ["CONTENT_TYPE_LATEST", "HINT_OUTCOMES", "Metrics", "ObservationBatch", "method_label"]
 
@@ -18,13 +19,10 @@ _KNOWN_METHODS = frozenset(
     {
         "server/discover",
         "subscriptions/listen",
-        "tools/list",
+        *LIST_KIND_OF_METHOD,
         "tools/call",
-        "prompts/list",
         "prompts/get",
-        "resources/list",
         "resources/read",
-        "resources/templates/list",
         "completion/complete",
         "initialize",
         "ping",
@@ -32,8 +30,8 @@ _KNOWN_METHODS = frozenset(
         "legacy-session",
     }
 )
-_WATCH_KINDS = ("resource", *LIST_CHANGED_METHODS)
-_NOTIFICATION_METHODS = (RESOURCE_UPDATED_METHOD, *LIST_CHANGED_METHODS.values())
+_WATCH_KINDS = ("resource", *LIST_KINDS)
+_NOTIFICATION_METHODS = (RESOURCE_UPDATED_METHOD, *(row.notification_method for row in LIST_KINDS.values()))
 _POLL_OUTCOMES = ("ok", "error")
 _LIMITS = (
     "max_streams",

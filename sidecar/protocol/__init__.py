@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from sidecar.protocol.envelope import Era, Message, RequestId, detect_era, parse_message, validate_modern
+from sidecar.protocol.envelope import Era, Message, detect_era, parse_message, validate_modern
 from sidecar.protocol.errors import RpcError, SidecarError, UpstreamError
+from sidecar.protocol.types import JsonObject, RequestId
 
 __all__ = [
     "Era",
+    "JsonObject",
     "Message",
     "RequestId",
     "RpcError",

@@ -14,7 +14,6 @@ __all__ = [
     "HEADER_PROTOCOL_VERSION",
     "HEADER_SESSION_ID",
     "LEGACY_VERSION",
-    "LIST_CHANGED_METHODS",
     "META_CLIENT_CAPABILITIES",
     "META_CLIENT_INFO",
     "META_LEFT_OUT",
@@ -116,9 +115,4 @@ so watches revalidate after it; notifications never do."""
 
 ACK_METHOD = "notifications/subscriptions/acknowledged"
 RESOURCE_UPDATED_METHOD = "notifications/resources/updated"
-LIST_CHANGED_METHODS: dict[str, str] = {
-    "tools_list": "notifications/tools/list_changed",
-    "prompts_list": "notifications/prompts/list_changed",
-    "resources_list": "notifications/resources/list_changed",
-}
-"""Watch kind of a list to the notification its change sends."""
+"""Each list kind's notification is in `sidecar.protocol.lists`, with the rest of what describes it."""

@@ -30,6 +30,7 @@ from sidecar.protocol.errors import (
     ParseError,
     UnsupportedVersion,
 )
+from sidecar.protocol.types import RequestId
 
 __all__ = [
     "ERA_REVISIONS",
@@ -47,7 +48,6 @@ __all__ = [
 Era = Literal["modern", "legacy"]
 ERA_REVISIONS: dict[Era, str] = {"legacy": LEGACY_VERSION, "modern": MODERN_VERSION}
 """The protocol revision each era names: what an operator reads in /status, the logs and the metrics."""
-RequestId = str | int
 Headers = CIMultiDictProxy[str]
 
 MAX_DEPTH = 128

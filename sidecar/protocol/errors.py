@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from sidecar.protocol.types import JsonObject
+
 __all__ = [
     "HeaderMismatch",
     "InternalError",
@@ -50,8 +52,6 @@ __all__ = [
     "UpstreamTimeout",
     "UpstreamUnavailable",
 ]
-
-JsonObject = dict[str, Any]
 
 
 class SidecarError(Exception):

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from sidecar import __version__
 from sidecar.protocol.constants import (
     ACK_METHOD,
@@ -15,8 +13,8 @@ from sidecar.protocol.constants import (
     META_SUBSCRIPTION_ID,
     MODERN_VERSION,
 )
-from sidecar.protocol.envelope import RequestId
 from sidecar.protocol.errors import RpcError
+from sidecar.protocol.types import JsonObject, RequestId
 
 __all__ = [
     "SERVER_INFO",
@@ -26,10 +24,9 @@ __all__ = [
     "modern_request_meta",
     "notification",
     "result_response",
+    "session_notification",
     "stamp_result",
 ]
-
-JsonObject = dict[str, Any]
 
 SERVER_INFO: JsonObject = {"name": "mcp-sidecar", "version": __version__}
 """The identity the sidecar puts in `_meta` serverInfo of results it answers itself."""
@@ -59,6 +56,11 @@ def notification(subscription_id: RequestId, method: str, uri: str | None = None
     if uri is not None:
         params["uri"] = uri
     return {"jsonrpc": "2.0", "method": method, "params": params}
+
+
+def session_notification(method: str, uri: str | None) -> JsonObject:
+    """A change notification on a 2025-11-25 session's GET stream: the URI at most, no subscription id."""
+    return {"jsonrpc": "2.0", "method": method, "params": {"uri": uri} if uri is not None else {}}
 
 
 def ack_notification(

@@ -25,8 +25,9 @@ from sidecar.changes import WatchKey, WatchKind
 from sidecar.config import PollingConfig
 from sidecar.identity import PUBLIC, Identity
 from sidecar.observability.metrics import Metrics
-from sidecar.protocol.constants import LIST_CHANGED_METHODS, RESOURCE_UPDATED_METHOD
+from sidecar.protocol.constants import RESOURCE_UPDATED_METHOD
 from sidecar.protocol.errors import UpstreamError, UpstreamHTTPError, UpstreamRpcError
+from sidecar.protocol.lists import LIST_KIND_OF_NOTIFICATION, LIST_KINDS
 from sidecar.upstream.base import Upstream
 from sidecar.watch.clock import LOOP_CLOCK, Clock, sleep, within
 from sidecar.watch.poller import JITTER, Watch
@@ -36,16 +37,6 @@ __all__ = ["NativeNotifications"]
 logger = logging.getLogger(__name__)
 
 JsonObject = dict[str, Any]
-_KIND_OF_METHOD: dict[str, WatchKind] = {
-    LIST_CHANGED_METHODS["tools_list"]: "tools_list",
-    LIST_CHANGED_METHODS["prompts_list"]: "prompts_list",
-    LIST_CHANGED_METHODS["resources_list"]: "resources_list",
-}
-_FILTER_FIELDS: dict[WatchKind, tuple[str, str]] = {
-    "tools_list": ("toolsListChanged", "tools"),
-    "prompts_list": ("promptsListChanged", "prompts"),
-    "resources_list": ("resourcesListChanged", "resources"),
-}
 _REFILTER_DEBOUNCE_S = 0.05
 """A burst of new subscriptions becomes one new upstream listen, not one each."""
 _RETRY_S = (0.5, 30.0)
@@ -102,9 +93,9 @@ class _NativeStream:
         if method == RESOURCE_UPDATED_METHOD and isinstance(params.get("uri"), str):
             self.owner.received(method)
             self.owner.hint("resource", params["uri"], self.context)
-        elif method in _KIND_OF_METHOD:
+        elif method in LIST_KIND_OF_NOTIFICATION:
             self.owner.received(str(method))
-            self.owner.hint(_KIND_OF_METHOD[str(method)], None, self.context)
+            self.owner.hint(LIST_KIND_OF_NOTIFICATION[str(method)], None, self.context)
 
     async def run(self) -> None:
         failures = 0
@@ -152,9 +143,9 @@ class _NativeStream:
         capabilities = self.owner.capabilities
         wanted: JsonObject = {}
         for kind in self.lists:
-            field, primitive = _FILTER_FIELDS[kind]
-            if _capability(capabilities, primitive, "listChanged"):
-                wanted[field] = True
+            row = LIST_KINDS[kind]
+            if _capability(capabilities, row.primitive, "listChanged"):
+                wanted[row.filter_field] = True
         if self.uris and _capability(capabilities, "resources", "subscribe"):
             wanted["resourceSubscriptions"] = sorted(self.uris)
         return wanted
@@ -185,7 +176,7 @@ class _NativeStream:
                 self._opened()
                 honoured = _honoured(ack)
                 uris = frozenset(u for u in honoured.get("resourceSubscriptions", []) if isinstance(u, str))
-                lists = frozenset(k for k, (field, _) in _FILTER_FIELDS.items() if honoured.get(field) is True)
+                lists = frozenset(row.kind for row in LIST_KINDS.values() if honoured.get(row.filter_field) is True)
                 self.cover(uris, lists, hint_new=True)
                 await self._until_changed_or_ended(reader)
                 await sleep(self.owner.clock, _REFILTER_DEBOUNCE_S)
@@ -215,7 +206,9 @@ class _NativeStream:
                         with contextlib.suppress(UpstreamError):
                             await self.owner.upstream.call("resources/unsubscribe", {"uri": uri}, self.identity)
                     lists = frozenset(
-                        kind for kind in self.lists if _capability(capabilities, _FILTER_FIELDS[kind][1], "listChanged")
+                        kind
+                        for kind in self.lists
+                        if _capability(capabilities, LIST_KINDS[kind].primitive, "listChanged")
                     )
                     self.cover(frozenset(subscribed), lists, hint_new=True)
                     await self._until_changed_or_ended(reader)
@@ -325,7 +318,7 @@ class NativeNotifications:
             return False
         if kind == "resource":
             return _capability(self.capabilities, "resources", "subscribe")
-        return _capability(self.capabilities, _FILTER_FIELDS[kind][1], "listChanged")
+        return _capability(self.capabilities, LIST_KINDS[kind].primitive, "listChanged")
 
     def hold(self, identity: Identity, kind: WatchKind, uri: str | None) -> None:
         """`identity` now watches (kind, uri): cover it upstream when the upstream can push it."""

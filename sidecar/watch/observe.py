@@ -8,6 +8,7 @@ from typing import Any
 from sidecar.changes import WatchKind
 from sidecar.identity import Identity
 from sidecar.protocol.errors import UpstreamBadResponse, UpstreamRpcError
+from sidecar.protocol.lists import LIST_KINDS
 from sidecar.upstream.base import Upstream
 from sidecar.watch.fingerprint import ABSENT, fingerprint_contents, fingerprint_items
 from sidecar.watch.rules import NO_RULES, Rule, Rules
@@ -17,12 +18,6 @@ __all__ = ["MAX_LIST_PAGES", "Observation", "is_not_found", "observation_from_re
 MAX_LIST_PAGES = 100
 """A list longer than this many pages is treated as an upstream fault (a cursor that never ends)."""
 
-_LIST_METHODS: dict[WatchKind, tuple[tuple[str, str], ...]] = {
-    "tools_list": (("tools/list", "tools"),),
-    "prompts_list": (("prompts/list", "prompts"),),
-    # A template-list change is announced as a resources list change (SEP-2549).
-    "resources_list": (("resources/list", "resources"), ("resources/templates/list", "resourceTemplates")),
-}
 _NOT_FOUND_CODES = (-32602, -32002)
 
 
@@ -82,7 +77,7 @@ async def _observe(
     items: list[Any] = []
     ttls: list[int] = []
     public = True
-    for method, field in _LIST_METHODS[kind]:
+    for method, field in LIST_KINDS[kind].methods:
         cursor: str | None = None
         for _ in range(MAX_LIST_PAGES):
             params: dict[str, Any] = {} if cursor is None else {"cursor": cursor}

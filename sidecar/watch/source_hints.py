@@ -14,20 +14,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Literal, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 import orjson
 
-from sidecar.changes import WatchKey, WatchKind
+from sidecar.changes import WatchKey
+from sidecar.protocol.lists import LIST_KIND_OF_PRIMITIVE, ListPrimitive
 
 __all__ = ["LIST_NAMES", "ListName", "SourceHint", "UriGlob", "from_bus", "matching"]
 
-ListName = Literal["tools", "prompts", "resources"]
-LIST_NAMES: dict[ListName, WatchKind] = {
-    "tools": "tools_list",
-    "prompts": "prompts_list",
-    "resources": "resources_list",
-}
+ListName = ListPrimitive
+LIST_NAMES = LIST_KIND_OF_PRIMITIVE
+"""A hint names a list by its primitive (`tools`), as the command line does."""
 _BUS_PREFIX = "source-hint:"
 
 

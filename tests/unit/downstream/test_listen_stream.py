@@ -5,7 +5,9 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from sidecar.downstream.legacy_session import LegacySession
 from sidecar.downstream.listen import ListenStream, _frame_around_id, parse_filter
+from sidecar.identity import ANONYMOUS_IDENTITY
 from sidecar.observability.metrics import Metrics
 from sidecar.protocol.errors import InvalidParams
 from sidecar.protocol.frames import notification
@@ -22,6 +24,21 @@ def test_ten_thousand_changes_leave_one_pending_signal_per_subscription() -> Non
     assert stream.pending_count == 4
     assert metrics.coalesced._value.get() == 20_000 - 4
     assert woken == [stream], "the fan-out is asked to visit the stream once, when its first signal pends"
+
+
+@pytest.mark.invariant(11)
+def test_a_2025_session_keeps_the_same_set_and_counts_its_merges_as_a_listen_stream_does() -> None:
+    metrics = Metrics()
+    session = LegacySession("s-1", None, ANONYMOUS_IDENTITY, metrics)
+    session.signal("notifications/resources/updated", "x://a", 1.0)
+    for _ in range(999):
+        session.signal("notifications/resources/updated", "x://a", 2.0)
+    session.signal("notifications/tools/list_changed", None, 3.0)
+    assert dict(session._pending) == {
+        ("notifications/resources/updated", "x://a"): 1.0,
+        ("notifications/tools/list_changed", None): 3.0,
+    }
+    assert metrics.coalesced._value.get() == 999
 
 
 def test_filter_keeps_uris_in_order_without_duplicates() -> None:
