@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from sidecar.backoff import Backoff
 from sidecar.bus.connect import REDIS_FAILURES
 from sidecar.bus.layout import HINTS_CHANNEL, Layout
 
@@ -20,7 +21,7 @@ __all__ = ["Channels"]
 
 logger = logging.getLogger(__name__)
 
-_RECONNECT_S = (0.2, 5.0)
+_RECONNECT = Backoff(0.2, 5.0)
 _POLL_S = 1.0
 _SHARD_POLL_S = 0.02
 _REOPEN_EVERY_S = 1.0
@@ -147,7 +148,7 @@ class Channels:
     # -- the read loop ---------------------------------------------------------------------------------
 
     async def run(self) -> None:
-        delay = _RECONNECT_S[0]
+        failures = 0
         while True:
             pubsub = self._factory()
             self._pubsub = pubsub
@@ -160,7 +161,7 @@ class Channels:
                 if buckets:
                     await (pubsub.ssubscribe if self._sharded else pubsub.subscribe)(*buckets)
                 self.connected = True
-                delay = _RECONNECT_S[0]
+                failures = 0
                 while not self._reopen:
                     if self._sharded:
                         # Shard channels are read from one connection per node, in turn; the hints channel
@@ -191,10 +192,10 @@ class Channels:
             if self._reopen:
                 self._reopen = False
                 continue  # asked to subscribe afresh: at once
+            failures += 1
             self._retry_now.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._retry_now.wait(), delay)
-            delay = min(delay * 2, _RECONNECT_S[1])
+                await asyncio.wait_for(self._retry_now.wait(), _RECONNECT.delay(failures))
 
     def _read(self, message: dict[str, Any]) -> None:
         kind = message.get("type")

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import orjson
 from aiohttp import web
 
+from sidecar.backoff import JITTER
 from sidecar.changes import Bus, ChangeEvent, WatchKey, WatchKind
 from sidecar.config import StreamsConfig
 from sidecar.downstream.event_stream import EventStream, KeepAliveTicker, StreamStalled
@@ -35,7 +36,6 @@ from sidecar.protocol.envelope import Message, RequestId
 from sidecar.protocol.errors import InvalidParams, Overloaded, RpcError, UpstreamError, UpstreamHTTPError
 from sidecar.protocol.frames import ack_notification, complete_result, notification
 from sidecar.upstream.base import Upstream
-from sidecar.watch.poller import JITTER
 from sidecar.watch.registry import Handle, WatchRegistry
 
 __all__ = ["ListenStream", "SignalSink", "StreamHub", "SubscriptionFilter", "parse_filter"]

@@ -11,11 +11,11 @@ import asyncio
 import contextlib
 import logging
 import os
-import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
+from sidecar.backoff import JITTER, Backoff, jittered
 from sidecar.changes import ChangeEvent, LocalCoordinator, PollCoordinator, WatchKey
 from sidecar.config import PollingConfig
 from sidecar.identity import PUBLIC
@@ -30,7 +30,7 @@ from sidecar.watch.observe import Observation
 if TYPE_CHECKING:
     from opentelemetry.trace import Link
 
-__all__ = ["JITTER", "HintBudget", "ObservationListener", "Schedule", "Watch"]
+__all__ = ["HintBudget", "ObservationListener", "Schedule", "Watch"]
 
 logger = logging.getLogger(__name__)
 
@@ -51,8 +51,6 @@ async def _hold() -> None:
     await asyncio.get_running_loop().create_future()
 
 
-JITTER = random.Random()
-"""The sidecar's own source of jitter: the process-wide `random` state is left to whoever else uses it."""
 _MIN_BACKOFF_JITTER = 0.1
 _ERROR_LOG_INTERVAL_S = 10.0
 
@@ -81,6 +79,9 @@ class Schedule:
     def __init__(self, config: PollingConfig, rand: Callable[[], float] = JITTER.random) -> None:
         self._config = config
         self._rand = rand
+        self._backoff = Backoff(
+            config.backoff_initial_ms, config.backoff_max_ms, jitter=max(config.jitter, _MIN_BACKOFF_JITTER), rand=rand
+        )
         self._spread_until = float("-inf")
         """Until when hinted polls are spread: a window opened by the last hint that polled at once."""
 
@@ -89,7 +90,7 @@ class Schedule:
         return self._config.min_interval_ms / 1000
 
     def _jittered(self, base_ms: float, jitter: float) -> float:
-        return base_ms * (1 + jitter * (2 * self._rand() - 1)) / 1000
+        return jittered(base_ms, jitter, self._rand) / 1000
 
     def wanted_ms(self, ttl_ms: int | None, rule_ms: int | None = None, *, native: bool = False) -> int:
         """The interval before jitter: the key's rule, else ttlMs (absent or 0: the default), within [min, max];
@@ -126,9 +127,7 @@ class Schedule:
         return self._rand() * spread
 
     def backoff_s(self, consecutive_errors: int) -> float:
-        config = self._config
-        base = min(config.backoff_max_ms, config.backoff_initial_ms * 2 ** max(consecutive_errors - 1, 0))
-        return self._jittered(base, max(config.jitter, _MIN_BACKOFF_JITTER))
+        return self._backoff.delay(consecutive_errors) / 1000
 
 
 class HintBudget:
