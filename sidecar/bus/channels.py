@@ -16,6 +16,7 @@ from typing import Any
 from sidecar.backoff import Backoff
 from sidecar.bus.connect import REDIS_FAILURES
 from sidecar.bus.layout import HINTS_CHANNEL, Layout
+from sidecar.tasks import TaskSet
 
 __all__ = ["Channels"]
 
@@ -61,7 +62,7 @@ class Channels:
         self.connected = False
         """Subscribed and reading: the bus is heard."""
         self._retry_now = asyncio.Event()
-        self._commands: set[asyncio.Task[None]] = set()
+        self._commands = TaskSet("a bucket (un)subscription failed", logger)
         """(Un)subscribe commands in flight: held, so none is collected while pending and each failure is
         logged; cancelled on close."""
         self._reopen = False
@@ -125,25 +126,15 @@ class Channels:
             command = pubsub.ssubscribe if subscribe else pubsub.sunsubscribe
         else:
             command = pubsub.subscribe if subscribe else pubsub.unsubscribe
-        task = asyncio.get_running_loop().create_task(self._run(command(channel)))
-        self._commands.add(task)
-        task.add_done_callback(self._ended)
+        self._commands.spawn(self._run(command(channel)))
 
     async def _run(self, command: Any) -> None:
         with contextlib.suppress(*REDIS_FAILURES):  # the read loop sees the connection fail and reopens it
             await command
 
-    def _ended(self, task: asyncio.Task[None]) -> None:
-        self._commands.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            logger.error("a bucket (un)subscription failed", exc_info=task.exception())
-
     async def aclose(self) -> None:
         """Cancel the commands still in flight (the read loop is its caller's to cancel)."""
-        commands = list(self._commands)
-        for task in commands:
-            task.cancel()
-        await asyncio.gather(*commands, return_exceptions=True)
+        await self._commands.aclose()
 
     # -- the read loop ---------------------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ until it is back (with backoff).
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -23,12 +24,15 @@ from sidecar.changes import WatchKey, WatchKind
 from sidecar.config import PollingConfig
 from sidecar.identity import PUBLIC, Identity
 from sidecar.observability.metrics import Metrics
+from sidecar.tasks import TaskSet
 from sidecar.upstream.base import Upstream
 from sidecar.watch.clock import LOOP_CLOCK, Clock
 from sidecar.watch.native_stream import FILTER_FIELDS, JsonObject, NativeStream, capability
 from sidecar.watch.poller import Watch
 
 __all__ = ["NativeNotifications"]
+
+logger = logging.getLogger(__name__)
 
 
 class NativeNotifications:
@@ -49,7 +53,7 @@ class NativeNotifications:
         self._metrics = metrics
         self._watch_of = watch_of
         self._streams: dict[str, NativeStream] = {}
-        self._closing: set[asyncio.Task[None]] = set()
+        self._closing = TaskSet("a notification stream task failed", logger)
         """Tasks of streams dropped and still closing (out of the table already)."""
         self.unsupported = False
         """The upstream refused its notification stream once: it cannot push, so no stream is opened again."""
@@ -107,8 +111,7 @@ class NativeNotifications:
             # Out of the table now, not when the task has finished: a hold before then gets a stream of its own
             # instead of one whose task is ending. Shutdown still waits for it to close (`_closing`).
             del self._streams[context]
-            self._closing.add(stream.task)
-            stream.task.add_done_callback(self._closing.discard)
+            self._closing.adopt(stream.task)
             stream.task.cancel()
 
     def covers(self, kind: WatchKind, uri: str | None, context: str) -> bool:
@@ -159,9 +162,8 @@ class NativeNotifications:
         self._metrics.native_streams.inc(delta)
 
     async def aclose(self) -> None:
-        tasks = [stream.task for stream in self._streams.values() if stream.task is not None]
-        tasks += self._closing
+        for stream in self._streams.values():
+            if stream.task is not None:
+                self._closing.adopt(stream.task)
         self._streams.clear()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._closing.aclose()

@@ -31,6 +31,7 @@ from sidecar.identity import ANONYMOUS, PUBLIC, Identity
 from sidecar.observability.metrics import Metrics
 from sidecar.protocol.constants import READ_ONLY_METHODS
 from sidecar.protocol.errors import UpstreamHTTPError
+from sidecar.tasks import TaskSet
 from sidecar.upstream.base import Upstream
 from sidecar.watch.admission import Admission
 from sidecar.watch.budget import ReadBudget
@@ -146,7 +147,8 @@ class WatchRegistry:
         self._syncs: dict[Hashable, asyncio.Task[bool]] = {}
         """Joiners' looks at live watches in flight, one per key (see `_join`), paced ones per client too."""
         self._observation_listeners: list[ObservationListener] = []
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks = TaskSet("a registry task failed", logger)
+        """Spawned tasks nobody awaits (a publish, a watch's stop): shutdown waits for them."""
         self._auth_listeners: list[AuthFailureListener] = []
         self._admission = Admission(
             absent_ttl_s=config.default_interval_ms / 1000, rate_per_s=config.max_baselines_per_s, clock=clock.now
@@ -513,16 +515,7 @@ class WatchRegistry:
     # -- lifecycle -------------------------------------------------------------------------------------
 
     def _spawn(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._spawned_done)
-
-    def _spawned_done(self, task: asyncio.Task[Any]) -> None:
-        # Nobody awaits a spawned task (a publish, a watch's stop): its error is reported now, not when (or if)
-        # the task is collected.
-        self._tasks.discard(task)
-        if not task.cancelled() and (error := task.exception()) is not None:
-            logger.error("a registry task failed", exc_info=error)
+        self._tasks.spawn(coro)
 
     async def aclose(self) -> None:
         self._unsubscribe()
@@ -538,5 +531,4 @@ class WatchRegistry:
             entry.stage = Stage.ENDED
         watches = [entry.watch for entry in entries]
         await asyncio.gather(*(watch.stop() for watch in watches), return_exceptions=True)
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._tasks.wait()
