@@ -24,7 +24,7 @@ from sidecar.observability.tracing import MAX_LINKS, tracing
 from sidecar.protocol.errors import UpstreamError, UpstreamHTTPError
 from sidecar.watch.budget import ReadBudget
 from sidecar.watch.clock import LOOP_CLOCK, Clock, Timer, sleep
-from sidecar.watch.generations import Latest, Tickets
+from sidecar.watch.tickets import Latest, Tickets
 from sidecar.watch.observe import Observation
 
 if TYPE_CHECKING:
@@ -151,7 +151,7 @@ class HintBudget:
 class Watch:
     """A polled key: its last fingerprint, generation and schedule state.
 
-    Generation rule (invariant 7, kept by `sidecar.watch.generations`): its polls are ticketed as they start,
+    Ticket rule (invariant 7, kept by `sidecar.watch.tickets`): its polls are ticketed as they start,
     and an observation is applied only if its look is newer than every look applied so far, so a slow poll, a
     baseline read or a forwarded client read that started earlier never overwrites a fresher one.
     """
@@ -180,6 +180,8 @@ class Watch:
         self.fingerprint = baseline.fingerprint
         self.ttl_ms = baseline.ttl_ms
         self.generation = 0
+        """Its changes as this process counts them (its own and those adopted): the generation its events carry on a
+        bus of one process (the Redis bus numbers a key's changes by its stored state instead)."""
         self.refs = 0
         self.consecutive_errors = 0
         self.last_poll_at: float | None = None

@@ -37,7 +37,7 @@ from sidecar.watch.admission import Admission
 from sidecar.watch.budget import ReadBudget
 from sidecar.watch.clock import LOOP_CLOCK, Clock, Timer
 from sidecar.watch.fingerprint import ABSENT
-from sidecar.watch.generations import Tickets
+from sidecar.watch.tickets import Tickets
 from sidecar.watch.handles import ContextShare, Handle
 from sidecar.watch.native import NativeNotifications
 from sidecar.watch.observe import Observation, observation_from_read, observe
@@ -166,7 +166,7 @@ class WatchRegistry:
     # -- reading ---------------------------------------------------------------------------------------
 
     def ticket(self) -> int:
-        """A ticket for a look at the upstream that starts now (see `sidecar.watch.generations`)."""
+        """A ticket for a look at the upstream that starts now (see `sidecar.watch.tickets`)."""
         return self._tickets.take()
 
     def watches(self) -> Iterable[Watch]:

@@ -20,7 +20,7 @@ from sidecar.observability.tracing import MAX_LINKS
 from sidecar.protocol.errors import UpstreamBadResponse, UpstreamError, UpstreamHTTPError, UpstreamUnavailable
 from sidecar.watch import poller
 from sidecar.watch.clock import LOOP_CLOCK, Clock, Timer
-from sidecar.watch.generations import Tickets
+from sidecar.watch.tickets import Tickets
 from sidecar.watch.observe import Observation
 from sidecar.watch.poller import ObservationListener, Reader, Schedule, Sink, Watch
 
