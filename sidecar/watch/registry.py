@@ -37,14 +37,15 @@ from sidecar.watch.admission import Admission
 from sidecar.watch.budget import ReadBudget
 from sidecar.watch.clock import LOOP_CLOCK, Clock, Timer
 from sidecar.watch.fingerprint import ABSENT
-from sidecar.watch.tickets import Tickets
 from sidecar.watch.handles import ContextShare, Handle
 from sidecar.watch.native import NativeNotifications
 from sidecar.watch.observe import Observation, observation_from_read, observe
-from sidecar.watch.poller import HintBudget, ObservationListener, Schedule, Watch
+from sidecar.watch.poller import ObservationListener, Watch
 from sidecar.watch.revalidate import Revalidator
 from sidecar.watch.rules import Rules
+from sidecar.watch.schedule import HintBudget, Schedule
 from sidecar.watch.source_hints import SourceHint, from_bus, matching
+from sidecar.watch.tickets import Tickets
 
 __all__ = ["Handle", "Stage", "WatchRegistry"]
 
