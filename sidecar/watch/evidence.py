@@ -40,14 +40,14 @@ class Evidence:
         apply: Callable[[Watch, Observation, int], None],
         admission: Admission,
         rules: Rules,
-        wrote: Callable[[str], None],
+        revalidate: Callable[[Identity], None],
         last_poller: Callable[[WatchKey], str | None],
     ) -> None:
         self._watch = watch_of
         self._apply = apply
         self._admission = admission
         self._rules = rules
-        self._wrote = wrote
+        self._revalidate = revalidate
         self._last_poller = last_poller
         self._auth_listeners: list[AuthFailureListener] = []
 
@@ -59,7 +59,7 @@ class Evidence:
     ) -> None:
         """A forwarded request taught us something: a write may have changed data; a read shows content."""
         if method not in READ_ONLY_METHODS:
-            self._wrote(identity.context)
+            self._revalidate(identity)
             return
         if method != "resources/read" or not isinstance(params.get("uri"), str):
             return

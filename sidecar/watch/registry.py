@@ -105,7 +105,7 @@ class WatchRegistry:
             apply=self._apply,
             admission=self._admission,
             rules=self._rules,
-            wrote=self._hints.wrote,
+            revalidate=self.revalidate,
             last_poller=self._last_poller,
         )
         self._release_handle = self._release
