@@ -60,6 +60,8 @@ class ChangeEvent:
     key: WatchKey
     fingerprint: str
     generation: int
+    """The change's number among the key's changes: counted by the watch on a bus of one process, by the key's
+    stored state in Redis across replicas (the publish fence). Not a ticket, which orders looks."""
     detected_at: float
     """Wall-clock seconds when the change was detected (for the delivery-latency metric)."""
     baseline: bool = False

@@ -13,14 +13,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from sidecar.backoff import Backoff
 from sidecar.bus.connect import REDIS_FAILURES
 from sidecar.bus.layout import HINTS_CHANNEL, Layout
+from sidecar.tasks import TaskSet
 
 __all__ = ["Channels"]
 
 logger = logging.getLogger(__name__)
 
-_RECONNECT_S = (0.2, 5.0)
+_RECONNECT = Backoff(0.2, 5.0)
 _POLL_S = 1.0
 _SHARD_POLL_S = 0.02
 _REOPEN_EVERY_S = 1.0
@@ -60,7 +62,7 @@ class Channels:
         self.connected = False
         """Subscribed and reading: the bus is heard."""
         self._retry_now = asyncio.Event()
-        self._commands: set[asyncio.Task[None]] = set()
+        self._commands = TaskSet("a bucket (un)subscription failed", logger)
         """(Un)subscribe commands in flight: held, so none is collected while pending and each failure is
         logged; cancelled on close."""
         self._reopen = False
@@ -124,30 +126,20 @@ class Channels:
             command = pubsub.ssubscribe if subscribe else pubsub.sunsubscribe
         else:
             command = pubsub.subscribe if subscribe else pubsub.unsubscribe
-        task = asyncio.get_running_loop().create_task(self._run(command(channel)))
-        self._commands.add(task)
-        task.add_done_callback(self._ended)
+        self._commands.spawn(self._run(command(channel)))
 
     async def _run(self, command: Any) -> None:
         with contextlib.suppress(*REDIS_FAILURES):  # the read loop sees the connection fail and reopens it
             await command
 
-    def _ended(self, task: asyncio.Task[None]) -> None:
-        self._commands.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            logger.error("a bucket (un)subscription failed", exc_info=task.exception())
-
     async def aclose(self) -> None:
         """Cancel the commands still in flight (the read loop is its caller's to cancel)."""
-        commands = list(self._commands)
-        for task in commands:
-            task.cancel()
-        await asyncio.gather(*commands, return_exceptions=True)
+        await self._commands.aclose()
 
     # -- the read loop ---------------------------------------------------------------------------------
 
     async def run(self) -> None:
-        delay = _RECONNECT_S[0]
+        failures = 0
         while True:
             pubsub = self._factory()
             self._pubsub = pubsub
@@ -160,7 +152,7 @@ class Channels:
                 if buckets:
                     await (pubsub.ssubscribe if self._sharded else pubsub.subscribe)(*buckets)
                 self.connected = True
-                delay = _RECONNECT_S[0]
+                failures = 0
                 while not self._reopen:
                     if self._sharded:
                         # Shard channels are read from one connection per node, in turn; the hints channel
@@ -191,10 +183,10 @@ class Channels:
             if self._reopen:
                 self._reopen = False
                 continue  # asked to subscribe afresh: at once
+            failures += 1
             self._retry_now.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._retry_now.wait(), delay)
-            delay = min(delay * 2, _RECONNECT_S[1])
+                await asyncio.wait_for(self._retry_now.wait(), _RECONNECT.delay(failures))
 
     def _read(self, message: dict[str, Any]) -> None:
         kind = message.get("type")

@@ -20,7 +20,7 @@ from redis.exceptions import AskError, ClusterDownError, RedisError, TryAgainErr
 
 from sidecar.config.redis_url import CLUSTER_SCHEMES, check_redis_url, cluster_seeds, url_scheme
 
-__all__ = ["REDIS_FAILURES", "SLOTS_MOVING", "Connection", "Op", "connect"]
+__all__ = ["REDIS_FAILURES", "SLOTS_MOVING", "Connection", "Op", "connect", "stop_if_cancelled"]
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +34,14 @@ lag behind their slots for a moment."""
 _SOCKET_TIMEOUT_S = 2.0
 _CLUSTER_BATCH = 64
 """Commands in flight at once on a cluster (each goes to its slot's node; the client pools per node)."""
+
+
+def stop_if_cancelled() -> None:
+    """The redis client may turn a cancellation in the middle of a command into a connection error, or absorb it:
+    a loop must not go on after its own task was cancelled (shutdown would wait for it for ever)."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
 
 
 @dataclass(frozen=True, slots=True)

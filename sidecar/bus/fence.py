@@ -26,7 +26,7 @@ STATE_TTL_MS = 24 * 3600 * 1000
 
 
 class Fence:
-    """Each tracked key's latest cluster generation known here, and the changes not yet published."""
+    """Each tracked key's latest generation (as stored in Redis) known here, and the changes not yet published."""
 
     def __init__(self, link: Link, keys: TrackedKeys, local: MemoryBus, metrics: Metrics) -> None:
         self._link = link
@@ -34,7 +34,7 @@ class Fence:
         self._local = local
         self._metrics = metrics
         self._generation: dict[WatchKey, int] = {}
-        """The latest cluster generation of each tracked key this replica knows of (the publish fence)."""
+        """The latest generation (as stored in Redis) of each tracked key this replica knows of (the publish fence)."""
         self._unpublished: dict[WatchKey, ChangeEvent] = {}
         """Changes told here whose publishing failed (the latest per key): published when Redis answers again,
         so the other replicas' streams are told too."""

@@ -9,14 +9,14 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
+from sidecar.backoff import Backoff
 from sidecar.bus.channels import Channels
-from sidecar.bus.connect import REDIS_FAILURES, Op
+from sidecar.bus.connect import REDIS_FAILURES, Op, stop_if_cancelled
 from sidecar.bus.fence import Fence
 from sidecar.bus.keys import TrackedKeys
 from sidecar.bus.layout import Interest, encode_interest, key_hash, text
 from sidecar.bus.link import Link
 from sidecar.bus.takeover import Takeover
-from sidecar.bus.tasks import stop_if_cancelled
 from sidecar.changes import WatchKey
 
 __all__ = ["InterestWriter"]
@@ -25,7 +25,9 @@ logger = logging.getLogger(__name__)
 
 _HEARD_WITHIN_S = 2.0
 _RETRY_S = 0.5
-_RETRY_MAX_S = 30.0
+"""A write Redis failed (an outage, which the link reports) or could not yet confirm is tried again this soon."""
+_BUG_BACKOFF = Backoff(1.0, 30.0)
+"""A write that failed on a bug may fail so on every try: from a second to half a minute apart."""
 
 
 class _NotHeard(Exception):
@@ -132,7 +134,7 @@ class InterestWriter:
                 logger.exception("writing this replica's interest failed; retrying")
                 # Backing off, as the same failure may come back on every try: bounded, never a hot loop.
                 failures += 1
-                delay = min(_RETRY_S * 2**failures, _RETRY_MAX_S)
+                delay = _BUG_BACKOFF.delay(failures)
                 # A join written but not yet settled is written again, not skipped as registered: else its
                 # interest messages would wait for it (in `_early`) for ever, and its owner never change.
                 self._registered.difference_update(key for key in joins if key_hash(key) in self._joining)

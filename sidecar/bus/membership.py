@@ -13,7 +13,7 @@ from sidecar.bus.connect import REDIS_FAILURES, Op
 from sidecar.bus.layout import HINTS_CHANNEL, REPLICAS, Interest, encode_interest, text
 from sidecar.bus.link import Link
 from sidecar.bus.takeover import Takeover
-from sidecar.bus.tasks import Background
+from sidecar.tasks import TaskSet
 
 __all__ = ["DEFAULT_LEASE_MS", "Membership"]
 
@@ -33,7 +33,7 @@ class Membership:
         self,
         link: Link,
         takeover: Takeover,
-        background: Background,
+        background: TaskSet,
         *,
         lease_ms: int,
         taken_for_dead: Callable[[], None],

@@ -27,7 +27,7 @@ from collections.abc import Callable
 import orjson
 
 from sidecar.bus.channels import Channels
-from sidecar.bus.connect import REDIS_FAILURES, connect
+from sidecar.bus.connect import REDIS_FAILURES, connect, stop_if_cancelled
 from sidecar.bus.fence import Fence
 from sidecar.bus.inbox import Inbox
 from sidecar.bus.interest import InterestWriter
@@ -37,9 +37,9 @@ from sidecar.bus.link import Link, RedisUnavailable
 from sidecar.bus.membership import DEFAULT_LEASE_MS, Membership
 from sidecar.bus.memory import MemoryBus
 from sidecar.bus.takeover import Takeover
-from sidecar.bus.tasks import Background, stop_if_cancelled
 from sidecar.changes import ChangeEvent, ChangeListener, WatchKey, WatchKind, WatchState
 from sidecar.observability.metrics import Metrics
+from sidecar.tasks import TaskSet
 
 __all__ = ["DEFAULT_LEASE_MS", "RedisBus", "RedisUnavailable"]
 
@@ -75,7 +75,9 @@ class RedisBus:
             on_lost=lambda reason: self._link.set_up(False, reason),
         )
         self._link = Link(conn, self._channels, layout=layout, instance=instance, metrics=metrics, fallback=fallback)
-        self._tasks = Background()
+        self._tasks = TaskSet("a redis coordination task failed", logger)
+        """Its loops (the bus reader, the heartbeat, the interest writer) and one-off tasks (resyncs, take-overs,
+        clean-ups of dead replicas): closing cancels them all, and the handover follows whatever they ended with."""
         self._keys = TrackedKeys(layout)
         self._local = MemoryBus()
         self._fence = fence(self._link, self._keys, self._local, metrics)
@@ -119,9 +121,9 @@ class RedisBus:
             await self._membership.join()
         except REDIS_FAILURES as exc:
             self._link.unreachable_at_start(exc)
-        self._tasks.loop(self._channels.run())
-        self._tasks.loop(self._heartbeat_loop())
-        self._tasks.loop(self._writer.run())
+        self._tasks.spawn(self._channels.run())
+        self._tasks.spawn(self._heartbeat_loop())
+        self._tasks.spawn(self._writer.run())
         if shared is None:
             return secrets.token_bytes(32)
         return shared.encode() if isinstance(shared, str) else bytes(shared)

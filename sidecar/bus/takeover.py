@@ -14,9 +14,9 @@ from sidecar.bus.fence import Fence
 from sidecar.bus.keys import TrackedKeys
 from sidecar.bus.link import Link
 from sidecar.bus.ownership import Ownership
-from sidecar.bus.tasks import Background
 from sidecar.changes import ChangeEvent, WatchKey
 from sidecar.observability.metrics import Metrics
+from sidecar.tasks import TaskSet
 
 __all__ = ["Takeover"]
 
@@ -29,7 +29,7 @@ Change = tuple[set[str], set[str]]
 class Takeover:
     """This replica's ownership (fed the live replicas and each key's interest) and the take-overs it brings."""
 
-    def __init__(self, link: Link, keys: TrackedKeys, fence: Fence, background: Background, metrics: Metrics) -> None:
+    def __init__(self, link: Link, keys: TrackedKeys, fence: Fence, background: TaskSet, metrics: Metrics) -> None:
         self._link = link
         self._keys = keys
         self._fence = fence

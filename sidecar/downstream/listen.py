@@ -15,6 +15,7 @@ from typing import Protocol
 import orjson
 from aiohttp import web
 
+from sidecar.backoff import JITTER
 from sidecar.changes import Bus, ChangeEvent, WatchKey, WatchKind
 from sidecar.config import StreamsConfig
 from sidecar.downstream.delivered import Delivered
@@ -36,7 +37,6 @@ from sidecar.protocol.errors import InvalidParams, Overloaded, RpcError, Upstrea
 from sidecar.protocol.frames import ack_notification, complete_result, notification
 from sidecar.protocol.lists import LIST_KINDS
 from sidecar.upstream.base import LearnEra
-from sidecar.watch.poller import JITTER
 from sidecar.watch.registry import Handle, WatchRegistry
 
 __all__ = ["ListenStream", "SignalSink", "StreamHub", "SubscriptionFilter", "parse_filter"]

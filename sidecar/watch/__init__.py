@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from sidecar.watch.fingerprint import ABSENT, fingerprint_contents, fingerprint_items
 from sidecar.watch.observe import Observation, is_not_found, observation_from_read, observe
-from sidecar.watch.poller import Schedule, Watch
+from sidecar.watch.poller import Watch
 from sidecar.watch.registry import Handle, WatchRegistry
+from sidecar.watch.schedule import Schedule
 
 __all__ = [
     "ABSENT",

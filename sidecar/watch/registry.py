@@ -16,34 +16,33 @@ Guarantees:
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import enum
 import logging
 import time
-from collections.abc import Callable, Hashable, Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from sidecar.changes import Bus, ChangeEvent, LocalCoordinator, PollCoordinator, WatchKey, WatchKind
 from sidecar.config import PollingConfig
 from sidecar.fair_share import FairShare
 from sidecar.identity import ANONYMOUS, PUBLIC, Identity
 from sidecar.observability.metrics import Metrics
-from sidecar.protocol.constants import READ_ONLY_METHODS
-from sidecar.protocol.errors import UpstreamHTTPError
+from sidecar.tasks import TaskSet
 from sidecar.upstream.base import Upstream
 from sidecar.watch.admission import Admission
 from sidecar.watch.budget import ReadBudget
-from sidecar.watch.clock import LOOP_CLOCK, Clock, Timer
-from sidecar.watch.fingerprint import ABSENT
-from sidecar.watch.generations import Tickets
+from sidecar.watch.clock import LOOP_CLOCK, Clock
+from sidecar.watch.entry import Entry, Stage
+from sidecar.watch.evidence import AuthFailureListener, Evidence
 from sidecar.watch.handles import ContextShare, Handle
+from sidecar.watch.hint_routing import HintRouting
+from sidecar.watch.looks import Looks
 from sidecar.watch.native import NativeNotifications
-from sidecar.watch.observe import Observation, observation_from_read, observe
-from sidecar.watch.poller import HintBudget, ObservationListener, Schedule, Watch
-from sidecar.watch.revalidate import Revalidator
+from sidecar.watch.observe import Observation
+from sidecar.watch.poller import ObservationListener, Watch
 from sidecar.watch.rules import Rules
-from sidecar.watch.source_hints import SourceHint, from_bus, matching
+from sidecar.watch.schedule import HintBudget, Schedule
+from sidecar.watch.shared_reads import SharedReads
+from sidecar.watch.source_hints import SourceHint
 
 __all__ = ["Handle", "Stage", "WatchRegistry"]
 
@@ -51,62 +50,6 @@ logger = logging.getLogger(__name__)
 
 JsonObject = dict[str, Any]
 _NEW_WATCH_GRACE_S = 1.0
-
-AuthFailureListener = Callable[[WatchKey, str], None]
-"""Told that a context's credential was refused while polling a key (its streams should end)."""
-
-
-T = TypeVar("T")
-
-
-class Stage(enum.Enum):
-    """Where a watch is in its life. Only a lingering watch may expire; an ended one is gone from the registry."""
-
-    STARTING = "starting"
-    """Its first look is being published: callers waiting on that first look have not taken it yet."""
-    LIVE = "live"
-    """Held by at least one stream."""
-    LINGERING = "lingering"
-    """Held by none, unpolled, kept a moment for a reconnecting client; its timer ends it."""
-    ENDED = "ended"
-
-
-@dataclass(slots=True)
-class _Entry:
-    """Everything the registry keeps about one watch."""
-
-    watch: Watch
-    stage: Stage = Stage.STARTING
-    shares: dict[str, ContextShare] = field(default_factory=dict)
-    """Per context holding it: the only place the identities the sidecar polls with live."""
-    linger: Timer | None = None
-    last_poller: str | None = None
-    """The context whose identity the last poll went with (one of its shares, for a public key): a refusal of
-    that poll concerns that context alone."""
-
-
-def _joinable_read(reads: dict[Hashable, asyncio.Task[T]], read: Hashable, client: str) -> asyncio.Task[T] | None:
-    """A read in flight that `client` may wait on: one that went at once (anyone's), or its own paced one. A read
-    paced in another client's fair share is never joined: that client's queue must not delay this one
-    (invariant 20); a read of its own costs one more upstream read, bounded by this client's rate."""
-    return reads.get(read) or reads.get((read, client))
-
-
-def _register_read(
-    reads: dict[Hashable, asyncio.Task[T]], read: Hashable, paced_for: str | None, task: asyncio.Task[T]
-) -> None:
-    key: Hashable = read if paced_for is None else (read, paced_for)
-    reads[key] = task
-
-    def done(_: asyncio.Task[T]) -> None:
-        if reads.get(key) is task:
-            del reads[key]
-        if not task.cancelled():
-            # Retrieved here: the callers still waiting got it through their shield, and a read every caller gave
-            # up on (a shield cancelled first no longer looks) has nobody left to tell.
-            task.exception()
-
-    task.add_done_callback(done)
 
 
 class WatchRegistry:
@@ -123,9 +66,6 @@ class WatchRegistry:
         clock: Clock = LOOP_CLOCK,
         replicas: Callable[[], int] = lambda: 1,
     ) -> None:
-        self._upstream = upstream
-        self._fair_share = fair_share
-        """Where a client's first reads over its rate wait their turn, among its forwarded requests."""
         self._clock = clock
         self._coordinator: PollCoordinator = coordinator or LocalCoordinator()
         self._config = config
@@ -137,35 +77,45 @@ class WatchRegistry:
         self._reads = ReadBudget(
             config, metrics, clock, watches=self.watches, may_poll=self._coordinator.may_poll, replicas=replicas
         )
-        self._gate = asyncio.Semaphore(config.max_concurrency)
-        self._tickets = Tickets()
-        self._entries: dict[WatchKey, _Entry] = {}
-        self._baselines: dict[Hashable, asyncio.Task[_Entry | None]] = {}
-        """First reads in flight, per (kind, URI, context); one paced for a client is its alone (see
-        `_joinable_read`)."""
-        self._syncs: dict[Hashable, asyncio.Task[bool]] = {}
-        """Joiners' looks at live watches in flight, one per key (see `_join`), paced ones per client too."""
+        self._looks = Looks(upstream, config, fair_share, self._rules)
+        self._entries: dict[WatchKey, Entry] = {}
+        self._baselines: SharedReads[Entry | None] = SharedReads()
+        """First reads in flight, per (kind, URI, context)."""
+        self._syncs: SharedReads[bool] = SharedReads()
+        """Joiners' looks at live watches in flight, per key (see `_join`)."""
         self._observation_listeners: list[ObservationListener] = []
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._auth_listeners: list[AuthFailureListener] = []
+        self._tasks = TaskSet("a registry task failed", logger)
+        """Spawned tasks nobody awaits (a publish, a watch's stop): shutdown waits for them."""
         self._admission = Admission(
             absent_ttl_s=config.default_interval_ms / 1000, rate_per_s=config.max_baselines_per_s, clock=clock.now
         )
         self._native = NativeNotifications(upstream, config, metrics, watch_of=self._watch, clock=self._clock)
         upstream.on_recovered = self._upstream_recovered
         self._unsubscribe = bus.subscribe(self._on_change)
-        self._revalidator = Revalidator(
-            config.revalidate_debounce_ms, self._coordinator, self._hint_contexts, self._spawn, self._clock
+        self._hints = HintRouting(
+            self.watches,
+            self._coordinator,
+            metrics,
+            debounce_ms=config.revalidate_debounce_ms,
+            spawn=self._spawn,
+            clock=self._clock,
         )
-        self._coordinator.on_revalidate(self._heard_revalidate)
+        self._evidence = Evidence(
+            watch_of=self._watch,
+            apply=self._apply,
+            admission=self._admission,
+            rules=self._rules,
+            revalidate=self.revalidate,
+            last_poller=self._last_poller,
+        )
         self._release_handle = self._release
         """One bound method for every Handle (each `self._release` would be a new object, kept per handle)."""
 
     # -- reading ---------------------------------------------------------------------------------------
 
     def ticket(self) -> int:
-        """A ticket for a look at the upstream that starts now (see `sidecar.watch.generations`)."""
-        return self._tickets.take()
+        """A ticket for a look at the upstream that starts now (see `sidecar.watch.tickets`)."""
+        return self._looks.tickets.take()
 
     def watches(self) -> Iterable[Watch]:
         return [entry.watch for entry in self._entries.values()]
@@ -175,7 +125,11 @@ class WatchRegistry:
         return None if entry is None else entry.watch
 
     def on_auth_failure(self, listener: AuthFailureListener) -> None:
-        self._auth_listeners.append(listener)
+        self._evidence.on_auth_failure(listener)
+
+    def _last_poller(self, key: WatchKey) -> str | None:
+        entry = self._entries.get(key)
+        return entry.last_poller if entry is not None else None
 
     # -- interest ----------------------------------------------------------------------------------------
 
@@ -192,13 +146,13 @@ class WatchRegistry:
         if entry is not None:
             return await self._join(entry, identity)
         read = (kind, uri, context)
-        task = _joinable_read(self._baselines, read, identity.client)
+        task = self._baselines.joinable(read, identity.client)
         if task is None:
             if self._admission.known_absent(kind, uri, context):
                 return None  # found missing a moment ago: not read again so soon
             paced = not self._admission.take(identity.client)
             task = asyncio.get_running_loop().create_task(self._baseline(kind, uri, identity, paced))
-            _register_read(self._baselines, read, identity.client if paced else None, task)
+            self._baselines.register(read, identity.client if paced else None, task)
         # Shielded: one caller giving up must not cancel the read the others are waiting for.
         entry = await asyncio.shield(task)
         if entry is None:
@@ -207,27 +161,18 @@ class WatchRegistry:
             return await self.acquire(kind, uri, identity)  # expired before this caller could resume: start anew
         return self._add_ref(entry, identity)
 
-    def _turn(self, identity: Identity, paced: bool) -> contextlib.AbstractAsyncContextManager[None]:
-        """A first read within the client's rate goes at once (among the polls); one over it waits its turn in
-        the client's fair share, so a client subscribing to thousands of URIs delays only itself."""
-        if not paced:
-            return contextlib.nullcontext()
-        return self._fair_share.slot(
-            identity.client, within_s=self._config.baseline_wait_s, limit="baseline_wait", lane=identity.lane
-        )
-
-    async def _join(self, entry: _Entry, identity: Identity) -> Handle | None:
+    async def _join(self, entry: Entry, identity: Identity) -> Handle | None:
         """Join a live or lingering watch: a sync point. The caller's ack waits for a look at the upstream that
         starts after it asked (shared by everyone joining while it is in flight: a reconnect storm costs one
         read per key), so a read after the ack is never older than the subscription (invariant 16)."""
         watch = entry.watch
         handle = self._add_ref(entry, identity)  # first: a lingering watch must not expire while we look
         try:
-            task = _joinable_read(self._syncs, watch.key, identity.client)
+            task = self._syncs.joinable(watch.key, identity.client)
             if task is None:
                 paced = not self._admission.take(identity.client)
                 task = asyncio.get_running_loop().create_task(self._sync(watch, identity, paced))
-                _register_read(self._syncs, watch.key, identity.client if paced else None, task)
+                self._syncs.register(watch.key, identity.client if paced else None, task)
             found = await asyncio.shield(task)
         except BaseException:
             handle.release()
@@ -238,14 +183,9 @@ class WatchRegistry:
         return handle
 
     async def _sync(self, watch: Watch, identity: Identity, paced: bool) -> bool:
-        ticket, observation = await self._look(watch.key.kind, watch.key.uri, identity, paced)
+        ticket, observation = await self._looks.look(watch.key.kind, watch.key.uri, identity, paced)
         self._apply(watch, observation, ticket)
         return observation.found
-
-    async def _look(self, kind: WatchKind, uri: str | None, identity: Identity, paced: bool) -> tuple[int, Observation]:
-        """A caller's own look: in its turn, among the polls, ticketed as it starts."""
-        async with self._turn(identity, paced), self._gate:
-            return await self._tickets.look(lambda: observe(self._upstream, kind, uri, identity, self._rules))
 
     def on_observation(self, listener: ObservationListener) -> None:
         """Be told of every look at the upstream a watch applies (the read-through cache listens)."""
@@ -255,15 +195,15 @@ class WatchRegistry:
         for listener in self._observation_listeners:
             listener(key, fingerprint, ticket)
 
-    def _joinable(self, kind: WatchKind, uri: str | None, context: str) -> _Entry | None:
+    def _joinable(self, kind: WatchKind, uri: str | None, context: str) -> Entry | None:
         public = self._entries.get(WatchKey(kind, uri, PUBLIC))
         if public is not None and context in public.watch.verified:
             return public
         return self._entries.get(WatchKey(kind, uri, context))
 
-    async def _baseline(self, kind: WatchKind, uri: str | None, identity: Identity, paced: bool) -> _Entry | None:
+    async def _baseline(self, kind: WatchKind, uri: str | None, identity: Identity, paced: bool) -> Entry | None:
         context = identity.context
-        ticket, observation = await self._look(kind, uri, identity, paced)
+        ticket, observation = await self._looks.look(kind, uri, identity, paced)
         if not observation.found:
             self._admission.absent(kind, uri, context)
             return None
@@ -286,7 +226,7 @@ class WatchRegistry:
         entry.watch.verified.add(context)
         return entry
 
-    def _start_watch(self, key: WatchKey, baseline: Observation, ticket: int) -> _Entry:
+    def _start_watch(self, key: WatchKey, baseline: Observation, ticket: int) -> Entry:
         watch = Watch(
             key,
             baseline,
@@ -294,10 +234,10 @@ class WatchRegistry:
             schedule=self._schedule,
             reader=self._read,
             sink=self._bus.publish,
-            gate=self._gate,
-            tickets=self._tickets,
+            gate=self._looks.gate,
+            tickets=self._looks.tickets,
             metrics=self._metrics,
-            on_auth_failure=self._auth_failed,
+            on_auth_failure=self._evidence.poll_refused,
             coordinator=self._coordinator,
             observed=self._observed,
             budget=self._budget,
@@ -305,7 +245,7 @@ class WatchRegistry:
             rule_interval_ms=rule.interval_ms if (rule := self._rules.for_uri(key.uri)) is not None else None,
             reads=self._reads,
         )
-        entry = self._entries[key] = _Entry(watch)
+        entry = self._entries[key] = Entry(watch)
         self._observed(key, baseline.fingerprint, ticket)
         self._native.update(watch)
         watch.start()
@@ -314,13 +254,13 @@ class WatchRegistry:
         logger.debug("watch started", extra={"watch": key.short_hash, "kind": key.kind})
         return entry
 
-    def _add_ref(self, entry: _Entry, identity: Identity) -> Handle:
+    def _add_ref(self, entry: Entry, identity: Identity) -> Handle:
         watch, context = entry.watch, identity.context
         watch.refs += 1
         if watch.refs == 1:
             self._coordinator.track(watch)
         if entry.stage is Stage.LINGERING:
-            self._live(entry)
+            entry.live()
         share = entry.shares.get(context)
         if share is None:
             share = entry.shares[context] = ContextShare(identity)
@@ -347,29 +287,20 @@ class WatchRegistry:
             if entry.stage is Stage.LIVE:
                 self._linger(entry)
 
-    def _settle(self, entry: _Entry, minimum_s: float) -> None:
+    def _settle(self, entry: Entry, minimum_s: float) -> None:
         """The first look is published: live if someone holds it already, else lingering (not over sooner than
         `minimum_s`, so the callers waiting on that look can resume and take it, however short the linger)."""
         if entry.watch.refs > 0:
-            self._live(entry)
+            entry.live()
         else:
             self._linger(entry, minimum_s)
 
-    def _live(self, entry: _Entry) -> None:
-        if entry.linger is not None:
-            entry.linger.cancel()
-            entry.linger = None
-        entry.stage = Stage.LIVE
-
-    def _linger(self, entry: _Entry, minimum_s: float = 0.0) -> None:
+    def _linger(self, entry: Entry, minimum_s: float = 0.0) -> None:
         """Held by none: ends after the linger (restarted, when it lingers already)."""
-        if entry.linger is not None:
-            entry.linger.cancel()
-        entry.stage = Stage.LINGERING
         delay = max(self._config.linger_ms / 1000, minimum_s)
-        entry.linger = self._clock.call_at(self._clock.now() + delay, lambda: self._expire(entry))
+        entry.lingers(self._clock.call_at(self._clock.now() + delay, lambda: self._expire(entry)))
 
-    def _expire(self, entry: _Entry) -> None:
+    def _expire(self, entry: Entry) -> None:
         entry.linger = None
         if entry.stage is not Stage.LINGERING or entry.watch.refs > 0:
             return
@@ -395,50 +326,19 @@ class WatchRegistry:
         # Public data is the same for everyone; prefer polling it without credentials when possible.
         context = ANONYMOUS if ANONYMOUS in entry.shares else next(iter(entry.shares))
         entry.last_poller = context
-        return await observe(self._upstream, watch.key.kind, watch.key.uri, entry.shares[context].identity, self._rules)
+        return await self._looks.read(watch.key.kind, watch.key.uri, entry.shares[context].identity)
 
     # -- evidence and hints --------------------------------------------------------------------------------
 
     def after_forward(
         self, method: str, params: JsonObject, identity: Identity, answer: JsonObject, ticket: int
     ) -> None:
-        """A forwarded request taught us something: a write may have changed data; a read shows content."""
-        if method not in READ_ONLY_METHODS:
-            self.revalidate(identity)
-            return
-        if method != "resources/read" or not isinstance(params.get("uri"), str):
-            return
-        uri = params["uri"]
-        result = answer.get("result")
-        if isinstance(result, dict):
-            self._admission.present(uri, identity.context)
-            scope = PUBLIC if result.get("cacheScope") == "public" else identity.context
-            watch = self._watch(WatchKey("resource", uri, scope))
-            if watch is not None:  # fingerprint only what someone watches: this is the forwarding hot path
-                with contextlib.suppress(ValueError):  # unfingerprintable content teaches nothing
-                    self._apply(watch, observation_from_read(result, self._rules.for_uri(uri)), ticket)
-            return
-        error = answer.get("error")
-        if isinstance(error, dict) and error.get("code") in (-32602, -32002):
-            # Only this context's own watch: a resource hidden from one user is not gone for everyone.
-            watch = self._watch(WatchKey("resource", uri, identity.context))
-            if watch is not None:
-                self._apply(watch, Observation(ABSENT, None, False), ticket)
+        """A forwarded request taught us something (see `Evidence`)."""
+        self._evidence.after_forward(method, params, identity, answer, ticket)
 
     def refused(self, method: str, params: JsonObject, identity: Identity) -> None:
-        """The upstream refused `identity` a forwarded request (401/403). A refused read of a URI the context
-        watches ends its subscription to it, even when the watch is public and polled with someone else's
-        credential, which the upstream still accepts."""
-        uri = params.get("uri")
-        if method != "resources/read" or not isinstance(uri, str):
-            return
-        for context in (PUBLIC, identity.context):
-            key = WatchKey("resource", uri, context)
-            watch = self._watch(key)
-            if watch is not None:
-                watch.verified.discard(identity.context)  # it must prove access again before rejoining
-                for listener in self._auth_listeners:
-                    listener(key, identity.context)
+        """The upstream refused `identity` a forwarded request (401/403) (see `Evidence`)."""
+        self._evidence.refused(method, params, identity)
 
     def _apply(self, watch: Watch, observation: Observation, ticket: int) -> None:
         event = watch.offer(observation, ticket)
@@ -446,40 +346,12 @@ class WatchRegistry:
             self._spawn(self._bus.publish(event))
 
     def revalidate(self, identity: Identity) -> None:
-        """Hint the public watches and this context's watches to poll soon (debounced: see Revalidator)."""
-        self._revalidator.wrote(identity.context)
-
-    def _hint_contexts(self, contexts: frozenset[str], links: Mapping[str, tuple[Any, ...]] | None = None) -> None:
-        # A poll links to the traced writes that may concern it: a private watch to its own context's only.
-        links = links or {}
-        everyone = tuple(link for written in links.values() for link in written)
-        for watch in self.watches():
-            context = watch.key.context
-            if context == PUBLIC:
-                watch.hint(everyone)
-            elif context in contexts:
-                watch.hint(links.get(context, ()))
+        """Hint the public watches and this context's watches to poll soon (see `HintRouting`)."""
+        self._hints.wrote(identity.context)
 
     def hint_source(self, hint: SourceHint) -> int:
-        """The source says what changed: each matching watch, in every context, looks soon with its own credential
-        (a hint, not a change), and the other replicas are told (their lease owners look). The watches hinted here."""
-        self._spawn(self._coordinator.announce_revalidate(frozenset({hint.to_bus()})))
-        return self._hint_matching(hint)
-
-    def _hint_matching(self, hint: SourceHint) -> int:
-        hinted = 0
-        for watch in matching(self.watches(), hint):
-            watch.hint()
-            hinted += 1
-        self._metrics.watches_hinted.inc(hinted)
-        return hinted
-
-    def _heard_revalidate(self, announced: frozenset[str]) -> None:
-        written, hints = from_bus(announced)
-        if written:
-            self._hint_contexts(written)
-        for hint in hints:
-            self._hint_matching(hint)
+        """The source says what changed: the watches it names look soon (see `HintRouting`); how many here."""
+        return self._hints.source(hint)
 
     def _on_change(self, event: ChangeEvent) -> None:
         if event.baseline:
@@ -496,40 +368,17 @@ class WatchRegistry:
         for watch in self.watches():
             watch.recover()
 
-    def _auth_failed(self, watch: Watch, error: UpstreamHTTPError) -> None:
-        # Only the context whose credential was refused: a public key is polled with one context's credential,
-        # and the other contexts' credentials are as good as before (their streams must not end).
-        entry = self._entries.get(watch.key)
-        if watch.key.context != PUBLIC:
-            context: str | None = watch.key.context
-        else:
-            context = entry.last_poller if entry is not None else None
-        if context is None:
-            return
-        watch.verified.discard(context)  # it must prove access again with its own read before rejoining
-        for listener in self._auth_listeners:
-            listener(watch.key, context)
-
     # -- lifecycle -------------------------------------------------------------------------------------
 
     def _spawn(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._spawned_done)
-
-    def _spawned_done(self, task: asyncio.Task[Any]) -> None:
-        # Nobody awaits a spawned task (a publish, a watch's stop): its error is reported now, not when (or if)
-        # the task is collected.
-        self._tasks.discard(task)
-        if not task.cancelled() and (error := task.exception()) is not None:
-            logger.error("a registry task failed", exc_info=error)
+        self._tasks.spawn(coro)
 
     async def aclose(self) -> None:
         self._unsubscribe()
         await self._native.aclose()
-        self._revalidator.cancel()
-        for task in [*self._baselines.values(), *self._syncs.values()]:
-            task.cancel()
+        self._hints.cancel()
+        self._baselines.cancel()
+        self._syncs.cancel()
         entries = list(self._entries.values())
         self._entries.clear()
         for entry in entries:
@@ -538,5 +387,4 @@ class WatchRegistry:
             entry.stage = Stage.ENDED
         watches = [entry.watch for entry in entries]
         await asyncio.gather(*(watch.stop() for watch in watches), return_exceptions=True)
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._tasks.wait()

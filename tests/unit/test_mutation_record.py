@@ -31,7 +31,10 @@ MANY_KILLED = {f"sidecar.watch.x.y__mutmut_{n}": "killed" for n in range(20)}
 def test_the_committed_record_judges_each_survivor_of_the_engine() -> None:
     record = recorded(RECORD.read_text())
     assert record, "the record lists the survivors of the last fresh run"
-    assert all(function.startswith(("sidecar.watch.", "sidecar.changes.")) for function, _, _ in record)
+    assert all(
+        function.startswith(("sidecar.watch.", "sidecar.changes.", "sidecar.backoff.", "sidecar.tasks."))
+        for function, _, _ in record
+    )
     assert set(record.values()) <= {"equivalent", "left"}, "every survivor judged"
 
 

@@ -10,7 +10,7 @@ import contextlib
 import gc
 import logging
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 import pytest
@@ -22,8 +22,9 @@ from sidecar.observability.metrics import Metrics
 from sidecar.protocol.errors import UpstreamError, UpstreamHTTPError, UpstreamRpcError, UpstreamUnavailable
 from sidecar.upstream.answers import UpstreamInfo
 from sidecar.upstream.base import Upstream
-from sidecar.watch import native as native_module
-from sidecar.watch.native import NativeNotifications, _NativeStream
+from sidecar.watch import native_stream
+from sidecar.watch.native import NativeNotifications
+from sidecar.watch.native_stream import NativeStream
 from sidecar.watch.poller import Watch
 from tests.unit.watch.manual_clock import ManualClock, settle
 from tests.unit.watch.scripted_upstream import URL, ScriptedUpstream
@@ -198,7 +199,7 @@ def _bench(era: str = "legacy", capabilities: JsonObject | None = None, config: 
 @pytest.fixture(autouse=True)
 def _middle_jitter(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Backoff is its base exactly (the jitter's factor 0.5 + 0.5); tests that need another set their own."""
-    monkeypatch.setattr(native_module, "JITTER", FixedJitter(0.5))
+    monkeypatch.setattr(native_stream, "RETRY", replace(native_stream.RETRY, rand=FixedJitter(0.5).random))
     yield
 
 
@@ -594,7 +595,7 @@ async def test_repeated_failures_back_off_doubling_to_half_a_minute_and_log_once
 async def test_the_backoff_is_jittered_between_half_and_one_and_a_half_times(
     legacy: Bench, monkeypatch: pytest.MonkeyPatch, jitter: float, first_wait: float
 ) -> None:
-    monkeypatch.setattr(native_module, "JITTER", FixedJitter(jitter))
+    monkeypatch.setattr(native_stream, "RETRY", replace(native_stream.RETRY, rand=FixedJitter(jitter).random))
     legacy.upstream.refusals = [UpstreamUnavailable(URL, "connection refused")]
     legacy.watch("resource", DOC, ALICE)
     await settle()
@@ -808,7 +809,7 @@ async def _streams_in_memory(bench: Bench) -> int:
     for _ in range(3):  # the loop's last callbacks of an ended task let go of it
         await asyncio.sleep(0)
     gc.collect()
-    return sum(isinstance(thing, _NativeStream) and thing.owner is bench.native for thing in gc.get_objects())
+    return sum(isinstance(thing, NativeStream) and thing.owner is bench.native for thing in gc.get_objects())
 
 
 async def test_no_credential_stays_in_memory_after_a_contexts_last_drop(legacy: Bench) -> None:

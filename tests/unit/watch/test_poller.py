@@ -20,9 +20,10 @@ from sidecar.observability.tracing import MAX_LINKS
 from sidecar.protocol.errors import UpstreamBadResponse, UpstreamError, UpstreamHTTPError, UpstreamUnavailable
 from sidecar.watch import poller
 from sidecar.watch.clock import LOOP_CLOCK, Clock, Timer
-from sidecar.watch.generations import Tickets
 from sidecar.watch.observe import Observation
-from sidecar.watch.poller import ObservationListener, Reader, Schedule, Sink, Watch
+from sidecar.watch.poller import ObservationListener, Reader, Sink, Watch
+from sidecar.watch.schedule import Schedule
+from sidecar.watch.tickets import Tickets
 
 CONFIG = PollingConfig(
     default_interval_ms=5000,

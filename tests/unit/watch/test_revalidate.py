@@ -17,10 +17,11 @@ from sidecar.changes import ChangeEvent, LocalCoordinator, WatchKey
 from sidecar.config import PollingConfig
 from sidecar.observability.metrics import Metrics
 from sidecar.observability.tracing import MAX_LINKS, Tracing, install
-from sidecar.watch.generations import Tickets
 from sidecar.watch.observe import Observation
-from sidecar.watch.poller import Schedule, Watch
+from sidecar.watch.poller import Watch
 from sidecar.watch.revalidate import Revalidator
+from sidecar.watch.schedule import Schedule
+from sidecar.watch.tickets import Tickets
 from tests.unit.watch.manual_clock import ManualClock
 
 

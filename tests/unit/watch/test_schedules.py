@@ -14,9 +14,10 @@ from sidecar.changes import ChangeEvent, LocalCoordinator, PollCoordinator, Watc
 from sidecar.config import PollingConfig
 from sidecar.observability.metrics import Metrics
 from sidecar.protocol.errors import UpstreamUnavailable
-from sidecar.watch.generations import Tickets
 from sidecar.watch.observe import Observation
-from sidecar.watch.poller import HintBudget, Schedule, Watch
+from sidecar.watch.poller import Watch
+from sidecar.watch.schedule import HintBudget, Schedule
+from sidecar.watch.tickets import Tickets
 from tests.unit.watch.manual_clock import ManualClock
 
 CONFIG = PollingConfig(

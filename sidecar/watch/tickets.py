@@ -1,5 +1,6 @@
-"""The generation rule (invariant 7), in one place: a look at the upstream takes its ticket before its read
-starts, and a look is applied only if no look that started later was applied before it.
+"""The ticket rule (invariant 7), in one place: a look at the upstream takes its ticket before its read starts,
+and a look is applied only if no look that started later was applied before it. (A ticket orders looks; it is not
+a generation, which numbers a key's changes: see the glossary in docs/architecture.md.)
 
 One `Tickets` clock per registry orders every look (polls, first reads, joiners' looks, forwarded client reads);
 each watch keeps a `Latest` of the looks applied to it. The read-through cache orders its entries on the same
