@@ -16,6 +16,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.unit.test_import_graph import underscore_imports
+
 SIDECAR = Path(__file__).resolve().parents[1] / "sidecar"
 
 
@@ -102,32 +104,6 @@ def _ancestors(name: str, classes: dict[str, ClassShape]) -> set[str]:
     for base in classes[name].bases:
         if base in classes:
             found |= {base, *_ancestors(base, classes)}
-    return found
-
-
-def underscore_imports(sidecar: Path) -> list[str]:
-    """`from sidecar.x import _name` (and `module._name` of a module imported from sidecar) in another module."""
-    found = []
-    for path in sorted(sidecar.rglob("*.py")):
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        modules: set[str] = set()
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("sidecar"):
-                for alias in node.names:
-                    if alias.name.startswith("_") and not alias.name.startswith("__"):
-                        found.append(f"{path.relative_to(sidecar.parent)}: from {node.module} import {alias.name}")
-                    target = sidecar.parent / (node.module.replace(".", "/") + "/" + alias.name + ".py")
-                    if target.exists():
-                        modules.add(alias.asname or alias.name)
-        for node in ast.walk(tree):
-            if (
-                isinstance(node, ast.Attribute)
-                and isinstance(node.value, ast.Name)
-                and node.value.id in modules
-                and node.attr.startswith("_")
-                and not node.attr.startswith("__")
-            ):
-                found.append(f"{path.relative_to(sidecar.parent)}: {node.value.id}.{node.attr}")
     return found
 
 

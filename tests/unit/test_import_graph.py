@@ -75,11 +75,12 @@ def test_the_http_and_stdio_legs_share_only_what_upstream_itself_holds() -> None
     assert not {m for m in stdio if m.startswith("sidecar.upstream.http")}, "upstream/stdio imports the http leg"
 
 
-def _underscore_imports() -> list[str]:
-    """`from sidecar.x import _name`, and `module._name` of a module of ours imported by name, anywhere in sidecar/."""
+def underscore_imports(sidecar: Path = SIDECAR) -> list[str]:
+    """`from sidecar.x import _name`, and `module._name` of a module of ours imported by name, anywhere in
+    `sidecar` (this checkout's by default; `python -m bench.bus_shape` points it at another tree)."""
     found = []
-    for path in sorted(SIDECAR.rglob("*.py")):
-        where = path.relative_to(SIDECAR.parent)
+    for path in sorted(sidecar.rglob("*.py")):
+        where = path.relative_to(sidecar.parent)
         tree = ast.parse(path.read_text(encoding="utf-8"))
         modules: set[str] = set()
         for node in ast.walk(tree):
@@ -87,7 +88,7 @@ def _underscore_imports() -> list[str]:
                 for alias in node.names:
                     if alias.name.startswith("_") and not alias.name.startswith("__"):
                         found.append(f"{where}: from {node.module} import {alias.name}")
-                    package = SIDECAR.parent.joinpath(*node.module.split("."))
+                    package = sidecar.parent.joinpath(*node.module.split("."))
                     if (package / f"{alias.name}.py").exists() or (package / alias.name / "__init__.py").exists():
                         modules.add(alias.asname or alias.name)
             elif isinstance(node, ast.Import):
@@ -106,4 +107,4 @@ def _underscore_imports() -> list[str]:
 
 def test_no_module_reaches_for_another_modules_underscore_names() -> None:
     # An underscore name is its module's own: a second module that needs it gets a public name, or the code moves.
-    assert _underscore_imports() == []
+    assert underscore_imports() == []
