@@ -24,6 +24,7 @@ from typing import Any, Literal
 from sidecar.config import UpstreamConfig
 from sidecar.observability.metrics import Metrics
 from sidecar.protocol.errors import ShuttingDown, UpstreamBusy, UpstreamError, UpstreamTimeout, UpstreamUnavailable
+from sidecar.tasks import TaskSet
 from sidecar.upstream.answers import UpstreamInfo
 from sidecar.upstream.base import NotificationListener
 from sidecar.upstream.era import own_request_params
@@ -80,7 +81,7 @@ class StdioSupervisor:
         self._runner: asyncio.Task[None] | None = None
         self._listeners: dict[object, NotificationListener] = {}
         self._aborted = False
-        self._terminations: set[asyncio.Task[None]] = set()
+        self._terminations = TaskSet("ending a stdio server failed", logger)
 
     # -- lifecycle -----------------------------------------------------------------------------------------
 
@@ -173,9 +174,7 @@ class StdioSupervisor:
             return
         logger.warning("ending the stdio server: %s", reason, extra={"upstream": self.label, "pid": child.pid})
         self._ending[child] = (reason, kind)
-        task = asyncio.get_running_loop().create_task(child.terminate(self._config.stop_grace_s))
-        self._terminations.add(task)  # held: the loop keeps only a weak reference to a task
-        task.add_done_callback(self._terminations.discard)
+        self._terminations.spawn(child.terminate(self._config.stop_grace_s))
 
     # -- one life after another ------------------------------------------------------------------------------
 
