@@ -16,11 +16,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 import time
 from collections.abc import Callable
 from typing import Any, Literal
 
+from sidecar.backoff import Backoff
 from sidecar.config import UpstreamConfig
 from sidecar.observability.metrics import Metrics
 from sidecar.protocol.errors import ShuttingDown, UpstreamBusy, UpstreamError, UpstreamTimeout, UpstreamUnavailable
@@ -42,9 +42,6 @@ SupervisorState = Literal["starting", "ready", "down", "closed"]
 
 STABLE_AFTER_S = 60.0
 """A child that served this long before it ended restarts at the initial backoff again, not the last one."""
-_JITTER = random.Random()
-"""Our own source of jitter, apart from the process-wide `random` state."""
-_BACKOFF_JITTER = 0.2
 _DISCOVER_PARAMS: JsonObject = own_request_params({})
 _STARTING = "starting: waiting for the stdio server to answer its handshake"
 _ENVIRONMENT_HINT = (
@@ -61,6 +58,9 @@ class StdioSupervisor:
         self._config = config
         self._metrics = metrics
         self._reach = reachability
+        self._restarts = Backoff(
+            config.restart_backoff_initial_ms / 1000, config.restart_backoff_max_ms / 1000, jitter=0.2
+        )
         self.state: SupervisorState = "starting"
         self.reason: str | None = _STARTING
         """Why the child is not ready, in words (None while it is)."""
@@ -210,7 +210,7 @@ class StdioSupervisor:
             self._ready_at = 0.0
             while True:
                 failures += 1
-                delay_s = self._backoff_s(failures)
+                delay_s = self._restarts.delay(failures)
                 self._metrics.upstream_restarts.labels(kind).inc()
                 self._enter("down", f"the stdio server {reason}; restarting in {delay_s:.1f} s")
                 logger.warning("stdio server down", extra={"upstream": self.label, "reason": self.reason, **clues})
@@ -302,11 +302,6 @@ class StdioSupervisor:
     @property
     def child_pid(self) -> int | None:
         return self.child.pid if self.child is not None else None
-
-    def _backoff_s(self, failures: int) -> float:
-        config = self._config
-        base_ms: float = min(config.restart_backoff_max_ms, config.restart_backoff_initial_ms * 2.0 ** (failures - 1))
-        return base_ms * (1 + _BACKOFF_JITTER * (2 * _JITTER.random() - 1)) / 1000
 
     def _notify(self, message: JsonObject) -> None:
         for listener in list(self._listeners.values()):
