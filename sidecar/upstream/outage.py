@@ -12,12 +12,16 @@ from __future__ import annotations
 import logging
 import time
 
+from sidecar.backoff import Backoff
+
 __all__ = ["RETRY_INITIAL_S", "RETRY_MAX_S", "Outage"]
 
 logger = logging.getLogger("sidecar.upstream")
 
 RETRY_INITIAL_S = 1.0
 RETRY_MAX_S = 60.0
+_PACE = Backoff(RETRY_INITIAL_S, RETRY_MAX_S)
+"""No jitter: the pace of one process's own retries and log lines, which nothing else shares."""
 
 
 class Outage:
@@ -27,7 +31,8 @@ class Outage:
         self._url = url
         self._since: float | None = None
         """When the outage began (monotonic), None while the upstream is not known to be down."""
-        self._retry_in_s = RETRY_INITIAL_S
+        self._lines = 1
+        """The lines this outage has logged (or would have): the pace doubles with each."""
         self._next_line_at = 0.0
         self.ever_reached = False
         """The upstream has answered once: a later answer after an outage is "reachable again"."""
@@ -35,7 +40,7 @@ class Outage:
     @property
     def retry_in_s(self) -> float:
         """How long until the next retry (and the next "still unreachable" line) of this outage."""
-        return self._retry_in_s
+        return _PACE.delay(self._lines)
 
     def failed(self, reason: str) -> None:
         """A transport failure: the first of an outage is logged (unless the upstream was never reached: the
@@ -44,17 +49,17 @@ class Outage:
         extra = {"upstream": self._url, "reason": reason}
         if self._since is None:
             self._since = now
-            self._retry_in_s = RETRY_INITIAL_S
-            self._next_line_at = now + self._retry_in_s
+            self._lines = 1
+            self._next_line_at = now + self.retry_in_s
             if self.ever_reached:
-                logger.warning("upstream unreachable", extra={**extra, "retry_in_s": self._retry_in_s})
+                logger.warning("upstream unreachable", extra={**extra, "retry_in_s": self.retry_in_s})
             return
         if now < self._next_line_at:
             return
-        self._retry_in_s = min(self._retry_in_s * 2, RETRY_MAX_S)
-        self._next_line_at = now + self._retry_in_s
+        self._lines += 1
+        self._next_line_at = now + self.retry_in_s
         down_s = round(now - self._since, 1)
-        logger.warning("upstream still unreachable", extra={**extra, "down_s": down_s, "retry_in_s": self._retry_in_s})
+        logger.warning("upstream still unreachable", extra={**extra, "down_s": down_s, "retry_in_s": self.retry_in_s})
 
     def answered(self) -> bool:
         """An exchange with the upstream succeeded; True when that ends an outage."""
