@@ -11,6 +11,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from sidecar.backoff import Backoff
@@ -18,7 +19,7 @@ from sidecar.bus.connect import REDIS_FAILURES
 from sidecar.bus.layout import HINTS_CHANNEL, Layout
 from sidecar.tasks import TaskSet
 
-__all__ = ["Channels"]
+__all__ = ["ChannelHooks", "Channels"]
 
 logger = logging.getLogger(__name__)
 
@@ -27,8 +28,19 @@ _POLL_S = 1.0
 _SHARD_POLL_S = 0.02
 _REOPEN_EVERY_S = 1.0
 
-Message = Callable[[bytes, bytes], None]
-"""(channel, data) of a message read; synchronous, must not raise."""
+
+@dataclass(frozen=True)
+class ChannelHooks:
+    """What the reader tells its owner; each is synchronous and must not raise."""
+
+    message: Callable[[bytes, bytes], None]
+    """(channel, data) of a message read."""
+    connected: Callable[[], None]
+    """The hints channel is subscribed: the bus is heard again."""
+    confirmed: Callable[[int], None]
+    """A held bucket's subscription is confirmed (on this connection)."""
+    lost: Callable[[str], None]
+    """The connection failed, with the reason."""
 
 
 class Channels:
@@ -40,18 +52,12 @@ class Channels:
         layout: Layout,
         *,
         sharded: bool,
-        on_message: Message,
-        on_connected: Callable[[], None],
-        on_confirmed: Callable[[int], None],
-        on_lost: Callable[[str], None],
+        hooks: ChannelHooks,
     ) -> None:
         self._factory = pubsub_factory
         self._layout = layout
         self._sharded = sharded
-        self._on_message = on_message
-        self._on_connected = on_connected
-        self._on_confirmed = on_confirmed
-        self._on_lost = on_lost
+        self._hooks = hooks
         self._holds: dict[int, int] = {}
         self._confirmed: dict[int, float] = {}
         """Bucket -> monotonic time its subscription was confirmed on the current connection."""
@@ -173,7 +179,7 @@ class Channels:
                 task = asyncio.current_task()
                 if task is not None and task.cancelling():
                     raise  # the client turned our cancellation into a connection error: stop, do not retry
-                self._on_lost(str(exc))
+                self._hooks.lost(str(exc))
             finally:
                 self.connected = self._open = False
                 self._pubsub = None
@@ -192,10 +198,10 @@ class Channels:
         kind = message.get("type")
         channel = message.get("channel", b"")
         if kind in ("message", "smessage"):
-            self._on_message(channel, message["data"])
+            self._hooks.message(channel, message["data"])
             return
         if kind == "subscribe" and channel in (HINTS_CHANNEL, HINTS_CHANNEL.encode()):
-            self._on_connected()
+            self._hooks.connected()
             return
         bucket = self._layout.bucket_of_channel(channel)
         if bucket is None:
@@ -204,7 +210,7 @@ class Channels:
             self._confirmed.pop(bucket, None)  # held again meanwhile: heard once its new subscription is confirmed
         elif kind in ("subscribe", "ssubscribe") and bucket in self._holds:
             self._confirmed[bucket] = time.monotonic()
-            self._on_confirmed(bucket)
+            self._hooks.confirmed(bucket)
             waiter = self._waiters.pop(bucket, None)
             if waiter is not None:
                 waiter.set()

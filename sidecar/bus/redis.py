@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 import orjson
 
-from sidecar.bus.channels import Channels
+from sidecar.bus.channels import ChannelHooks, Channels
 from sidecar.bus.connect import REDIS_FAILURES, connect, stop_if_cancelled
 from sidecar.bus.fence import Fence
 from sidecar.bus.inbox import Inbox
@@ -69,10 +69,12 @@ class RedisBus:
             conn.pubsub,
             layout,
             sharded=conn.sharded,
-            on_message=self._read,
-            on_connected=lambda: self._link.set_up(True),
-            on_confirmed=self._heard_again,
-            on_lost=lambda reason: self._link.set_up(False, reason),
+            hooks=ChannelHooks(
+                message=self._read,
+                connected=lambda: self._link.set_up(True),
+                confirmed=self._heard_again,
+                lost=lambda reason: self._link.set_up(False, reason),
+            ),
         )
         self._link = Link(conn, self._channels, layout=layout, instance=instance, metrics=metrics, fallback=fallback)
         self._tasks = TaskSet("a redis coordination task failed", logger)
