@@ -453,7 +453,7 @@ async def _a_first_read_whose_only_caller_gave_up(world: World) -> None:
     await settle()
 
 
-async def test_a_linger_of_zero_ends_the_watch_with_its_last_stream_but_a_new_one_waits_for_its_callers() -> None:
+async def test_a_linger_of_zero_ends_the_watch_with_its_last_stream_and_a_first_read_nobody_waits_for() -> None:
     world = _world(CONFIG.model_copy(update={"linger_ms": 0}))
     world.upstream.resources[DOC] = contents(DOC, "v1")
     handle = await world.registry.acquire("resource", DOC, ALICE)
@@ -461,12 +461,10 @@ async def test_a_linger_of_zero_ends_the_watch_with_its_last_stream_but_a_new_on
     handle.release()
     await world.clock.advance(0.0)
     assert world.watches() == {}, "a linger of 0 ends it at once"
-    # A first look whose only caller gave up: kept a moment, for callers that have yet to resume and take it.
+    # A first look whose only caller gave up: nobody is left to take it (callers hold it as they are answered).
     await _a_first_read_whose_only_caller_gave_up(world)
     assert world.watches() == {handle.key: 0}
-    await world.clock.advance(0.99)
-    assert world.watches() == {handle.key: 0}
-    await world.clock.advance(0.01)
+    await world.clock.advance(0.0)
     assert world.watches() == {}
     await world.registry.aclose()
 
@@ -482,23 +480,21 @@ async def test_a_first_read_nobody_waits_for_any_more_leaves_a_watch_that_linger
     assert world.watches() == {}
 
 
-async def test_a_caller_resuming_after_the_watch_of_its_first_read_ended_starts_anew() -> None:
+async def test_a_caller_of_a_first_read_holds_its_watch_as_it_is_answered() -> None:
     bus = GatedBus()
     world = _world(CONFIG.model_copy(update={"linger_ms": 0}), bus=bus)
     world.upstream.resources[DOC] = contents(DOC, "v1")
     late = asyncio.create_task(world.registry.acquire("resource", DOC, ALICE))
     await bus.published.wait()  # its first look is published: the caller resumes a loop turn or two later
     key = WatchKey("resource", DOC, "alice")
-    assert world.watches() == {key: 0}
-    world.clock.fire_next()  # before it does, the watch's grace of a second runs out (a stalled loop)
-    assert world.watches() == {}
+    assert world.watches() == {key: 1}, "held already: a stalled loop cannot end it before the caller resumes"
+    assert world.clock.pending() == 1, "no linger timer, only its first poll"
     handle = await late
-    assert handle is not None and handle.key == key, "the same subscription, started anew"
-    assert world.watches() == {key: 1}, "held by the caller, not ended with the watch it missed"
-    assert world.upstream.reads(DOC) == ["alice", "alice"], "with a first read of its own"
-    assert [e.baseline for e in world.events] == [True, True]
+    assert handle is not None and handle.key == key
+    assert world.upstream.reads(DOC) == ["alice"], "one first read"
+    assert [e.baseline for e in world.events] == [True]
     await world.clock.advance(5.0)
-    assert world.upstream.reads(DOC) == ["alice"] * 3, "and it polls"
+    assert world.upstream.reads(DOC) == ["alice"] * 2, "and it polls"
     await world.registry.aclose()
 
 
@@ -932,26 +928,6 @@ async def test_a_context_whose_poll_was_refused_must_prove_access_again(world: W
 
 
 # -- a watch's first moments --------------------------------------------------------------------------------------
-
-
-async def test_a_first_read_of_a_lingering_public_watch_keeps_it_a_moment_for_its_caller() -> None:
-    world = _world(CONFIG.model_copy(update={"linger_ms": 0}))
-    world.upstream.resources[DOC] = contents(DOC, "v1", cacheScope="public")
-    await _a_first_read_whose_only_caller_gave_up(world)
-    key = WatchKey("resource", DOC, PUBLIC)
-    await world.clock.advance(0.5)
-    assert world.watches() == {key: 0}, "lingering its first moment"
-    world.upstream.gate.clear()
-    bob = asyncio.create_task(world.registry.acquire("resource", DOC, BOB))
-    await settle()
-    bob.cancel()
-    world.upstream.gate.set()
-    await settle()
-    await world.clock.advance(0.9)
-    assert world.watches() == {key: 0}, "bob's read started the moment again"
-    await world.clock.advance(0.1)
-    assert world.watches() == {}
-    await world.registry.aclose()
 
 
 async def test_a_first_read_of_a_watch_lingering_longer_restarts_its_linger(world: World) -> None:
