@@ -149,7 +149,12 @@ class WatchRegistry:
     @property
     def looks_in_flight(self) -> int:
         """Looks (first reads, joiners' looks) and first publishes not back yet."""
-        return len(self._inflight)
+        return sum(not task.done() for task in self._inflight)
+
+    @property
+    def waiting(self) -> int:
+        """Callers of `acquire` not answered yet."""
+        return len(self._waiters)
 
     def on_auth_failure(self, listener: AuthFailureListener) -> None:
         self._auth_listeners.append(listener)
