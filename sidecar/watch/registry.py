@@ -183,7 +183,7 @@ class WatchRegistry:
         try:
             key = await answer
         except asyncio.CancelledError:
-            if answer.cancelled() or answer.exception() is not None:
+            if not answer.done() or answer.cancelled() or answer.exception() is not None:
                 self._handle(Leave(waiter))
             elif (held := answer.result()) is not None:
                 self._handle(Release(held, identity.context))  # answered as it was cancelled: it lets go

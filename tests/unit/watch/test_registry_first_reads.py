@@ -279,3 +279,20 @@ async def test_a_joiners_look_over_the_rate_waits_its_turn_too() -> None:
     assert all(await asyncio.gather(*paced))
     assert world.upstream.reads(DOC) == ["alice", "alice", "alice"], "the laptop's two joins shared one look"
     await world.registry.aclose()
+
+
+async def test_a_caller_cancelled_as_it_is_answered_lets_go_of_the_watch_it_was_given() -> None:
+    bus = GatedBus()
+    world = make_world(bus=bus)
+    world.upstream.resources[DOC] = contents(DOC, "v1")
+    late = asyncio.create_task(world.registry.acquire("resource", DOC, ALICE))
+    await bus.published.wait()  # answered in the same step as this wake-up, and resumes after it
+    key = WatchKey("resource", DOC, "alice")
+    assert world.watches() == {key: 1}
+    late.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await late
+    assert world.watches() == {key: 0}, "the holder it was given is released with it"
+    await world.clock.advance(8.0)
+    assert world.watches() == {}, "and the watch lingers, then ends"
+    await world.registry.aclose()
