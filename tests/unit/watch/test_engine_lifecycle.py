@@ -230,6 +230,7 @@ def test_changes_heard_on_the_bus_are_adopted_by_the_watches_here_but_first_look
     play.step(ChangeHeard(ChangeEvent(key("bob"), "fp-v3", 1, 0.0)))
 
 
+@pytest.mark.invariant(10)
 def test_a_private_result_is_watched_per_context() -> None:
     play = book()
     alices = started(play, 1, 1, ALICE, V1, 1)
