@@ -60,6 +60,7 @@ from sidecar.watch.engine.events import (
     Subscribe,
     TimerFired,
 )
+from sidecar.watch.engine.evidence import teaches
 from sidecar.watch.handles import Handle
 from sidecar.watch.hint_routing import HintRouting
 from sidecar.watch.looks import Looks
@@ -329,7 +330,8 @@ class WatchRegistry:
         self, method: str, params: JsonObject, identity: Identity, answer: JsonObject, ticket: int
     ) -> None:
         """A forwarded request taught us something (see `sidecar.watch.engine.evidence`)."""
-        self._handle(Forwarded(method, params, identity, answer, ticket))
+        if teaches(method):
+            self._handle(Forwarded(method, params, identity, answer, ticket))
 
     def refused(self, method: str, params: JsonObject, identity: Identity) -> None:
         """The upstream refused `identity` a forwarded request (401/403) (see `sidecar.watch.engine.evidence`)."""

@@ -22,7 +22,13 @@ from sidecar.watch.fingerprint import ABSENT
 from sidecar.watch.observe import Observation, observation_from_read
 from sidecar.watch.rules import Rules
 
-__all__ = ["Evidence"]
+__all__ = ["Evidence", "teaches"]
+
+
+def teaches(method: str) -> bool:
+    """Whether a forwarded `method` can teach the watches anything: a write, or a read of a resource. (Asked before
+    an event is made: every other forwarded request, the bulk of them, costs the engine nothing.)"""
+    return method not in READ_ONLY_METHODS or method == "resources/read"
 
 
 class Evidence:
@@ -39,7 +45,7 @@ class Evidence:
         """A forwarded request taught us something: a write may have changed data; a read shows content."""
         if method not in READ_ONLY_METHODS:
             return [HintWrite(identity.context)]
-        if method != "resources/read" or not isinstance(params.get("uri"), str):
+        if not teaches(method) or not isinstance(params.get("uri"), str):
             return []
         uri = params["uri"]
         result = answer.get("result")
