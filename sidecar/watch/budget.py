@@ -36,7 +36,9 @@ class Budgeted(Protocol):
     """What the budget reads of a watch."""
 
     key: WatchKey
-    refs: int
+
+    @property
+    def refs(self) -> int: ...
 
     @property
     def wanted_ms(self) -> float: ...

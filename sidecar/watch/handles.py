@@ -1,23 +1,12 @@
-"""A stream's interest in a watch (a handle), and a context's share of it (the identity it is polled with)."""
+"""A stream's interest in a watch: a handle, released once (the count it releases is the engine's)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from sidecar.changes import WatchKey
-from sidecar.identity import Identity
 
-__all__ = ["ContextShare", "Handle"]
-
-
-@dataclass(slots=True)
-class ContextShare:
-    """One authorization context's share of a watch: the identity it is polled with, and how many of the
-    context's streams hold it."""
-
-    identity: Identity
-    handles: int = 0
+__all__ = ["Handle"]
 
 
 class Handle:

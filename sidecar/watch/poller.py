@@ -97,6 +97,7 @@ class Watch:
         clock: Clock = LOOP_CLOCK,
         rule_interval_ms: int | None = None,
         reads: ReadBudget | None = None,
+        holders: Callable[[WatchKey], int] = lambda key: 0,
     ) -> None:
         self.key = key
         self.fingerprint = baseline.fingerprint
@@ -104,7 +105,6 @@ class Watch:
         self.generation = 0
         """Its changes as this process counts them (its own and those adopted): the generation its events carry on a
         bus of one process (the Redis bus numbers a key's changes by its stored state instead)."""
-        self.refs = 0
         self.consecutive_errors = 0
         self.last_poll_at: float | None = None
         self.last_change_at: float | None = None
@@ -112,8 +112,8 @@ class Watch:
         """The upstream's own notifications cover this key: it polls at once on them, and as a backstop."""
         self.rule_interval_ms = rule_interval_ms
         """The interval `polling.rules` gives this key instead of its ttlMs."""
-        self.verified: set[str] = set()
-        """Authorization contexts whose own read of this key succeeded (they may join a public watch)."""
+        self._holders = holders
+        """The engine's count of the streams holding each key (the one count: see `sidecar.watch.engine`)."""
         self._latest = Latest(ticket)
         self._schedule = schedule
         self._reader = reader
@@ -142,6 +142,11 @@ class Watch:
         self._poll_error = metrics.polls.labels(key.kind, "error")
         self._poll_duration = metrics.poll_duration.labels(key.kind)
         self._poll_changed = metrics.poll_changes.labels(key.kind)
+
+    @property
+    def refs(self) -> int:
+        """How many streams hold it."""
+        return self._holders(self.key)
 
     @property
     def wanted_ms(self) -> float:

@@ -1,21 +1,16 @@
-"""Our SharedInformer: one refcounted watch per key, shared by every stream that wants it.
+"""Our SharedInformer: one refcounted watch per key, shared by every stream that wants it; the watch engine's driver.
 
-Guarantees:
-- Coalescing: one poll loop per WatchKey, however many streams hold it; concurrent first interests
-  share one baseline read per (kind, URI, authorization context).
-- Baseline first: `acquire` returns only after the watch has a fingerprint, so a change after the
-  caller's ack is never missed and the first poll never fires a spurious change.
-- Paced, not dropped: a client's first reads beyond `polling.max_baselines_per_s` wait their turn among
-  its requests upstream (the fair share), up to `polling.baseline_wait_s`.
-- Private stays private: a result that is not `public` is watched per authorization context, polled
-  with that context's own credential, held only while one of its streams holds the watch.
-- Release is idempotent; the last release starts a short linger so a reconnecting client does not
-  pay a cold start.
+The rules (coalescing, baseline first, pacing, private per context, linger) are the engine's
+(`sidecar.watch.engine`), which never awaits. This is the one place in `sidecar.watch` that turns its commands
+into I/O (looks at the upstream, publishes, timers, the coordinator, the upstream's notification streams) and
+what comes of them back into events. A caller of `acquire` is a waiter: answered when the engine says, and
+dropped from its look if it leaves first.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -24,16 +19,49 @@ from typing import Any
 from sidecar.changes import Bus, ChangeEvent, LocalCoordinator, PollCoordinator, WatchKey, WatchKind
 from sidecar.config import PollingConfig
 from sidecar.fair_share import FairShare
-from sidecar.identity import ANONYMOUS, PUBLIC, Identity
+from sidecar.identity import Identity
 from sidecar.observability.metrics import Metrics
+from sidecar.protocol.errors import UpstreamHTTPError
 from sidecar.tasks import TaskSet
 from sidecar.upstream.base import Upstream
-from sidecar.watch.admission import Admission
 from sidecar.watch.budget import ReadBudget
-from sidecar.watch.clock import LOOP_CLOCK, Clock
-from sidecar.watch.entry import Entry, Stage
-from sidecar.watch.evidence import AuthFailureListener, Evidence
-from sidecar.watch.handles import ContextShare, Handle
+from sidecar.watch.clock import LOOP_CLOCK, Clock, Timer
+from sidecar.watch.engine import Engine, Stage
+from sidecar.watch.engine.commands import (
+    Adopt,
+    Answer,
+    Apply,
+    CancelTimer,
+    Command,
+    Cover,
+    Fail,
+    HintWrite,
+    Look,
+    PublishFirst,
+    Revoke,
+    SetTimer,
+    StartWatch,
+    StopWatch,
+    Track,
+    Uncover,
+    Untrack,
+)
+from sidecar.watch.engine.events import (
+    ChangeHeard,
+    Event,
+    Forwarded,
+    Leave,
+    LookDone,
+    LookFailed,
+    PollRefused,
+    Published,
+    Refused,
+    Release,
+    Subscribe,
+    TimerFired,
+)
+from sidecar.watch.engine.evidence import teaches
+from sidecar.watch.handles import Handle
 from sidecar.watch.hint_routing import HintRouting
 from sidecar.watch.looks import Looks
 from sidecar.watch.native import NativeNotifications
@@ -41,15 +69,16 @@ from sidecar.watch.observe import Observation
 from sidecar.watch.poller import ObservationListener, Watch
 from sidecar.watch.rules import Rules
 from sidecar.watch.schedule import HintBudget, Schedule
-from sidecar.watch.shared_reads import SharedReads
 from sidecar.watch.source_hints import SourceHint
 
-__all__ = ["Handle", "Stage", "WatchRegistry"]
+__all__ = ["AuthFailureListener", "Handle", "Stage", "WatchRegistry"]
 
 logger = logging.getLogger(__name__)
 
 JsonObject = dict[str, Any]
-_NEW_WATCH_GRACE_S = 1.0
+
+AuthFailureListener = Callable[[WatchKey, str], None]
+"""Told that a context's credential was refused while polling a key (its streams should end)."""
 
 
 class WatchRegistry:
@@ -78,18 +107,24 @@ class WatchRegistry:
             config, metrics, clock, watches=self.watches, may_poll=self._coordinator.may_poll, replicas=replicas
         )
         self._looks = Looks(upstream, config, fair_share, self._rules)
-        self._entries: dict[WatchKey, Entry] = {}
-        self._baselines: SharedReads[Entry | None] = SharedReads()
-        """First reads in flight, per (kind, URI, context)."""
-        self._syncs: SharedReads[bool] = SharedReads()
-        """Joiners' looks at live watches in flight, per key (see `_join`)."""
+        self._engine = Engine(
+            linger_s=config.linger_ms / 1000,
+            absent_ttl_s=config.default_interval_ms / 1000,
+            rate_per_s=config.max_baselines_per_s,
+            rules=self._rules,
+        )
+        self._watches: dict[WatchKey, Watch] = {}
+        """The engine's watches, as pollers (one per record the engine keeps)."""
+        self._waiters: dict[int, asyncio.Future[WatchKey | None]] = {}
+        self._ids = itertools.count(1)
+        self._timers: dict[int, Timer] = {}
+        self._inflight: set[asyncio.Task[None]] = set()
+        """Looks and first publishes the engine waits on (cancelled at shutdown)."""
         self._observation_listeners: list[ObservationListener] = []
+        self._auth_listeners: list[AuthFailureListener] = []
         self._tasks = TaskSet("a registry task failed", logger)
         """Spawned tasks nobody awaits (a publish, a watch's stop): shutdown waits for them."""
-        self._admission = Admission(
-            absent_ttl_s=config.default_interval_ms / 1000, rate_per_s=config.max_baselines_per_s, clock=clock.now
-        )
-        self._native = NativeNotifications(upstream, config, metrics, watch_of=self._watch, clock=self._clock)
+        self._native = NativeNotifications(upstream, config, metrics, watch_of=self._watches.get, clock=self._clock)
         upstream.on_recovered = self._upstream_recovered
         self._unsubscribe = bus.subscribe(self._on_change)
         self._hints = HintRouting(
@@ -99,14 +134,6 @@ class WatchRegistry:
             debounce_ms=config.revalidate_debounce_ms,
             spawn=self._spawn,
             clock=self._clock,
-        )
-        self._evidence = Evidence(
-            watch_of=self._watch,
-            apply=self._apply,
-            admission=self._admission,
-            rules=self._rules,
-            revalidate=self.revalidate,
-            last_poller=self._last_poller,
         )
         self._release_handle = self._release
         """One bound method for every Handle (each `self._release` would be a new object, kept per handle)."""
@@ -118,18 +145,28 @@ class WatchRegistry:
         return self._looks.tickets.take()
 
     def watches(self) -> Iterable[Watch]:
-        return [entry.watch for entry in self._entries.values()]
+        return list(self._watches.values())
 
-    def _watch(self, key: WatchKey) -> Watch | None:
-        entry = self._entries.get(key)
-        return None if entry is None else entry.watch
+    @property
+    def looks_in_flight(self) -> int:
+        """Looks (first reads, joiners' looks) and first publishes not back yet."""
+        return sum(not task.done() for task in self._inflight)
+
+    @property
+    def waiting(self) -> int:
+        """Callers of `acquire` not answered yet."""
+        return len(self._waiters)
 
     def on_auth_failure(self, listener: AuthFailureListener) -> None:
-        self._evidence.on_auth_failure(listener)
+        self._auth_listeners.append(listener)
 
-    def _last_poller(self, key: WatchKey) -> str | None:
-        entry = self._entries.get(key)
-        return entry.last_poller if entry is not None else None
+    def on_observation(self, listener: ObservationListener) -> None:
+        """Be told of every look at the upstream a watch applies (the read-through cache listens)."""
+        self._observation_listeners.append(listener)
+
+    def _observed(self, key: WatchKey, fingerprint: str, ticket: int) -> None:
+        for listener in self._observation_listeners:
+            listener(key, fingerprint, ticket)
 
     # -- interest ----------------------------------------------------------------------------------------
 
@@ -141,92 +178,99 @@ class WatchRegistry:
         TooManyRequests when the client's first reads beyond `polling.max_baselines_per_s` could not start
         within `polling.baseline_wait_s` (its own requests upstream held every slot of its fair share).
         """
-        context = identity.context
-        entry = self._joinable(kind, uri, context)
-        if entry is not None:
-            return await self._join(entry, identity)
-        read = (kind, uri, context)
-        task = self._baselines.joinable(read, identity.client)
-        if task is None:
-            if self._admission.known_absent(kind, uri, context):
-                return None  # found missing a moment ago: not read again so soon
-            paced = not self._admission.take(identity.client)
-            task = asyncio.get_running_loop().create_task(self._baseline(kind, uri, identity, paced))
-            self._baselines.register(read, identity.client if paced else None, task)
-        # Shielded: one caller giving up must not cancel the read the others are waiting for.
-        entry = await asyncio.shield(task)
-        if entry is None:
-            return None
-        if entry.stage is Stage.ENDED:
-            return await self.acquire(kind, uri, identity)  # expired before this caller could resume: start anew
-        return self._add_ref(entry, identity)
-
-    async def _join(self, entry: Entry, identity: Identity) -> Handle | None:
-        """Join a live or lingering watch: a sync point. The caller's ack waits for a look at the upstream that
-        starts after it asked (shared by everyone joining while it is in flight: a reconnect storm costs one
-        read per key), so a read after the ack is never older than the subscription (invariant 16)."""
-        watch = entry.watch
-        handle = self._add_ref(entry, identity)  # first: a lingering watch must not expire while we look
+        waiter = next(self._ids)
+        answer = self._waiters[waiter] = asyncio.get_running_loop().create_future()
+        self._handle(Subscribe(waiter, kind, uri, identity))
         try:
-            task = self._syncs.joinable(watch.key, identity.client)
-            if task is None:
-                paced = not self._admission.take(identity.client)
-                task = asyncio.get_running_loop().create_task(self._sync(watch, identity, paced))
-                self._syncs.register(watch.key, identity.client if paced else None, task)
-            found = await asyncio.shield(task)
-        except BaseException:
-            handle.release()
+            key = await answer
+        except asyncio.CancelledError:
+            if not answer.done() or answer.cancelled() or answer.exception() is not None:
+                self._handle(Leave(waiter))
+            elif (held := answer.result()) is not None:
+                self._handle(Release(held, identity.context))  # answered as it was cancelled: it lets go
             raise
-        if not found:
-            handle.release()
-            return None
-        return handle
+        finally:
+            del self._waiters[waiter]
+        return None if key is None else Handle(key, identity.context, self._release_handle)
 
-    async def _sync(self, watch: Watch, identity: Identity, paced: bool) -> bool:
-        ticket, observation = await self._looks.look(watch.key.kind, watch.key.uri, identity, paced)
-        self._apply(watch, observation, ticket)
-        return observation.found
+    def _release(self, handle: Handle) -> None:
+        self._handle(Release(handle.key, handle.context))
 
-    def on_observation(self, listener: ObservationListener) -> None:
-        """Be told of every look at the upstream a watch applies (the read-through cache listens)."""
-        self._observation_listeners.append(listener)
+    # -- the engine's commands, carried out ----------------------------------------------------------------
 
-    def _observed(self, key: WatchKey, fingerprint: str, ticket: int) -> None:
-        for listener in self._observation_listeners:
-            listener(key, fingerprint, ticket)
+    def _handle(self, event: Event) -> None:
+        for command in self._engine.handle(event, self._clock.now()):
+            self._do(command)
 
-    def _joinable(self, kind: WatchKind, uri: str | None, context: str) -> Entry | None:
-        public = self._entries.get(WatchKey(kind, uri, PUBLIC))
-        if public is not None and context in public.watch.verified:
-            return public
-        return self._entries.get(WatchKey(kind, uri, context))
+    def _do(self, command: Command) -> None:
+        if isinstance(command, Apply):
+            self._apply(command.key, command.observation, command.ticket)
+        elif isinstance(command, Answer):
+            answer = self._waiters.get(command.waiter)
+            if answer is not None and not answer.done():
+                answer.set_result(command.key)
+        elif isinstance(command, Fail):
+            answer = self._waiters.get(command.waiter)
+            if answer is not None and not answer.done():
+                answer.set_exception(command.error)
+        elif isinstance(command, Look):
+            self._run(self._look(command))
+        elif isinstance(command, Track):
+            self._coordinator.track(self._watches[command.key])
+        elif isinstance(command, Untrack):
+            self._coordinator.untrack(command.key)
+        elif isinstance(command, Cover):
+            self._native.hold(command.identity, command.kind, command.uri)
+        elif isinstance(command, Uncover):
+            self._native.drop(command.context, command.kind, command.uri)
+        elif isinstance(command, SetTimer):
+            timer = command.timer
+            self._timers[timer] = self._clock.call_at(command.when, lambda: self._fire(timer))
+        elif isinstance(command, CancelTimer):
+            if (scheduled := self._timers.pop(command.timer, None)) is not None:
+                scheduled.cancel()
+        elif isinstance(command, StartWatch):
+            self._start_watch(command.key, command.observation, command.ticket)
+        elif isinstance(command, PublishFirst):
+            self._run(self._publish_first(command))
+        elif isinstance(command, StopWatch):
+            self._stop_watch(command.key)
+        elif isinstance(command, Adopt):
+            if (watch := self._watches.get(command.key)) is not None:
+                watch.adopt(command.fingerprint)
+        elif isinstance(command, Revoke):
+            for listener in self._auth_listeners:
+                listener(command.key, command.context)
+        elif isinstance(command, HintWrite):
+            self._hints.wrote(command.context)
 
-    async def _baseline(self, kind: WatchKind, uri: str | None, identity: Identity, paced: bool) -> Entry | None:
-        context = identity.context
-        ticket, observation = await self._looks.look(kind, uri, identity, paced)
-        if not observation.found:
-            self._admission.absent(kind, uri, context)
-            return None
-        key = WatchKey(kind, uri, PUBLIC if observation.public else context)
-        entry = self._entries.get(key)
-        if entry is None:
-            entry = self._start_watch(key, observation, ticket)
-            # Other replicas' caches may hold an answer older than this first look (one cached before anyone
-            # watched): awaited, so they drop it if it differs before the caller's ack. No stream is told.
-            await self._bus.publish(ChangeEvent(key, observation.fingerprint, 0, time.time(), baseline=True))
-            if entry.stage is Stage.STARTING:
-                # Starting, not idle, while the publish waited (a slow bus may take longer than any linger): only
-                # now may it expire, once the callers waiting on this first look had their turn to take it.
-                self._settle(entry, minimum_s=_NEW_WATCH_GRACE_S)
+    def _run(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
+
+    async def _look(self, look: Look) -> None:
+        try:
+            ticket, observation = await self._looks.look(look.kind, look.uri, look.identity, look.paced)
+        except Exception as exc:  # every waiter on it is told (an UpstreamError, TooManyRequests, or a bug)
+            self._handle(LookFailed(look.look, exc))
         else:
-            self._apply(entry.watch, observation, ticket)
-            if entry.stage is Stage.LINGERING:
-                # Its timer must not fire before the callers waiting on this first look take it.
-                self._linger(entry, minimum_s=_NEW_WATCH_GRACE_S)
-        entry.watch.verified.add(context)
-        return entry
+            self._handle(LookDone(look.look, ticket, observation))
 
-    def _start_watch(self, key: WatchKey, baseline: Observation, ticket: int) -> Entry:
+    async def _publish_first(self, command: PublishFirst) -> None:
+        # Awaited before the callers' acks: other replicas drop a cached answer older than this first look.
+        try:
+            await self._bus.publish(ChangeEvent(command.key, command.fingerprint, 0, time.time(), baseline=True))
+        except Exception as exc:
+            self._handle(Published(command.look, exc))
+        else:
+            self._handle(Published(command.look))
+
+    def _fire(self, timer: int) -> None:
+        if self._timers.pop(timer, None) is not None:
+            self._handle(TimerFired(timer))
+
+    def _start_watch(self, key: WatchKey, baseline: Observation, ticket: int) -> None:
         watch = Watch(
             key,
             baseline,
@@ -237,78 +281,25 @@ class WatchRegistry:
             gate=self._looks.gate,
             tickets=self._looks.tickets,
             metrics=self._metrics,
-            on_auth_failure=self._evidence.poll_refused,
+            on_auth_failure=self._poll_refused,
             coordinator=self._coordinator,
             observed=self._observed,
             budget=self._budget,
             clock=self._clock,
             rule_interval_ms=rule.interval_ms if (rule := self._rules.for_uri(key.uri)) is not None else None,
             reads=self._reads,
+            holders=self._engine.holders,
         )
-        entry = self._entries[key] = Entry(watch)
+        self._watches[key] = watch
         self._observed(key, baseline.fingerprint, ticket)
         self._native.update(watch)
         watch.start()
         self._metrics.watches.labels(key.kind).inc()
         self._refresh_contexts()
         logger.debug("watch started", extra={"watch": key.short_hash, "kind": key.kind})
-        return entry
 
-    def _add_ref(self, entry: Entry, identity: Identity) -> Handle:
-        watch, context = entry.watch, identity.context
-        watch.refs += 1
-        if watch.refs == 1:
-            self._coordinator.track(watch)
-        if entry.stage is Stage.LINGERING:
-            entry.live()
-        share = entry.shares.get(context)
-        if share is None:
-            share = entry.shares[context] = ContextShare(identity)
-            self._native.hold(identity, watch.key.kind, watch.key.uri)
-        share.handles += 1
-        return Handle(watch.key, context, self._release_handle)
-
-    def _release(self, handle: Handle) -> None:
-        entry = self._entries.get(handle.key)
-        if entry is None:
-            return
-        watch = entry.watch
-        watch.refs -= 1
-        share = entry.shares.get(handle.context)
-        if share is not None:
-            share.handles -= 1
-            if share.handles <= 0:
-                del entry.shares[handle.context]  # the identity leaves memory with its last stream
-                self._native.drop(handle.context, handle.key.kind, handle.key.uri)
-        if watch.refs <= 0:
-            # No local interest: the lease goes to a replica that still has some; we linger, unpolled. (A watch
-            # still starting lingers once its first look is published.)
-            self._coordinator.untrack(watch.key)
-            if entry.stage is Stage.LIVE:
-                self._linger(entry)
-
-    def _settle(self, entry: Entry, minimum_s: float) -> None:
-        """The first look is published: live if someone holds it already, else lingering (not over sooner than
-        `minimum_s`, so the callers waiting on that look can resume and take it, however short the linger)."""
-        if entry.watch.refs > 0:
-            entry.live()
-        else:
-            self._linger(entry, minimum_s)
-
-    def _linger(self, entry: Entry, minimum_s: float = 0.0) -> None:
-        """Held by none: ends after the linger (restarted, when it lingers already)."""
-        delay = max(self._config.linger_ms / 1000, minimum_s)
-        entry.lingers(self._clock.call_at(self._clock.now() + delay, lambda: self._expire(entry)))
-
-    def _expire(self, entry: Entry) -> None:
-        entry.linger = None
-        if entry.stage is not Stage.LINGERING or entry.watch.refs > 0:
-            return
-        entry.stage = Stage.ENDED
-        watch = entry.watch
-        key = watch.key
-        del self._entries[key]
-        entry.shares.clear()
+    def _stop_watch(self, key: WatchKey) -> None:
+        watch = self._watches.pop(key)
         self._native.forget(watch)
         self._reads.forget(key)
         self._metrics.watches.labels(key.kind).dec()
@@ -317,33 +308,37 @@ class WatchRegistry:
         logger.debug("watch stopped", extra={"watch": key.short_hash, "kind": key.kind})
 
     def _refresh_contexts(self) -> None:
-        self._metrics.watched_contexts.set(len({key.context for key in self._entries}))
+        self._metrics.watched_contexts.set(len({key.context for key in self._watches}))
 
     async def _read(self, watch: Watch) -> Observation | None:
-        entry = self._entries.get(watch.key)
-        if entry is None or not entry.shares:
+        identity = self._engine.poller(watch.key)
+        if identity is None:
             return None  # lingering: no stream holds it, so no credential to poll with
-        # Public data is the same for everyone; prefer polling it without credentials when possible.
-        context = ANONYMOUS if ANONYMOUS in entry.shares else next(iter(entry.shares))
-        entry.last_poller = context
-        return await self._looks.read(watch.key.kind, watch.key.uri, entry.shares[context].identity)
+        return await self._looks.read(watch.key.kind, watch.key.uri, identity)
+
+    def _apply(self, key: WatchKey, observation: Observation, ticket: int) -> None:
+        watch = self._watches.get(key)
+        if watch is None:
+            return
+        event = watch.offer(observation, ticket)
+        if event is not None:
+            self._spawn(self._bus.publish(event))
 
     # -- evidence and hints --------------------------------------------------------------------------------
 
     def after_forward(
         self, method: str, params: JsonObject, identity: Identity, answer: JsonObject, ticket: int
     ) -> None:
-        """A forwarded request taught us something (see `Evidence`)."""
-        self._evidence.after_forward(method, params, identity, answer, ticket)
+        """A forwarded request taught us something (see `sidecar.watch.engine.evidence`)."""
+        if teaches(method):
+            self._handle(Forwarded(method, params, identity, answer, ticket))
 
     def refused(self, method: str, params: JsonObject, identity: Identity) -> None:
-        """The upstream refused `identity` a forwarded request (401/403) (see `Evidence`)."""
-        self._evidence.refused(method, params, identity)
+        """The upstream refused `identity` a forwarded request (401/403) (see `sidecar.watch.engine.evidence`)."""
+        self._handle(Refused(method, params, identity))
 
-    def _apply(self, watch: Watch, observation: Observation, ticket: int) -> None:
-        event = watch.offer(observation, ticket)
-        if event is not None:
-            self._spawn(self._bus.publish(event))
+    def _poll_refused(self, watch: Watch, error: UpstreamHTTPError) -> None:
+        self._handle(PollRefused(watch.key))
 
     def revalidate(self, identity: Identity) -> None:
         """Hint the public watches and this context's watches to poll soon (see `HintRouting`)."""
@@ -354,14 +349,7 @@ class WatchRegistry:
         return self._hints.source(hint)
 
     def _on_change(self, event: ChangeEvent) -> None:
-        if event.baseline:
-            return  # a first look elsewhere: nothing changed for anyone watching
-        if event.key.kind == "resources_list":
-            self._admission.present()  # what was missing may exist now
-        # Changes seen by other replicas keep this replica's copy current, for when it takes the lease.
-        watch = self._watch(event.key)
-        if watch is not None:
-            watch.adopt(event.fingerprint)
+        self._handle(ChangeHeard(event))
 
     def _upstream_recovered(self) -> None:
         # Every watch that failed during the outage re-reads now instead of waiting out its backoff (once).
@@ -377,14 +365,16 @@ class WatchRegistry:
         self._unsubscribe()
         await self._native.aclose()
         self._hints.cancel()
-        self._baselines.cancel()
-        self._syncs.cancel()
-        entries = list(self._entries.values())
-        self._entries.clear()
-        for entry in entries:
-            if entry.linger is not None:
-                entry.linger.cancel()
-            entry.stage = Stage.ENDED
-        watches = [entry.watch for entry in entries]
-        await asyncio.gather(*(watch.stop() for watch in watches), return_exceptions=True)
+        inflight = list(self._inflight)
+        for task in inflight:
+            task.cancel()
+        for answer in self._waiters.values():
+            answer.cancel()
+        self._engine.close()
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
+        watches = list(self._watches.values())
+        self._watches.clear()
+        await asyncio.gather(*inflight, *(watch.stop() for watch in watches), return_exceptions=True)
         await self._tasks.wait()

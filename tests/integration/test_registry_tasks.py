@@ -31,7 +31,7 @@ async def test_a_first_read_abandoned_by_its_caller_and_then_failing_leaves_no_u
             with contextlib.suppress(asyncio.CancelledError):
                 await caller
             # The read goes on alone, fails (nothing listens there), and is dropped by the registry.
-            await eventually(lambda: not registry._baselines)  # no event tells that an abandoned read ended
+            await eventually(lambda: not registry.looks_in_flight)  # no event tells that an abandoned read ended
         gc.collect()
     finally:
         loop.set_exception_handler(previous)

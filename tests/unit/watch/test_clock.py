@@ -7,7 +7,8 @@ import asyncio
 import time
 
 from sidecar.watch.clock import LOOP_CLOCK, sleep, within
-from tests.unit.watch.manual_clock import ManualClock, settle
+from tests.helpers import eventually
+from tests.unit.watch.manual_clock import ManualClock
 
 
 async def test_the_loop_clock_reads_monotonic_seconds_and_runs_a_callback_at_its_time() -> None:
@@ -51,8 +52,7 @@ async def test_sleep_on_a_clock_wakes_when_that_clock_reaches_the_time() -> None
 async def test_a_sleep_called_off_leaves_no_timer() -> None:
     clock = ManualClock()
     sleeper = asyncio.create_task(sleep(clock, 2.0))
-    await settle()
-    assert clock.pending() == 1
+    await eventually(lambda: clock.pending() == 1)  # it sleeps: its timer is armed
     sleeper.cancel()
     await asyncio.gather(sleeper, return_exceptions=True)
     assert clock.pending() == 0
@@ -83,7 +83,7 @@ async def test_within_cancelled_from_outside_is_a_cancellation_not_a_timeout() -
     clock = ManualClock()
     answer: asyncio.Future[str] = asyncio.get_running_loop().create_future()
     waiting = asyncio.create_task(within(clock, 1.0, answer))
-    await settle()
+    await eventually(lambda: clock.pending() == 1)  # it waits: its timer is armed
     waiting.cancel()
     await asyncio.gather(waiting, return_exceptions=True)
     assert waiting.cancelled() and answer.cancelled()

@@ -190,7 +190,7 @@ def test_a_new_watch_has_neither_polled_nor_changed_and_is_held_by_no_stream() -
     watch = _watch()
     assert (watch.refs, watch.generation, watch.consecutive_errors) == (0, 0, 0)
     assert watch.last_poll_at is None and watch.last_change_at is None
-    assert watch.native is False and watch.verified == set()
+    assert watch.native is False
 
 
 def test_every_applied_look_is_told_to_the_cache_and_each_change_bumps_the_generation() -> None:

@@ -9,8 +9,8 @@ import pytest
 from sidecar.changes import WatchKey
 from sidecar.identity import Identity
 from sidecar.watch.source_hints import SourceHint, UriGlob, from_bus, matching
+from tests.unit.watch.registry_world import ALICE, BOB, DOC, OTHER, Coordinator, make_world
 from tests.unit.watch.scripted_upstream import contents
-from tests.unit.watch.test_registry import ALICE, BOB, DOC, OTHER, Coordinator, _world
 
 # -- the glob ------------------------------------------------------------------------------------------------
 
@@ -87,7 +87,7 @@ CAROL = Identity("carol", (("authorization", "Bearer c"),), client="carol-laptop
 
 async def test_a_hint_makes_each_contexts_watch_look_with_its_own_credential_and_tells_the_other_replicas() -> None:
     coordinator = Coordinator()
-    world = _world(coordinator=coordinator)
+    world = make_world(coordinator=coordinator)
     world.upstream.private[(DOC, "alice")] = contents(DOC, "alice's")
     world.upstream.private[(DOC, "bob")] = contents(DOC, "bob's")
     world.upstream.private[(OTHER, "bob")] = contents(OTHER, "bob's other")
@@ -106,7 +106,7 @@ async def test_a_hint_makes_each_contexts_watch_look_with_its_own_credential_and
 
 @pytest.mark.invariant(22)
 async def test_a_hint_notifies_only_what_its_look_finds_changed() -> None:
-    world = _world()
+    world = make_world()
     world.upstream.resources[DOC] = contents(DOC, "v1", cacheScope="public")
     world.upstream.resources[OTHER] = contents(OTHER, "v1", cacheScope="public")
     for uri in (DOC, OTHER):
@@ -124,7 +124,7 @@ async def test_a_hint_notifies_only_what_its_look_finds_changed() -> None:
 
 async def test_a_hint_heard_from_another_replica_hints_the_matching_watches_here_and_no_others() -> None:
     coordinator = Coordinator()
-    world = _world(coordinator=coordinator)
+    world = make_world(coordinator=coordinator)
     world.upstream.resources[DOC] = contents(DOC, "v1", cacheScope="public")
     world.upstream.resources[OTHER] = contents(OTHER, "v1", cacheScope="public")
     world.upstream.pages["tools/list"] = [{"tools": []}]

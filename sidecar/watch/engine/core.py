@@ -1,0 +1,351 @@
+"""The watch engine's record and lifecycle as one state machine: `handle(event, now) -> commands`.
+
+Everything the registry decides lives here: which watches exist and where each is in its life (starting,
+live, lingering, ended), who holds them (one count, per context), which first reads and joiners' looks callers
+share, which contexts proved their access to a public watch, which resources were just found missing, and how
+fast each client may start first reads at once. It never awaits: time comes with each event, and every effect
+goes out as a command (`sidecar.watch.engine.commands`) that the driver (`sidecar.watch.registry`) carries out,
+feeding back what came of it. Nothing can happen between two of its steps, so no stage guards a race.
+
+Guarantees (the registry's, stated where they are kept):
+- Coalescing: concurrent first interests share one first read per (kind, URI, context), and joiners of a live
+  watch one look per key; a read paced in its client's fair share is that client's alone (invariant 20).
+- Baseline first: a caller is answered only once the watch has a fingerprint (invariant 6); a joiner only once a
+  look that started after it asked is applied (invariant 16).
+- Private stays private: a result that is not `public` is watched per context, and polled with a credential of
+  a context that holds it (invariant 10).
+- The last holder's release starts a linger; a caller that leaves before its answer is dropped from its look.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Hashable, Iterator
+from typing import assert_never
+
+from sidecar.changes import WatchKey, WatchKind
+from sidecar.identity import ANONYMOUS, PUBLIC, Identity
+from sidecar.watch.admission import Admission
+from sidecar.watch.engine.commands import (
+    Adopt,
+    Answer,
+    Apply,
+    CancelTimer,
+    Command,
+    Cover,
+    Fail,
+    Look,
+    PublishFirst,
+    SetTimer,
+    StartWatch,
+    StopWatch,
+    Track,
+    Uncover,
+    Untrack,
+)
+from sidecar.watch.engine.events import (
+    ChangeHeard,
+    Event,
+    Forwarded,
+    Leave,
+    LookDone,
+    LookFailed,
+    PollRefused,
+    Published,
+    Refused,
+    Release,
+    Subscribe,
+    TimerFired,
+)
+from sidecar.watch.engine.evidence import Evidence
+from sidecar.watch.engine.record import Pending, Record, Share, Stage
+from sidecar.watch.observe import Observation
+from sidecar.watch.rules import Rules
+
+__all__ = ["Engine"]
+
+
+class Engine:
+    """The registry's state machine: feed it events with the time they happened, carry out what it returns."""
+
+    def __init__(self, *, linger_s: float, absent_ttl_s: float, rate_per_s: float, rules: Rules) -> None:
+        self._linger_s = linger_s
+        self._now = 0.0
+        self.admission = Admission(absent_ttl_s=absent_ttl_s, rate_per_s=rate_per_s, clock=lambda: self._now)
+        """Known-absent memory and first-read tokens, on the engine's time."""
+        self._records: dict[WatchKey, Record] = {}
+        self._looks: dict[int, Pending] = {}
+        """Looks callers wait on, by the id their Look command carries (until answered)."""
+        self._shared: dict[Hashable, int] = {}
+        """Looks a later caller may share: by what they read, or by what and the client paced for."""
+        self._waiting: dict[int, int] = {}
+        """Waiter -> the look it waits on."""
+        self._timers: dict[int, WatchKey] = {}
+        self._ids: Iterator[int] = itertools.count(1)
+        self._evidence = Evidence(self._records, self.admission, rules)
+
+    # -- what the driver may read ---------------------------------------------------------------------------------
+
+    def record(self, key: WatchKey) -> Record | None:
+        return self._records.get(key)
+
+    def holders(self, key: WatchKey) -> int:
+        record = self._records.get(key)
+        return 0 if record is None else record.holders
+
+    def keys(self) -> list[WatchKey]:
+        return list(self._records)
+
+    @property
+    def looks_in_flight(self) -> int:
+        """Looks that callers wait on (or waited on, and that have not come back)."""
+        return len(self._looks)
+
+    def poller(self, key: WatchKey) -> Identity | None:
+        """The identity a poll of `key` goes with now (recorded: a refusal of the poll concerns its context); None
+        while no stream holds it (lingering: no credential to poll with)."""
+        record = self._records.get(key)
+        if record is None or not record.shares:
+            return None
+        # Public data is the same for everyone; prefer polling it without credentials when possible.
+        context = ANONYMOUS if ANONYMOUS in record.shares else next(iter(record.shares))
+        record.last_poller = context
+        return record.shares[context].identity
+
+    # -- events ----------------------------------------------------------------------------------------------
+
+    def handle(self, event: Event, now: float) -> list[Command]:
+        """What `event`, which happened at `now`, asks for."""
+        self._now = now
+        if isinstance(event, Subscribe):
+            return self._subscribe(event)
+        if isinstance(event, LookDone):
+            return self._look_done(event)
+        if isinstance(event, Release):
+            return self._release(event.key, event.context)
+        if isinstance(event, Leave):
+            return self._leave(event.waiter)
+        if isinstance(event, Published):
+            return self._published(event)
+        if isinstance(event, LookFailed):
+            return self._look_failed(event)
+        if isinstance(event, TimerFired):
+            return self._expire(event.timer)
+        if isinstance(event, ChangeHeard):
+            return self._heard(event)
+        if isinstance(event, Forwarded):
+            return self._evidence.forwarded(event.method, event.params, event.identity, event.answer, event.ticket)
+        if isinstance(event, Refused):
+            return self._evidence.refused(event.method, event.params, event.identity)
+        if isinstance(event, PollRefused):
+            return self._evidence.poll_refused(event.key)
+        assert_never(event)
+
+    def _subscribe(self, event: Subscribe) -> list[Command]:
+        identity, kind, uri = event.identity, event.kind, event.uri
+        commands: list[Command] = []
+        record = self._joinable(kind, uri, identity.context)
+        if record is not None:
+            # A sync point: the answer waits for a look that starts after the caller asked (shared by everyone
+            # joining while it is in flight), so a read after the ack is never older than the subscription
+            # (invariant 16). The caller holds the watch from now: a lingering one must not expire meanwhile.
+            self._add_holder(record, identity, commands)
+            read: Hashable = ("join", record.key)
+            joining: WatchKey | None = record.key
+        else:
+            read = ("first", kind, uri, identity.context)
+            joining = None
+        look = self._shared.get(read) or self._shared.get((read, identity.client))
+        if look is None:
+            if joining is None and self.admission.known_absent(kind, uri, identity.context):
+                return [Answer(event.waiter, None)]  # found missing a moment ago: not read again so soon
+            look = next(self._ids)
+            paced = not self.admission.take(identity.client)
+            shared_as = (read, identity.client) if paced else read
+            self._looks[look] = Pending(shared_as, kind, uri, identity.context, joining)
+            self._shared[shared_as] = look
+            commands.append(Look(look, kind, uri, identity, paced))
+        self._looks[look].waiters[event.waiter] = identity
+        self._waiting[event.waiter] = look
+        return commands
+
+    def _joinable(self, kind: WatchKind, uri: str | None, context: str) -> Record | None:
+        public = self._records.get(WatchKey(kind, uri, PUBLIC))
+        if public is not None and context in public.verified:
+            return public
+        return self._records.get(WatchKey(kind, uri, context))
+
+    def _look_done(self, event: LookDone) -> list[Command]:
+        pending = self._looks.get(event.look)
+        if pending is None:
+            return []
+        observation = event.observation
+        if pending.joining is not None:
+            return self._joined(event.look, pending, observation, event.ticket)
+        if not observation.found:
+            self.admission.absent(pending.kind, pending.uri, pending.context)
+            return [Answer(waiter, None) for waiter in self._done(event.look)]
+        key = WatchKey(pending.kind, pending.uri, PUBLIC if observation.public else pending.context)
+        record = self._records.get(key)
+        if record is not None:
+            commands: list[Command] = [Apply(key, observation, event.ticket)]
+            commands.extend(self._answer_first(event.look, record))
+            if record.stage is Stage.LINGERING:
+                self._linger(record, commands)  # a first read found it: its linger starts again
+            return commands
+        # A new watch. Other replicas' caches may hold an answer older than this first look (one cached before
+        # anyone watched): its callers are answered once it is published, so those drop it before any ack.
+        self._records[key] = Record(key)
+        pending.key = key
+        return [StartWatch(key, observation, event.ticket), PublishFirst(event.look, key, observation.fingerprint)]
+
+    def _published(self, event: Published) -> list[Command]:
+        pending = self._looks.get(event.look)
+        if pending is None or pending.key is None:
+            return []
+        record = self._records[pending.key]  # a starting watch never expires
+        if event.error is not None:
+            commands: list[Command] = [Fail(waiter, event.error) for waiter in self._done(event.look)]
+        else:
+            commands = self._answer_first(event.look, record)
+        if record.stage is Stage.STARTING:
+            # Only now may it expire, once the callers waiting on its first look hold it.
+            if record.holders > 0:
+                record.stage = Stage.LIVE
+            else:
+                self._linger(record, commands)
+        return commands
+
+    def _answer_first(self, look: int, record: Record) -> list[Command]:
+        """A first read found `record`'s watch: its context proved access, and each of its waiters holds it."""
+        pending = self._looks[look]
+        record.verified.add(pending.context)
+        commands: list[Command] = []
+        for waiter, identity in self._done(look).items():
+            self._add_holder(record, identity, commands)
+            commands.append(Answer(waiter, record.key))
+        return commands
+
+    def _joined(self, look: int, pending: Pending, observation: Observation, ticket: int) -> list[Command]:
+        key = pending.joining
+        assert key is not None
+        commands: list[Command] = [Apply(key, observation, ticket)] if key in self._records else []
+        for waiter, identity in self._done(look).items():
+            if not observation.found:
+                commands.extend(self._release(key, identity.context))
+            commands.append(Answer(waiter, key if observation.found else None))
+        return commands
+
+    def _look_failed(self, event: LookFailed) -> list[Command]:
+        pending = self._looks.get(event.look)
+        if pending is None:
+            return []
+        commands: list[Command] = []
+        for waiter, identity in self._done(event.look).items():
+            if pending.joining is not None:
+                commands.extend(self._release(pending.joining, identity.context))
+            commands.append(Fail(waiter, event.error))
+        return commands
+
+    def _done(self, look: int) -> dict[int, Identity]:
+        """The look is over: no later caller shares it; its waiters (still there), who are answered now."""
+        pending = self._looks.pop(look)
+        if self._shared.get(pending.shared_as) == look:
+            del self._shared[pending.shared_as]
+        for waiter in pending.waiters:
+            del self._waiting[waiter]
+        return pending.waiters
+
+    def _leave(self, waiter: int) -> list[Command]:
+        """A caller gave up before its answer: dropped from its look (which goes on, and is applied, for whoever
+        else waits or comes). A joiner lets go of the watch it held while it waited."""
+        look = self._waiting.pop(waiter, None)
+        if look is None:
+            return []  # answered already: what it holds, it releases
+        pending = self._looks[look]
+        identity = pending.waiters.pop(waiter)
+        if pending.joining is not None:
+            return self._release(pending.joining, identity.context)
+        return []
+
+    # -- holders and lifecycle ------------------------------------------------------------------------------
+
+    def _add_holder(self, record: Record, identity: Identity, commands: list[Command]) -> None:
+        record.holders += 1
+        if record.holders == 1:
+            commands.append(Track(record.key))
+        if record.stage is Stage.LINGERING:
+            self._live(record, commands)
+        share = record.shares.get(identity.context)
+        if share is None:
+            share = record.shares[identity.context] = Share(identity)
+            commands.append(Cover(identity, record.key.kind, record.key.uri))
+        share.handles += 1
+
+    def _release(self, key: WatchKey, context: str) -> list[Command]:
+        record = self._records.get(key)
+        if record is None:
+            return []
+        commands: list[Command] = []
+        record.holders -= 1
+        share = record.shares.get(context)
+        if share is not None:
+            share.handles -= 1
+            if share.handles <= 0:
+                del record.shares[context]  # the identity leaves memory with its last stream
+                commands.append(Uncover(context, key.kind, key.uri))
+        if record.holders <= 0:
+            # No local interest: the lease goes to a replica that still has some; we linger, unpolled. (A watch
+            # still starting lingers once its first look is published.)
+            commands.append(Untrack(key))
+            if record.stage is Stage.LIVE:
+                self._linger(record, commands)
+        return commands
+
+    def _live(self, record: Record, commands: list[Command]) -> None:
+        if record.linger is not None:
+            commands.append(CancelTimer(record.linger))
+            del self._timers[record.linger]
+            record.linger = None
+        record.stage = Stage.LIVE
+
+    def _linger(self, record: Record, commands: list[Command]) -> None:
+        """Held by none: ends after the linger (restarted, when it lingers already)."""
+        if record.linger is not None:
+            commands.append(CancelTimer(record.linger))
+            del self._timers[record.linger]
+        record.stage = Stage.LINGERING
+        record.linger = next(self._ids)
+        self._timers[record.linger] = record.key
+        commands.append(SetTimer(record.linger, self._now + self._linger_s))
+
+    def _expire(self, timer: int) -> list[Command]:
+        key = self._timers.pop(timer, None)
+        record = None if key is None else self._records.get(key)
+        if record is None or record.linger != timer:
+            return []
+        record.linger = None
+        if record.stage is not Stage.LINGERING or record.holders > 0:
+            return []
+        record.stage = Stage.ENDED
+        del self._records[record.key]
+        return [StopWatch(record.key)]
+
+    def _heard(self, event: ChangeHeard) -> list[Command]:
+        change = event.event
+        if change.baseline:
+            return []  # a first look elsewhere: nothing changed for anyone watching
+        if change.key.kind == "resources_list":
+            self.admission.present()  # what was missing may exist now
+        # Changes seen by other replicas keep this replica's copy current, for when it takes the lease.
+        return [Adopt(change.key, change.fingerprint)] if change.key in self._records else []
+
+    def close(self) -> None:
+        """Shutdown: the driver cancels every waiter and stops every watch itself; nothing is kept."""
+        for record in self._records.values():
+            record.stage = Stage.ENDED
+        self._records.clear()
+        self._timers.clear()
+        self._looks.clear()
+        self._shared.clear()
+        self._waiting.clear()

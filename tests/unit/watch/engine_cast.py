@@ -1,0 +1,72 @@
+"""Who and what the engine's playbooks speak of: identities, keys, looks, and an engine with a known config."""
+
+from __future__ import annotations
+
+from sidecar.changes import WatchKey
+from sidecar.identity import ANONYMOUS_IDENTITY, PUBLIC, Identity
+from sidecar.watch.engine import Engine
+from sidecar.watch.engine.commands import Answer, Cover, Look, PublishFirst, StartWatch, Track
+from sidecar.watch.engine.events import LookDone, Published, Subscribe
+from sidecar.watch.fingerprint import ABSENT
+from sidecar.watch.observe import Observation
+from sidecar.watch.rules import Rules
+from tests.unit.watch.playbook import Playbook
+
+__all__ = [
+    "ALICE",
+    "ALICE_PHONE",
+    "ANON",
+    "BOB",
+    "DOC",
+    "GONE",
+    "LINGER_S",
+    "OTHER",
+    "PRIVATE",
+    "PUBLIC_V1",
+    "PUBLIC_V2",
+    "V1",
+    "V2",
+    "book",
+    "key",
+    "started",
+]
+
+LINGER_S = 8.0
+ABSENT_TTL_S = 5.0
+DOC = "file:///doc"
+OTHER = "file:///other"
+
+ALICE = Identity("alice", (("authorization", "Bearer a"),), client="alice-laptop")
+ALICE_PHONE = Identity("alice", ALICE.headers, client="alice-phone")
+BOB = Identity("bob", (("authorization", "Bearer b"),), client="bob-laptop")
+ANON = ANONYMOUS_IDENTITY
+PRIVATE = "private"
+
+V1 = Observation("fp-v1", None, False)
+V2 = Observation("fp-v2", None, False)
+PUBLIC_V1 = Observation("fp-v1", None, True)
+PUBLIC_V2 = Observation("fp-v2", None, True)
+GONE = Observation(ABSENT, None, False)
+
+
+def key(context: str, uri: str | None = DOC) -> WatchKey:
+    return WatchKey("resource", uri, PUBLIC if context == "public" else context)
+
+
+def book(*, rate_per_s: float = 1_000.0, now: float = 0.0) -> Playbook:
+    """A fresh engine: lingers 8 s, remembers a missing resource 5 s, `rate_per_s` first reads a second a client."""
+    engine = Engine(linger_s=LINGER_S, absent_ttl_s=ABSENT_TTL_S, rate_per_s=rate_per_s, rules=Rules([]))
+    return Playbook(engine, now)
+
+
+def started(play: Playbook, waiter: int, look: int, who: Identity, seen: Observation, ticket: int) -> WatchKey:
+    """`who` subscribes to DOC and its first read (`look`) sees `seen` at `ticket`: a new watch it holds."""
+    watched = key(PUBLIC if seen.public else who.context)
+    play.step(Subscribe(waiter, "resource", DOC, who), Look(look, "resource", DOC, who, paced=False))
+    play.step(
+        LookDone(look, ticket, seen),
+        StartWatch(watched, seen, ticket),
+        PublishFirst(look, watched, seen.fingerprint),
+    )
+    play.step(Published(look), Track(watched), Cover(who, "resource", DOC), Answer(waiter, watched))
+    return watched

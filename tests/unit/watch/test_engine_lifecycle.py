@@ -1,0 +1,242 @@
+"""The engine's watches after their first read, as playbooks: holders come and go, the last one's release
+lingers, joiners wait for a look that starts after they asked, and what forwarded requests, refusals and other
+replicas' changes teach."""
+
+from __future__ import annotations
+
+import pytest
+
+from sidecar.changes import ChangeEvent
+from sidecar.identity import PUBLIC
+from sidecar.protocol.errors import UpstreamUnavailable
+from sidecar.watch.engine import Stage
+from sidecar.watch.engine.commands import (
+    Adopt,
+    Answer,
+    Apply,
+    CancelTimer,
+    Cover,
+    Fail,
+    HintWrite,
+    Look,
+    Revoke,
+    SetTimer,
+    StopWatch,
+    Track,
+    Uncover,
+    Untrack,
+)
+from sidecar.watch.engine.events import (
+    ChangeHeard,
+    Forwarded,
+    Leave,
+    LookDone,
+    LookFailed,
+    PollRefused,
+    Refused,
+    Release,
+    Subscribe,
+    TimerFired,
+)
+from sidecar.watch.fingerprint import ABSENT
+from sidecar.watch.observe import Observation
+from tests.unit.watch.engine_cast import (
+    ALICE,
+    ALICE_PHONE,
+    ANON,
+    BOB,
+    DOC,
+    GONE,
+    LINGER_S,
+    OTHER,
+    PUBLIC_V1,
+    V1,
+    V2,
+    book,
+    key,
+    started,
+)
+
+DOWN = UpstreamUnavailable("scripted://upstream", "connection refused")
+
+
+def test_the_last_release_lingers_then_ends() -> None:
+    play = book()
+    watched = started(play, 1, 1, ALICE, V1, 1)
+    play.step(Subscribe(2, "resource", DOC, ALICE_PHONE), Look(2, "resource", DOC, ALICE_PHONE, paced=False))
+    play.step(LookDone(2, 2, V1), Apply(watched, V1, 2), Answer(2, watched))
+    play.at(1.0)
+    play.step(Release(watched, "alice"))  # another of alice's streams holds it still
+    play.step(Release(watched, "alice"), Uncover("alice", "resource", DOC), Untrack(watched), SetTimer(3, 9.0))
+    record = play.engine.record(watched)
+    assert record is not None and record.stage is Stage.LINGERING
+    assert play.engine.poller(watched) is None, "no credential to poll with while it lingers"
+    play.at(9.0)
+    play.step(TimerFired(3), StopWatch(watched))
+    assert play.engine.keys() == [] and record.stage is Stage.ENDED
+    play.step(Release(watched, "alice"))  # a release after the end changes nothing
+
+
+@pytest.mark.invariant(16)
+def test_a_client_coming_back_while_it_lingers_is_answered_after_a_look_that_starts_after_it_asked() -> None:
+    play = book()
+    watched = started(play, 1, 1, ALICE, V1, 1)
+    play.step(Release(watched, "alice"), Uncover("alice", "resource", DOC), Untrack(watched), SetTimer(2, LINGER_S))
+    play.at(7.0)
+    held = [Track(watched), CancelTimer(2), Cover(ALICE, "resource", DOC)]
+    play.step(Subscribe(2, "resource", DOC, ALICE), *held, Look(3, "resource", DOC, ALICE, paced=False))
+    play.step(Subscribe(3, "resource", DOC, BOB), Look(4, "resource", DOC, BOB, paced=False))  # not verified
+    play.step(Subscribe(4, "resource", DOC, ALICE_PHONE))  # shares the look in flight
+    play.at(LINGER_S)
+    play.step(TimerFired(2))  # called off: it does not end a watch held again
+    play.step(LookDone(3, 5, V2), Apply(watched, V2, 5), Answer(2, watched), Answer(4, watched))
+    assert play.engine.holders(watched) == 2
+
+
+def test_contexts_joining_a_public_watch_share_a_look_once_each_proved_access() -> None:
+    play = book()
+    public = started(play, 1, 1, ALICE, PUBLIC_V1, 1)
+    play.step(Subscribe(2, "resource", DOC, BOB), Look(2, "resource", DOC, BOB, paced=False))
+    play.step(LookDone(2, 2, PUBLIC_V1), Apply(public, PUBLIC_V1, 2), Cover(BOB, "resource", DOC), Answer(2, public))
+    play.step(Subscribe(3, "resource", DOC, ALICE_PHONE), Look(3, "resource", DOC, ALICE_PHONE, paced=False))
+    play.step(Subscribe(4, "resource", DOC, BOB))
+    play.step(LookDone(3, 3, PUBLIC_V1), Apply(public, PUBLIC_V1, 3), Answer(3, public), Answer(4, public))
+
+
+def test_a_joiner_whose_look_finds_the_resource_gone_gets_nothing_and_holds_nothing() -> None:
+    play = book()
+    watched = started(play, 1, 1, ALICE, V1, 1)
+    play.step(Subscribe(2, "resource", DOC, BOB), Look(2, "resource", DOC, BOB, paced=False))
+    play.step(LookDone(2, 2, GONE), Answer(2, None))  # bob's own first read: nothing there for him
+    play.step(Release(watched, "alice"), Uncover("alice", "resource", DOC), Untrack(watched), SetTimer(3, LINGER_S))
+    play.step(Subscribe(3, "resource", DOC, ALICE), Track(watched), CancelTimer(3), Cover(ALICE, "resource", DOC),
+              Look(4, "resource", DOC, ALICE, paced=False))  # fmt: skip
+    play.step(
+        LookDone(4, 3, GONE),
+        Apply(watched, GONE, 3),
+        Uncover("alice", "resource", DOC),
+        Untrack(watched),
+        SetTimer(5, LINGER_S),
+        Answer(3, None),
+    )
+
+
+def test_a_joiner_that_leaves_or_whose_look_fails_lets_go_of_the_watch() -> None:
+    play = book()
+    watched = started(play, 1, 1, ALICE, V1, 1)
+    play.step(Subscribe(2, "resource", DOC, ALICE_PHONE), Look(2, "resource", DOC, ALICE_PHONE, paced=False))
+    play.step(Subscribe(3, "resource", DOC, ALICE))
+    assert play.engine.holders(watched) == 3
+    play.step(Leave(2))
+    assert play.engine.holders(watched) == 2
+    play.step(LookFailed(2, DOWN), Fail(3, DOWN))
+    assert play.engine.holders(watched) == 1
+    play.step(Leave(3))  # answered already
+    play.step(Release(watched, "alice"), Uncover("alice", "resource", DOC), Untrack(watched), SetTimer(3, LINGER_S))
+
+
+def test_a_joiners_look_comes_back_after_its_watch_ended_and_applies_to_nothing() -> None:
+    play = book()
+    watched = started(play, 1, 1, ALICE, V1, 1)
+    play.step(Subscribe(2, "resource", DOC, ALICE), Look(2, "resource", DOC, ALICE, paced=False))
+    play.step(Release(watched, "alice"))
+    play.step(Leave(2), Uncover("alice", "resource", DOC), Untrack(watched), SetTimer(3, LINGER_S))
+    play.at(LINGER_S)
+    play.step(TimerFired(3), StopWatch(watched))
+    play.step(LookDone(2, 5, V2))
+
+
+def test_a_joiners_look_over_its_clients_rate_is_paced() -> None:
+    play = book(rate_per_s=1)
+    watched = started(play, 1, 1, ALICE, V1, 1)
+    play.step(Subscribe(2, "resource", DOC, ALICE), Look(2, "resource", DOC, ALICE, paced=True))
+    play.step(Subscribe(3, "resource", DOC, ALICE_PHONE), Look(3, "resource", DOC, ALICE_PHONE, paced=False))
+    assert play.engine.holders(watched) == 3
+
+
+def test_a_public_watch_is_polled_anonymously_when_it_can_and_else_with_a_holders_credential() -> None:
+    play = book()
+    public = started(play, 1, 1, BOB, PUBLIC_V1, 1)
+    assert play.engine.poller(public) == BOB
+    play.step(Subscribe(2, "resource", DOC, ANON), Look(2, "resource", DOC, ANON, paced=False))
+    play.step(LookDone(2, 2, PUBLIC_V1), Apply(public, PUBLIC_V1, 2), Cover(ANON, "resource", DOC), Answer(2, public))
+    assert play.engine.poller(public) == ANON
+
+
+def test_a_refused_forwarded_read_ends_that_contexts_subscriptions_and_it_must_read_again() -> None:
+    play = book()
+    public = started(play, 1, 1, ALICE, PUBLIC_V1, 1)
+    play.step(Subscribe(2, "resource", DOC, BOB), Look(2, "resource", DOC, BOB, paced=False))
+    play.step(LookDone(2, 2, PUBLIC_V1), Apply(public, PUBLIC_V1, 2), Cover(BOB, "resource", DOC), Answer(2, public))
+    play.step(Refused("resources/read", {"uri": DOC}, BOB), Revoke(public, "bob"))
+    play.step(Refused("resources/read", {"uri": OTHER}, BOB))
+    play.step(Refused("tools/call", {"uri": DOC}, BOB))
+    play.step(Subscribe(3, "resource", DOC, BOB), Look(3, "resource", DOC, BOB, paced=False))  # a read of its own
+    assert play.engine.holders(public) == 2
+
+
+def test_a_refused_poll_concerns_only_the_context_it_was_polled_as() -> None:
+    play = book()
+    public = started(play, 1, 1, ALICE, PUBLIC_V1, 1)
+    play.step(PollRefused(public))  # not polled yet: nobody to blame
+    assert play.engine.poller(public) == ALICE
+    play.step(PollRefused(public), Revoke(public, "alice"))
+    play.step(Subscribe(2, "resource", DOC, ALICE), Look(2, "resource", DOC, ALICE, paced=False))
+    play.step(LookDone(2, 2, PUBLIC_V1), Apply(public, PUBLIC_V1, 2), Answer(2, public))
+    private = started(play, 3, 3, BOB, V1, 3)
+    play.step(PollRefused(private), Revoke(private, "bob"))
+    play.step(Release(private, "bob"), Uncover("bob", "resource", DOC), Untrack(private), SetTimer(4, LINGER_S))
+    play.at(LINGER_S)
+    play.step(TimerFired(4), StopWatch(private))
+    play.step(PollRefused(private))  # after its watch ended: no context's streams end
+
+
+def test_forwarded_reads_are_looks_at_the_watches_they_concern_and_writes_are_hints() -> None:
+    play = book()
+    watched = started(play, 1, 1, ALICE, V1, 1)
+    result = {"contents": [{"uri": DOC, "text": "v2"}]}
+    seen = play.feed(Forwarded("resources/read", {"uri": DOC}, ALICE, {"result": result}, 5))
+    assert len(seen) == 1 and isinstance(seen[0], Apply) and (seen[0].key, seen[0].ticket) == (watched, 5)
+    assert seen[0].observation.found and seen[0].observation.fingerprint not in (V1.fingerprint, ABSENT)
+    play.step(Forwarded("resources/read", {"uri": DOC}, BOB, {"result": result}, 6))  # not bob's watch
+    play.step(Forwarded("resources/read", {"uri": OTHER}, ALICE, {"result": result}, 7))
+    deep: object = "leaf"
+    for _ in range(300):  # orjson writes 254 levels at most: no fingerprint, so nothing learnt
+        deep = [deep]
+    play.step(Forwarded("resources/read", {"uri": DOC}, ALICE, {"result": {"contents": deep}}, 8))
+    not_found = {"error": {"code": -32002, "message": "Resource not found"}}
+    play.step(Forwarded("resources/read", {"uri": DOC}, ALICE, not_found, 9), Apply(watched, GONE, 9))
+    play.step(Forwarded("resources/read", {"uri": DOC}, ALICE, {"error": {"code": -32603}}, 10))
+    play.step(Forwarded("tools/call", {"name": "edit"}, BOB, {"result": {}}, 11), HintWrite("bob"))
+    play.step(Forwarded("resources/list", {}, BOB, {"result": {}}, 12))
+
+
+def test_a_forwarded_public_read_is_evidence_for_the_public_watch_but_a_not_found_is_not() -> None:
+    play = book()
+    public = started(play, 1, 1, ALICE, PUBLIC_V1, 1)
+    result = {"contents": [{"uri": DOC, "text": "v2"}], "cacheScope": "public"}
+    seen = play.feed(Forwarded("resources/read", {"uri": DOC}, BOB, {"result": result}, 5))
+    assert [type(command) for command in seen] == [Apply] and seen[0].key == public  # type: ignore[union-attr]
+    not_found = {"error": {"code": -32602, "message": "Resource not found"}}
+    play.step(Forwarded("resources/read", {"uri": DOC}, BOB, not_found, 6))
+    play.step(Forwarded("resources/read", {"uri": DOC}, ALICE, not_found, 7))
+
+
+def test_changes_heard_on_the_bus_are_adopted_by_the_watches_here_but_first_looks_are_not() -> None:
+    play = book()
+    watched = started(play, 1, 1, ALICE, V1, 1)
+    play.step(ChangeHeard(ChangeEvent(watched, "fp-v2", 1, 0.0)), Adopt(watched, "fp-v2"))
+    play.step(ChangeHeard(ChangeEvent(watched, "fp-v3", 0, 0.0, baseline=True)))
+    play.step(ChangeHeard(ChangeEvent(key("bob"), "fp-v3", 1, 0.0)))
+
+
+@pytest.mark.invariant(10)
+def test_a_private_result_is_watched_per_context() -> None:
+    play = book()
+    alices = started(play, 1, 1, ALICE, V1, 1)
+    play.step(Subscribe(2, "resource", DOC, BOB), Look(2, "resource", DOC, BOB, paced=False))
+    bobs = key("bob")
+    assert bobs != alices and bobs.context != PUBLIC
+    commands = play.feed(LookDone(2, 2, Observation("fp-bob", None, False)))
+    assert [getattr(command, "key", None) for command in commands] == [bobs, bobs]
+    assert play.engine.poller(alices) == ALICE

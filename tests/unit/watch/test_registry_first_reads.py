@@ -1,0 +1,298 @@
+"""The registry driven through its own surface, a subscription's first moments: what its first read costs and
+shows before the ack, joiners' looks, a caller that gives up, and a client's rate of first reads. A real
+`WatchRegistry` on the in-memory bus and the hand-moved clock, reading a scripted upstream; each wait names what it
+waits for (the engine's rules themselves are playbooks: test_engine_*.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import pytest
+
+from sidecar.changes import WatchKey
+from sidecar.identity import PUBLIC
+from sidecar.protocol.errors import TooManyRequests, UpstreamUnavailable
+from sidecar.watch.fingerprint import ABSENT
+from tests.helpers import eventually
+from tests.unit.watch.registry_world import (
+    ALICE,
+    ALICE_PHONE,
+    ANON,
+    BOB,
+    CONFIG,
+    DOC,
+    OTHER,
+    GatedBus,
+    World,
+    fp,
+    make_world,
+)
+from tests.unit.watch.scripted_upstream import URL, contents
+
+
+@pytest.mark.invariant(6)
+async def test_the_first_read_is_published_as_a_baseline_before_acquire_returns(world: World) -> None:
+    world.upstream.resources[DOC] = contents(DOC, "v1")
+    handle = await world.registry.acquire("resource", DOC, ALICE)
+    assert handle is not None
+    key = WatchKey("resource", DOC, "alice")
+    assert handle.key == key and handle.context == "alice"
+    assert world.upstream.calls == [("resources/read", DOC, "alice")]
+    assert [(e.key, e.fingerprint, e.generation, e.baseline) for e in world.events] == [(key, fp(DOC, "v1"), 0, True)]
+    assert world.watches() == {key: 1}
+    assert world.gauge("mcp_sidecar_watches", kind="resource") == 1
+    assert world.gauge("mcp_sidecar_watched_contexts") == 1
+    await world.clock.advance(4.99)
+    assert len(world.upstream.calls) == 1, "the first poll waits a whole interval after the first read"
+    await world.clock.advance(0.01)
+    assert world.upstream.reads(DOC) == ["alice", "alice"], "polled with the subscriber's own credential"
+    assert world.changes() == [], "the first poll of unchanged content tells nothing"
+
+
+@pytest.mark.invariant(9)
+async def test_a_change_is_told_once_and_then_polled_at_the_interval(world: World) -> None:
+    world.upstream.resources[DOC] = contents(DOC, "v1")
+    assert await world.registry.acquire("resource", DOC, ALICE) is not None
+    world.upstream.resources[DOC] = contents(DOC, "v2")
+    await world.clock.advance(5.0)
+    key = WatchKey("resource", DOC, "alice")
+    assert world.changes() == [(key, fp(DOC, "v2"))]
+    assert [e.generation for e in world.events if not e.baseline] == [1]
+    await world.clock.advance(10.0)
+    assert world.changes() == [(key, fp(DOC, "v2"))]
+    assert len(world.upstream.reads(DOC)) == 4
+
+
+async def test_a_public_result_is_one_watch_that_each_context_joins_after_its_own_read(world: World) -> None:
+    world.upstream.resources[DOC] = contents(DOC, "v1", cacheScope="public")
+    alice = await world.registry.acquire("resource", DOC, ALICE)
+    bob = await world.registry.acquire("resource", DOC, BOB)
+    assert alice is not None and bob is not None
+    key = WatchKey("resource", DOC, PUBLIC)
+    assert alice.key == bob.key == key
+    assert (alice.context, bob.context) == ("alice", "bob")
+    assert world.upstream.reads(DOC) == ["alice", "bob"], "bob proves access with a read of his own"
+    assert world.watches() == {key: 2}
+    assert [e.key for e in world.events if e.baseline] == [key], "one first look is published"
+    assert world.gauge("mcp_sidecar_watches", kind="resource") == 1
+    assert world.gauge("mcp_sidecar_watched_contexts") == 1
+    again = await world.registry.acquire("resource", DOC, BOB)
+    assert again is not None and again.key == key
+    assert world.upstream.reads(DOC) == ["alice", "bob", "bob"], "a verified context joins with a sync read"
+    assert world.watches() == {key: 3}
+
+
+@pytest.mark.invariant(10)
+async def test_a_private_result_is_watched_per_context_with_its_own_credential(world: World) -> None:
+    world.upstream.private[(DOC, "alice")] = contents(DOC, "alice's")
+    world.upstream.private[(DOC, "bob")] = contents(DOC, "bob's")
+    alice = await world.registry.acquire("resource", DOC, ALICE)
+    bob = await world.registry.acquire("resource", DOC, BOB)
+    assert alice is not None and bob is not None
+    assert alice.key == WatchKey("resource", DOC, "alice")
+    assert bob.key == WatchKey("resource", DOC, "bob")
+    assert world.gauge("mcp_sidecar_watches", kind="resource") == 2
+    assert world.gauge("mcp_sidecar_watched_contexts") == 2
+    world.upstream.calls.clear()
+    world.upstream.private[(DOC, "bob")] = contents(DOC, "bob's, edited")
+    await world.clock.advance(5.0)
+    assert sorted(world.upstream.reads(DOC)) == ["alice", "bob"]
+    assert world.changes() == [(WatchKey("resource", DOC, "bob"), fp(DOC, "bob's, edited"))]
+
+
+async def test_a_public_watch_is_polled_anonymously_when_it_can_and_else_with_a_holders_credential(
+    world: World,
+) -> None:
+    world.upstream.resources[DOC] = contents(DOC, "v1", cacheScope="public")
+    alice = await world.registry.acquire("resource", DOC, ALICE)
+    anon = await world.registry.acquire("resource", DOC, ANON)
+    bob = await world.registry.acquire("resource", DOC, BOB)
+    assert alice is not None and anon is not None and bob is not None
+    world.upstream.calls.clear()
+    await world.clock.advance(5.0)
+    assert world.upstream.reads(DOC) == ["anon"]
+    anon.release()
+    alice.release()
+    await world.clock.advance(5.0)
+    assert world.upstream.reads(DOC) == ["anon", "bob"], "the credentials of contexts that left are not used"
+
+
+async def test_one_caller_giving_up_does_not_cancel_the_read_others_wait_for(world: World) -> None:
+    world.upstream.resources[DOC] = contents(DOC, "v1")
+    world.upstream.gate = asyncio.Event()
+    quitter = asyncio.create_task(world.registry.acquire("resource", DOC, ALICE))
+    stayer = asyncio.create_task(world.registry.acquire("resource", DOC, ALICE))
+    await world.upstream.asked["resources/read"].wait()  # both wait on the read (asked after both subscribed)
+    quitter.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await quitter
+    world.upstream.gate.set()
+    handle = await stayer
+    assert handle is not None
+    assert quitter.cancelled()
+    assert world.watches() == {handle.key: 1}
+    assert len(world.upstream.calls) == 1
+
+
+@pytest.mark.invariant(16)
+async def test_joining_a_live_watch_waits_for_a_look_that_starts_after_it_asked(world: World) -> None:
+    world.upstream.resources[DOC] = contents(DOC, "v1")
+    assert await world.registry.acquire("resource", DOC, ALICE) is not None
+    world.upstream.resources[DOC] = contents(DOC, "v2")
+    world.upstream.gate = asyncio.Event()
+    world.upstream.asked["resources/read"].clear()
+    joiners = [asyncio.create_task(world.registry.acquire("resource", DOC, ALICE)) for _ in range(3)]
+    await world.upstream.asked["resources/read"].wait()  # asked after all three subscribed
+    assert world.upstream.reads(DOC) == ["alice", "alice"], "everyone joining meanwhile shares one look"
+    assert not any(joiner.done() for joiner in joiners)
+    world.upstream.gate.set()
+    handles = await asyncio.gather(*joiners)
+    assert all(handle is not None for handle in handles)
+    key = WatchKey("resource", DOC, "alice")
+    assert world.changes() == [(key, fp(DOC, "v2"))], "the change the look saw is told before the ack"
+    assert world.watches() == {key: 4}
+
+
+async def test_a_joiner_whose_look_finds_the_resource_gone_gets_nothing_and_holds_nothing(world: World) -> None:
+    world.upstream.resources[DOC] = contents(DOC, "v1")
+    first = await world.registry.acquire("resource", DOC, ALICE)
+    assert first is not None
+    del world.upstream.resources[DOC]
+    assert await world.registry.acquire("resource", DOC, ALICE) is None
+    key = WatchKey("resource", DOC, "alice")
+    assert world.changes() == [(key, ABSENT)], "the streams already watching it are told it is gone"
+    assert world.watches() == {key: 1}
+    first.release()
+    await world.clock.advance(8.0)
+    assert world.watches() == {}
+
+
+async def test_the_ack_is_refused_when_the_upstream_cannot_answer_the_first_read(world: World) -> None:
+    world.upstream.failure = UpstreamUnavailable(URL, "connection refused")
+    with pytest.raises(UpstreamUnavailable):
+        await world.registry.acquire("resource", DOC, ALICE)
+    assert world.watches() == {}
+    world.upstream.failure = None
+    world.upstream.resources[DOC] = contents(DOC, "v1")
+    assert await world.registry.acquire("resource", DOC, ALICE) is not None, "a failure is not remembered"
+
+
+async def test_a_list_is_watched_like_a_resource(world: World) -> None:
+    world.upstream.pages["tools/list"] = [{"tools": [{"name": "a"}]}]
+    handle = await world.registry.acquire("tools_list", None, ANON)
+    assert handle is not None
+    assert handle.key == WatchKey("tools_list", None, "anon")
+    assert world.gauge("mcp_sidecar_watches", kind="tools_list") == 1
+    world.upstream.pages["tools/list"] = [{"tools": [{"name": "a"}, {"name": "b"}]}]
+    await world.clock.advance(5.0)
+    assert [key for key, _ in world.changes()] == [handle.key]
+
+
+async def test_a_caller_of_a_first_read_holds_its_watch_as_it_is_answered() -> None:
+    bus = GatedBus()
+    world = make_world(CONFIG.model_copy(update={"linger_ms": 0}), bus=bus)
+    world.upstream.resources[DOC] = contents(DOC, "v1")
+    late = asyncio.create_task(world.registry.acquire("resource", DOC, ALICE))
+    await bus.published.wait()  # its first look is published: the caller resumes a loop turn or two later
+    key = WatchKey("resource", DOC, "alice")
+    assert world.watches() == {key: 1}, "held already: a stalled loop cannot end it before the caller resumes"
+    assert world.clock.pending() == 1, "no linger timer, only its first poll"
+    handle = await late
+    assert handle is not None and handle.key == key
+    assert world.upstream.reads(DOC) == ["alice"], "one first read"
+    assert [e.baseline for e in world.events] == [True]
+    await world.clock.advance(5.0)
+    assert world.upstream.reads(DOC) == ["alice"] * 2, "and it polls"
+    await world.registry.aclose()
+
+
+async def test_a_first_read_nobody_waits_for_any_more_leaves_a_watch_that_lingers(world: World) -> None:
+    world.upstream.resources[DOC] = contents(DOC, "v1")
+    await _a_first_read_whose_only_caller_gave_up(world)
+    key = WatchKey("resource", DOC, "alice")
+    assert world.watches() == {key: 0}
+    await world.clock.advance(7.99)
+    assert world.watches() == {key: 0}
+    await world.clock.advance(0.01)
+    assert world.watches() == {}
+
+
+async def _a_first_read_whose_only_caller_gave_up(world: World) -> None:
+    """Alice's first read of DOC, cancelled while the upstream holds it, then answered."""
+    world.upstream.gate = asyncio.Event()
+    world.upstream.asked["resources/read"].clear()
+    quitter = asyncio.create_task(world.registry.acquire("resource", DOC, ALICE))
+    await world.upstream.asked["resources/read"].wait()
+    quitter.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await quitter
+    world.upstream.gate.set()
+    await eventually(lambda: world.registry.looks_in_flight == 0)  # read, and its first look published
+
+
+async def test_first_reads_over_a_clients_rate_wait_their_turn_in_its_own_fair_share() -> None:
+    world = make_world(CONFIG.model_copy(update={"max_baselines_per_s": 1.0}), capacity=2, per_client=1)
+    world.upstream.resources[DOC] = contents(DOC, "v1")
+    world.upstream.resources[OTHER] = contents(OTHER, "v1")
+    assert await world.registry.acquire("resource", DOC, ALICE) is not None, "within the rate: at once"
+    await world.fair_share.acquire(ALICE.client, within_s=60, limit="test")  # alice's forwarded request
+    paced = [asyncio.create_task(world.registry.acquire("resource", OTHER, ALICE)) for _ in range(2)]
+    await eventually(lambda: world.registry.waiting == 2)  # both subscribed, and waiting
+    assert world.upstream.reads(OTHER) == [], "over the rate: behind alice's own request (a slot is free)"
+    phone = await world.registry.acquire("resource", OTHER, ALICE_PHONE)
+    assert phone is not None, "her phone, within its own rate, does not wait on her laptop's turn"
+    assert world.upstream.reads(OTHER) == ["alice"]
+    world.fair_share.release(ALICE.client)
+    handles = await asyncio.gather(*paced)
+    assert all(handle is not None for handle in handles)
+    assert world.upstream.reads(OTHER) == ["alice", "alice"], "the laptop's two first reads were one"
+    assert world.watches()[WatchKey("resource", OTHER, "alice")] == 3
+    await world.registry.aclose()
+
+
+async def test_a_first_read_that_waits_too_long_for_its_turn_is_refused() -> None:
+    config = CONFIG.model_copy(update={"max_baselines_per_s": 1.0, "baseline_wait_s": 0.001})
+    world = make_world(config, capacity=2, per_client=1)
+    world.upstream.resources[DOC] = contents(DOC, "v1")
+    assert await world.registry.acquire("resource", DOC, ALICE) is not None
+    await world.fair_share.acquire(ALICE.client, within_s=60, limit="test")
+    with pytest.raises(TooManyRequests):
+        await world.registry.acquire("resource", OTHER, ALICE)
+    assert world.upstream.reads(OTHER) == []
+    assert world.gauge("mcp_sidecar_limit_rejections_total", limit="baseline_wait") == 1
+    world.fair_share.release(ALICE.client)
+    await world.registry.aclose()
+
+
+async def test_a_joiners_look_over_the_rate_waits_its_turn_too() -> None:
+    world = make_world(CONFIG.model_copy(update={"max_baselines_per_s": 1.0}), capacity=2, per_client=1)
+    world.upstream.resources[DOC] = contents(DOC, "v1")
+    assert await world.registry.acquire("resource", DOC, ALICE) is not None
+    await world.fair_share.acquire(ALICE.client, within_s=60, limit="test")
+    paced = [asyncio.create_task(world.registry.acquire("resource", DOC, ALICE)) for _ in range(2)]
+    await eventually(lambda: world.registry.waiting == 2)  # both subscribed, and waiting
+    assert world.upstream.reads(DOC) == ["alice"]
+    assert await world.registry.acquire("resource", DOC, ALICE_PHONE) is not None, "not behind the laptop's turn"
+    assert world.upstream.reads(DOC) == ["alice", "alice"]
+    world.fair_share.release(ALICE.client)
+    assert all(await asyncio.gather(*paced))
+    assert world.upstream.reads(DOC) == ["alice", "alice", "alice"], "the laptop's two joins shared one look"
+    await world.registry.aclose()
+
+
+async def test_a_caller_cancelled_as_it_is_answered_lets_go_of_the_watch_it_was_given() -> None:
+    bus = GatedBus()
+    world = make_world(bus=bus)
+    world.upstream.resources[DOC] = contents(DOC, "v1")
+    late = asyncio.create_task(world.registry.acquire("resource", DOC, ALICE))
+    await bus.published.wait()  # answered in the same step as this wake-up, and resumes after it
+    key = WatchKey("resource", DOC, "alice")
+    assert world.watches() == {key: 1}
+    late.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await late
+    assert world.watches() == {key: 0}, "the holder it was given is released with it"
+    await world.clock.advance(8.0)
+    assert world.watches() == {}, "and the watch lingers, then ends"
+    await world.registry.aclose()
