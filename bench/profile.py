@@ -4,6 +4,7 @@
     python -m bench.profile forward                     # py-spy while forwarding at c=32, then c=1
     python -m bench.profile polls                       # py-spy with 2,000 watched URIs at 1 s
     python -m bench.profile streams                     # tracemalloc of idle listen streams (10 URIs each)
+    python -m bench.profile floor                       # the same, served by a bare aiohttp handler instead
     python -m bench.profile summary FILE                # summarise a py-spy raw file again
 
 py-spy samples the sidecar from outside (`record --nonblocking --format raw`), so the process runs at full
@@ -12,7 +13,10 @@ innermost frame that belongs to a known owner (the aiohttp server, the aiohttp c
 envelope checks, read-through, metrics, ..., or the kernel: a sample inside asyncio's `sock.send` is the
 kernel's TCP work, which on loopback includes delivering the bytes to the peer). `streams` runs the sidecar
 in this process with tracemalloc on and charges each allocation still alive to its innermost sidecar frame
-(or aiohttp's, or aiohttp-sse's). Raw files and summaries go to --out (default: a temporary directory).
+(or aiohttp's, or aiohttp-sse's). `floor` measures the same streams served by a bare aiohttp handler that
+reads the listen, writes an ack and holds the response open: aiohttp's own price for an open request, the
+floor a listen stream's memory is compared with. Raw files and summaries go to --out (default: a temporary
+directory).
 """
 
 from __future__ import annotations
@@ -31,6 +35,9 @@ import tracemalloc
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
+
+import orjson
+from aiohttp import web
 
 from bench.common import REPO_ROOT, cpu_seconds, histogram_quantile, scrape
 from bench.services import kill_leftovers, start_fast_upstream, start_loadgen, start_sidecar
@@ -199,29 +206,35 @@ async def profile_polls(out: Path, seconds: float, event_loop: str, tree: Path) 
         _write(out / "polls.summary.txt", head + "\n\n" + summarise(raw, per_poll))
 
 
-async def profile_streams(out: Path, count: int) -> None:
-    """The sidecar in this process (its own `serve`), streams opened by the load generator, tracemalloc between."""
+async def profile_streams(out: Path, count: int, *, floor: bool = False) -> None:
+    """The sidecar in this process (its own `serve`), or with `floor` a bare aiohttp handler, streams opened by
+    the load generator, tracemalloc between."""
     from sidecar.commands.serve import serve
     from sidecar.config import load_config
     from tests.procs import free_port
 
     work = Path(tempfile.mkdtemp(prefix="profile-streams-"))
     async with contextlib.AsyncExitStack() as stack:
-        upstream = await start_fast_upstream(stack, work)
         port = free_port()
-        config = load_config(
-            None,
-            overrides={
-                "upstream": {"url": upstream.url},
-                "listen": {"host": "127.0.0.1", "port": port},
-                "admin": {"host": "127.0.0.1", "port": free_port()},
-                "streams": {"max_streams": 20_000},
-                "logging": {"level": "warning"},
-            },
-        )
-        ready = asyncio.Event()
-        server = asyncio.get_running_loop().create_task(serve(config, ready))
-        await ready.wait()
+        if floor:
+            runner = await _bare_listen_server(port)
+            stack.push_async_callback(runner.cleanup)
+        else:
+            upstream = await start_fast_upstream(stack, work)
+            config = load_config(
+                None,
+                overrides={
+                    "upstream": {"url": upstream.url},
+                    "listen": {"host": "127.0.0.1", "port": port},
+                    "admin": {"host": "127.0.0.1", "port": free_port()},
+                    "streams": {"max_streams": 20_000},
+                    "logging": {"level": "warning"},
+                },
+            )
+            ready = asyncio.Event()
+            server = asyncio.get_running_loop().create_task(serve(config, ready))
+            stack.push_async_callback(_cancel, server)
+            await ready.wait()
         url = f"http://127.0.0.1:{port}/mcp"
         load = await start_loadgen(stack, work, "loadgen-profile")
         ten = [f"bench://items/mem{i}" for i in range(10)]
@@ -246,14 +259,45 @@ async def profile_streams(out: Path, count: int) -> None:
                 (f for f in reversed(frames) if "aiohttp" in f.filename), frames[-1]
             )
             owners[f"{_short(owner.filename)}:{owner.lineno}"] += stat.size_diff
-        lines = [f"idle listen streams (10 URIs): {count:,}; Python heap per stream {total / count:,.0f} B", ""]
-        lines += [f"{size / count:8,.0f} B  {where}" for where, size in owners.most_common(30)]
-        _write(out / "streams.summary.txt", "\n".join(lines))
+        served = "a bare aiohttp handler" if floor else "the sidecar"
+        lines = [f"idle listen streams (10 URIs), {served}: {count:,}; Python heap per stream {total / count:,.0f} B"]
+        lines += ["", *(f"{size / count:8,.0f} B  {where}" for where, size in owners.most_common(30))]
+        _write(out / f"{'floor' if floor else 'streams'}.summary.txt", "\n".join(lines))
         await load.call("close", group="idle")
         await load.call("close", group="warm")
-        server.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await server
+
+
+async def _cancel(task: asyncio.Task[int]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+async def _bare_listen_server(port: int) -> web.AppRunner:
+    """The floor: read the listen, write its ack (every URI honoured) as one SSE event, hold the response open."""
+
+    async def listen(request: web.Request) -> web.StreamResponse:
+        message = await request.json()
+        uris = message["params"]["notifications"]["resourceSubscriptions"]
+        meta = {"io.modelcontextprotocol/subscriptionId": message["id"]}
+        ack = {
+            "jsonrpc": "2.0",
+            "method": "notifications/subscriptions/acknowledged",
+            "params": {"notifications": {"resourceSubscriptions": uris}, "_meta": meta},
+        }
+        del message, uris
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        await response.write(b"data: " + orjson.dumps(ack) + b"\r\n\r\n")
+        await asyncio.Event().wait()  # held until the client goes (aiohttp cancels the handler)
+        return response
+
+    app = web.Application()
+    app.router.add_post("/mcp", listen)
+    runner = web.AppRunner(app, handler_cancellation=True)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner
 
 
 def _short(filename: str) -> str:
@@ -270,7 +314,7 @@ def _write(path: Path, text: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__.split("\n\n")[0])
-    parser.add_argument("part", choices=("forward", "polls", "streams", "summary"))
+    parser.add_argument("part", choices=("forward", "polls", "streams", "floor", "summary"))
     parser.add_argument("file", nargs="?", type=Path, help="summary: a py-spy raw file")
     parser.add_argument("--out", type=Path, default=None, help="where raw files and summaries go")
     parser.add_argument("--seconds", type=float, default=15.0, help="seconds of sampling per measurement")
@@ -283,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("summary needs a py-spy raw file")
         print(summarise(args.file))
         return 0
-    if args.part != "streams" and shutil.which("py-spy") is None:
+    if args.part not in ("streams", "floor") and shutil.which("py-spy") is None:
         print("py-spy is not installed (pip install py-spy)", file=sys.stderr)
         return 2
     out = args.out or Path(tempfile.mkdtemp(prefix="mcp-sidecar-profile-"))
@@ -294,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.part == "polls":
             asyncio.run(profile_polls(out, args.seconds, args.loop, args.tree))
         else:
-            asyncio.run(profile_streams(out, args.streams))
+            asyncio.run(profile_streams(out, args.streams, floor=args.part == "floor"))
     finally:
         kill_leftovers()
     return 0

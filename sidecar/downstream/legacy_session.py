@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterator
 
 import orjson
 
@@ -61,6 +62,22 @@ class LegacySession:
         self.list_handles = [handle for handle in self.list_handles if handle.key != key]
         return revoked
 
+    def outgoing(self, upstream_frame: bytes | None, quiet: bool) -> Iterator[bytes]:
+        """What the GET stream writes after a wait: the upstream's frame as it came, then each pending signal (the
+        set is emptied at once: a signal meanwhile pends for the next round), then, after a whole keep-alive
+        interval of neither (`quiet`), a comment. Each is counted once the stream asks for the next."""
+        if upstream_frame is not None:
+            yield upstream_frame
+        signals = list(self._pending)
+        self._pending.clear()
+        self._wake.clear()
+        for method, uri in signals:
+            yield message_event(orjson.dumps(session_notification(method, uri)))
+            self._metrics.notifications.labels(method).inc()
+        if quiet:
+            yield COMMENT
+            self._metrics.keepalives.inc()
+
     async def serve_get(self, events: EventStream, upstream_frames: asyncio.Queue[bytes], keepalive_s: float) -> None:
         """A GET stream until the session ends: the upstream's frames as they come, our signals when pending, and a
         comment after `keepalive_s` of neither."""
@@ -74,17 +91,8 @@ class LegacySession:
                 for task in (waiter, getter):
                     if task not in done:
                         task.cancel()
-                if getter in done:
-                    await events.send(getter.result())
-                signals = list(self._pending)
-                self._pending.clear()
-                self._wake.clear()
-                for method, uri in signals:
-                    await events.send(message_event(orjson.dumps(session_notification(method, uri))))
-                    self._metrics.notifications.labels(method).inc()
-                if not done:
-                    await events.send(COMMENT)
-                    self._metrics.keepalives.inc()
+                for frame in self.outgoing(getter.result() if getter in done else None, quiet=not done):
+                    await events.send(frame)
         finally:
             # A client that goes away cancels its handler inside asyncio.wait, which leaves both helper tasks
             # pending: cancel them here, or they are garbage-collected pending ("Task was destroyed but it is

@@ -7,7 +7,6 @@ release interest in `finally`. Stamping and filtering happen here only; the bus 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 from collections.abc import Callable
 from typing import Protocol
@@ -16,7 +15,7 @@ import orjson
 from aiohttp import web
 
 from sidecar.backoff import JITTER
-from sidecar.changes import Bus, ChangeEvent, WatchKey, WatchKind
+from sidecar.changes import Bus, ChangeEvent, WatchKey
 from sidecar.config import StreamsConfig
 from sidecar.downstream.delivered import Delivered
 from sidecar.downstream.event_stream import EventStream, KeepAliveTicker, StreamStalled
@@ -28,14 +27,13 @@ from sidecar.downstream.listen_filter import (
     log_left_out,
     parse_filter,
 )
-from sidecar.downstream.pending import PendingSignals
+from sidecar.downstream.listen_stream import ListenStream, Step
 from sidecar.identity import Identity
 from sidecar.observability.metrics import Metrics
 from sidecar.observability.tracing import tracing
-from sidecar.protocol.envelope import Message, RequestId
-from sidecar.protocol.errors import InvalidParams, Overloaded, RpcError, UpstreamError, UpstreamHTTPError
-from sidecar.protocol.frames import ack_notification, complete_result, notification
-from sidecar.protocol.lists import LIST_KINDS
+from sidecar.protocol.envelope import Message
+from sidecar.protocol.errors import InvalidParams, Overloaded, RpcError, UpstreamError
+from sidecar.protocol.frames import ack_notification
 from sidecar.upstream.base import LearnEra
 from sidecar.watch.registry import Handle, WatchRegistry
 
@@ -47,18 +45,6 @@ _FLUSH_SLICE = 1024
 """Streams the fan-out writes to before it lets the event loop run other work."""
 _MAX_AGE_JITTER = 0.1
 """Streams opened together (a reconnect wave) end spread over a tenth of `max_age_s`, not in one instant."""
-_ID_SLOT = "\x00"
-_ID_SLOT_JSON = b'"\\u0000"'
-
-
-@functools.lru_cache(maxsize=256)
-def _frame_around_id(method: str, uri: str | None) -> tuple[bytes, bytes]:
-    """A notification's JSON before and after its subscription id: the same for every stream a change reaches,
-    so a fan-out encodes it once, not once per stream. The slot is the first string that JSON-escapes to
-    `"\\u0000"`: `_meta` (and the id in it) comes before the URI, and a method name holds no NUL."""
-    before, slot, after = orjson.dumps(notification(_ID_SLOT, method, uri)).partition(_ID_SLOT_JSON)
-    assert slot, "the id slot is in the frame"
-    return before, after
 
 
 class SignalSink(Protocol):
@@ -74,108 +60,6 @@ class SignalSink(Protocol):
     def revoke(self, key: WatchKey) -> list[Handle]:
         """Its context was refused `key` upstream: stop delivering it; returns the handles to release now."""
         ...
-
-
-class ListenStream:
-    """One listen request: a pending set of signals keyed by (method, uri), never a queue (invariant 11).
-
-    Signals are written straight into the connection's send buffer by the hub's fan-out while it has room;
-    what does not fit stays pending (merging with later signals for the same key) for the stream's handler,
-    which awaits the slow client.
-    """
-
-    def __init__(
-        self,
-        subscription_id: RequestId,
-        metrics: Metrics,
-        on_pending: Callable[[ListenStream], None],
-        on_written: Callable[[str, float], None],
-    ) -> None:
-        self.subscription_id = subscription_id
-        self.handles: list[Handle] = []
-        self.end_reason = "client"
-        self.ended = False
-        self._on_pending = on_pending
-        self._on_written = on_written
-        self._pending = PendingSignals(metrics.coalesced)
-        self._waiter: asyncio.Future[None] | None = None
-        """Set while the handler waits for work (an asyncio.Event would keep a deque per stream for ever)."""
-        self._closing = False
-        self._events: EventStream | None = None
-        """Set from the ack until the complete result: only then may signals be written."""
-
-    @property
-    def pending_count(self) -> int:
-        return len(self._pending)
-
-    def signal(self, method: str, uri: str | None, detected_at: float) -> None:
-        """Called by the bus fan-out; synchronous, never raises. A second signal before a write merges."""
-        if self._pending.add(method, uri, detected_at):
-            self._on_pending(self)
-
-    def revoke(self, key: WatchKey) -> list[Handle]:
-        """A refused credential ends the whole stream, so the client re-authenticates and listens again."""
-        self.close("auth")
-        return []
-
-    def close(self, reason: str) -> None:
-        """Start a graceful end: pending signals flush, then the complete result, then the stream closes."""
-        self._closing = True
-        self.end_reason = reason
-        self._wake()
-
-    def flush(self) -> None:
-        """Write pending signals while the send buffer has room; wake the handler for the rest."""
-        events = self._events
-        if events is None:
-            return  # not acknowledged yet: the handler writes them after the ack
-        pending = self._pending
-        while pending and events.writable:
-            key = next(iter(pending))
-            detected_at = pending.pop(key)
-            before, after = _frame_around_id(*key)
-            events.write_event(before + orjson.dumps(self.subscription_id) + after)
-            self._on_written(key[0], detected_at)
-        if pending:
-            self._wake()
-
-    def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    def keepalive(self) -> bool:
-        """The shared ticker's visit: a comment if nothing was written since the last one."""
-        events = self._events
-        if events is None:
-            return False
-        wrote = events.quiet and events.writable
-        if wrote:
-            events.write_comment()
-        events.quiet = True
-        return wrote
-
-    async def serve(self, events: EventStream) -> None:
-        """From the ack on: write what the fan-out could not (a slow client), then, when closed, the complete."""
-        self._events = events
-        try:
-            while True:
-                self.flush()
-                if not events.connected:
-                    return
-                if self._pending:
-                    await events.drain()  # StreamStalled: the client stopped reading
-                    continue
-                if self._closing:
-                    events.write_event(orjson.dumps(complete_result(self.subscription_id)))
-                    return
-                self._waiter = asyncio.get_running_loop().create_future()
-                try:
-                    await self._waiter
-                finally:
-                    self._waiter = None
-        finally:
-            self._events = None
 
 
 class StreamHub:
@@ -288,7 +172,7 @@ class StreamHub:
             del ack
             expiry = self._expiry(stream)
             try:
-                await stream.serve(events)
+                await _serve(stream, events)
             finally:
                 if expiry is not None:
                     expiry.cancel()
@@ -311,34 +195,24 @@ class StreamHub:
         return asyncio.get_running_loop().call_later(age_s, stream.close, "max_age")
 
     async def _subscribe(self, stream: ListenStream, wanted: SubscriptionFilter, identity: Identity) -> Ack:
-        ack = Ack()
-        limit = self._config.max_uris_per_stream
-        uris = wanted.uris[:limit]
-        if len(wanted.uris) > len(uris):
-            self._metrics.limit_rejections.labels("max_uris_per_stream").inc(len(wanted.uris) - len(uris))
         # The probe (when this is the first contact) goes as the client: a protected upstream would refuse an
         # anonymous one, and the client would get a 401 for a token that is valid.
         capabilities = (await self._upstream.ensure_info(identity)).capabilities
-        # A list kind whose primitive the upstream lacks is left out of the ack (invariant 2).
-        lists: list[tuple[str, WatchKind]] = []
-        for row in LIST_KINDS.values():
-            if row.kind in wanted.lists:
-                if row.primitive in capabilities:
-                    lists.append((row.filter_field, row.kind))
-                else:
-                    ack.leave_out(LeftOut.unsupported(row.filter_field, row.primitive))
-
+        ack = Ack(wanted, capabilities, self._config.max_uris_per_stream)
+        if ack.over_limit:
+            self._metrics.limit_rejections.labels("max_uris_per_stream").inc(len(ack.over_limit))
         failures: list[UpstreamError | RpcError] = []
 
-        async def join(kind: WatchKind, uri: str | None, field: str | None = None) -> LeftOut | None:
+        async def join(part: Asked) -> LeftOut | None:
             """None when joined; else why not."""
+            uri, field = part.uri, part.notification
             try:
-                handle = await self._registry.acquire(kind, uri, identity)
+                handle = await self._registry.acquire(part.kind, uri, identity)
             except (UpstreamError, RpcError) as exc:
                 failures.append(exc)  # left out of the ack; the listen fails with it if nothing else joins
                 return LeftOut.refused(exc, uri, field)
             except Exception:  # boundary: one URI's failure leaves it out of the ack, never the others' handles
-                logger.exception("subscribing failed", extra={"kind": kind})
+                logger.exception("subscribing failed", extra={"kind": part.kind})
                 return LeftOut.internal(uri, field)
             if handle is None:
                 return LeftOut.not_found(uri, field)
@@ -349,23 +223,14 @@ class StreamHub:
             # once too, as _end uncounts every resource handle, also those of a stream gone before its ack.
             stream.handles.append(handle)
             self.attach(stream, handle)
-            if kind == "resource":
+            if part.kind == "resource":
                 self._metrics.subscriptions.inc()
             return None
 
-        asked = [*(Asked(field, None) for field, _ in lists), *(Asked(None, uri) for uri in uris)]
-        outcomes = await asyncio.gather(
-            *(join(kind, None, field) for field, kind in lists), *(join("resource", uri) for uri in uris)
-        )
-        ack.settle(asked, outcomes)
-        for uri in wanted.uris[limit:]:
-            ack.leave_out(LeftOut.over_limit(uri, limit))
-        if failures and not ack.honoured:
-            # Nothing could be honoured because the upstream could not answer: say so (a refused credential
-            # first, so the client re-authenticates) instead of an empty ack that reads as "nothing exists".
-            raise next(
-                (exc for exc in failures if isinstance(exc, UpstreamHTTPError) and exc.is_auth_failure), failures[0]
-            )
+        ack.settle(await asyncio.gather(*(join(part) for part in ack.asked)))
+        refusal = ack.refusal(failures)
+        if refusal is not None:
+            raise refusal
         return ack
 
     def _end(self, stream: ListenStream) -> None:
@@ -392,3 +257,22 @@ class StreamHub:
     async def aclose(self) -> None:
         self._unsubscribe()
         await self._keepalive.stop()
+
+
+async def _serve(stream: ListenStream, events: EventStream) -> None:
+    """A stream's driver from the ack on: it awaits what the stream's rules leave to wait for (a slow client,
+    the next signal or the close) and nothing else."""
+    stream.begin(events)
+    loop = asyncio.get_running_loop()
+    try:
+        while (step := stream.step()) is not Step.DONE:
+            if step is Step.DRAIN:
+                await events.drain()  # StreamStalled: the client stopped reading
+                continue
+            stream.waiter = waiter = loop.create_future()
+            try:
+                await waiter
+            finally:
+                stream.waiter = None
+    finally:
+        stream.finish()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import re
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,31 +119,51 @@ class LeftOut:
 
 @dataclass(frozen=True, slots=True)
 class Asked:
-    """One part of a filter: a list field, or a resource URI."""
+    """One part of a filter the stream joins: a list kind (its filter field), or a resource URI."""
 
+    kind: WatchKind
     notification: str | None
     uri: str | None
 
 
 class Ack:
-    """A listen's ack as it is composed: each part of the filter is honoured or left out with its reason."""
+    """A listen's ack as it is composed, with no I/O: from the filter and the upstream's capabilities, what the
+    stream joins (`asked`: each list kind the upstream has, then the URIs within `max_uris`); from each join's
+    outcome, what it honours and what it leaves out with the reason (invariant 2)."""
 
-    def __init__(self) -> None:
+    def __init__(self, wanted: SubscriptionFilter, capabilities: Container[str], max_uris: int) -> None:
         self.honoured: JsonObject = {}
         self.left_out: list[LeftOut] = []
+        self.asked: list[Asked] = []
+        for row in LIST_KINDS.values():
+            if row.kind in wanted.lists:
+                if row.primitive in capabilities:
+                    self.asked.append(Asked(row.kind, row.filter_field, None))
+                else:
+                    self.left_out.append(LeftOut.unsupported(row.filter_field, row.primitive))
+        self.asked += (Asked("resource", None, uri) for uri in wanted.uris[:max_uris])
+        self.over_limit = [LeftOut.over_limit(uri, max_uris) for uri in wanted.uris[max_uris:]]
+        """The URIs past `max_uris`, left out after the rest."""
 
-    def settle(self, asked: Sequence[Asked], outcomes: Sequence[LeftOut | None]) -> None:
+    def settle(self, outcomes: Sequence[LeftOut | None]) -> None:
         """Each part asked, in the order asked, honoured (its outcome None) or left out (why)."""
-        for part, left in zip(asked, outcomes, strict=True):
+        for part, left in zip(self.asked, outcomes, strict=True):
             if left is not None:
                 self.left_out.append(left)
             elif part.uri is not None:
                 self.honoured.setdefault("resourceSubscriptions", []).append(part.uri)
             elif part.notification is not None:
                 self.honoured[part.notification] = True
+        self.left_out += self.over_limit
+        self.asked = []
 
-    def leave_out(self, left: LeftOut) -> None:
-        self.left_out.append(left)
+    def refusal(self, failures: Sequence[UpstreamError | RpcError]) -> UpstreamError | RpcError | None:
+        """What to answer instead of an ack that honours nothing because the upstream could not answer (an empty
+        ack reads as "nothing exists"): a refused credential first, so the client re-authenticates."""
+        if self.honoured or not failures:
+            return None
+        refused = (exc for exc in failures if isinstance(exc, UpstreamHTTPError) and exc.is_auth_failure)
+        return next(refused, failures[0])
 
     def meta(self) -> list[JsonObject]:
         """The `_meta` entry naming what was left out (empty: nothing was)."""

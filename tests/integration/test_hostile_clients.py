@@ -9,8 +9,7 @@ an upstream that drips its answer.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -313,14 +312,21 @@ async def test_a_client_subscribing_faster_than_its_rate_waits_for_its_reads_and
     shop: Upstream, http: aiohttp.ClientSession
 ) -> None:
     items = [f"catalog://items/sku{n}" for n in range(200)]
-    async with serve_sidecar(shop.url, polling={"max_baselines_per_s": 50}) as sidecar:
+    rate = 50
+    async with serve_sidecar(shop.url, polling={"max_baselines_per_s": rate}) as sidecar:
         stream = ListenStream(http, sidecar.url, "many", items)
+        asked_at = time.monotonic()  # one clock for this process and the upstream's (CLOCK_MONOTONIC)
         ack = await stream.open()
         await stream.close()
         assert ack["params"]["notifications"].get("resourceSubscriptions") == items
-        assert await shop.count("resources/read") == 200
-        # Past the rate, the reads went through the client's fair share (and waited there when it was full).
-        assert waits(sidecar, "upstream_requests") >= 200 - 50
+        reads = [entry for entry in await shop.log() if entry["method"] == "resources/read"]
+        assert len(reads) == 200
+        # Past the rate, the reads went through the client's fair share (and waited there when it was full). The
+        # bucket holds `rate` tokens and refills at `rate` a second while the reads go on, so what went at once is
+        # bounded by its refill over the time that passed by the upstream's clock, however slow the machine.
+        elapsed_s = max(entry["at"] for entry in reads) - asked_at
+        at_once = 200 - waits(sidecar, "upstream_requests")
+        assert at_once <= rate + rate * elapsed_s, (at_once, elapsed_s)
 
 
 @pytest.mark.invariant(20)
@@ -349,55 +355,3 @@ async def test_a_first_read_that_cannot_start_in_time_is_left_out_of_that_client
         finally:
             await up.stop()
             await asyncio.gather(hung, return_exceptions=True)
-
-
-# -- bad input that used to be a 500 -------------------------------------------------------------------------
-
-
-def _nested(depth: int) -> Any:
-    value: Any = "x"
-    for _ in range(depth):
-        value = {"a": value}
-    return value
-
-
-@pytest.mark.parametrize(("method", "params"), [("tools/call", "name"), ("resources/read", "uri")])
-async def test_params_nested_deeper_than_json_encoders_go_get_400(
-    method: str, params: str, shop: Upstream, http: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture
-) -> None:
-    deep = {params: "echo" if params == "name" else PRICE, "arguments": _nested(300)}
-    async with serve_sidecar(shop.url) as sidecar:
-        with caplog.at_level(logging.WARNING):
-            status, message = await rpc(http, sidecar.url, method, deep)
-        assert status == 400 and message["error"]["code"] == -32600, message
-        assert not [record for record in caplog.records if record.levelno >= logging.ERROR]
-
-
-@pytest.mark.parametrize(("name", "value"), [("Host", "["), ("Origin", "http://[")])
-async def test_malformed_host_and_origin_headers_get_400(
-    name: str, value: str, shop: Upstream, http: aiohttp.ClientSession
-) -> None:
-    async with serve_sidecar(shop.url) as sidecar:
-        body = request("tools/list")
-        async with http.post(sidecar.url, json=body, headers={**headers("tools/list"), name: value}) as resp:
-            assert resp.status == 400
-            assert (await resp.json(content_type=None))["error"]["code"] == -32600
-
-
-async def test_malformed_http_is_logged_once_per_cause_at_warning(
-    shop: Upstream, caplog: pytest.LogCaptureFixture
-) -> None:
-    async with serve_sidecar(shop.url) as sidecar:
-        port = int(sidecar.base_url.rsplit(":", 1)[1])
-        with caplog.at_level(logging.DEBUG, logger="aiohttp.server"):
-            for _ in range(20):
-                reader, writer = await asyncio.open_connection("127.0.0.1", port)
-                writer.write(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: nope\r\n\r\n")
-                await writer.drain()
-                with contextlib.suppress(ConnectionError):
-                    async with asyncio.timeout(15):
-                        assert b" 400 " in await reader.readuntil(b"\r\n")
-                writer.close()
-        records = [record for record in caplog.records if record.name == "aiohttp.server"]
-        assert not [record for record in records if record.levelno >= logging.ERROR]
-        assert len([record for record in records if record.levelno == logging.WARNING]) <= 1

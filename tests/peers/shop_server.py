@@ -41,6 +41,7 @@ import contextvars
 import json
 import logging
 import ssl
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -94,18 +95,22 @@ class ShopState:
 
 
 class AdminLog:
-    """Every JSON-RPC message POSTed to /mcp, in arrival order (rejected ones included)."""
+    """Every JSON-RPC message POSTed to /mcp, in arrival order (rejected ones included), with the upstream's own
+    times (`time.monotonic()`, one clock for every process of the machine): `at` when it had arrived, `done` when
+    its answer's last byte was handed on (None until then), so a test can count reads over the time that passed."""
 
     def __init__(self) -> None:
         self.entries: list[dict[str, Any]] = []
 
-    def record(self, message: Any, headers: dict[str, str]) -> None:
+    def record(self, message: Any, headers: dict[str, str]) -> dict[str, Any] | None:
         if not isinstance(message, dict):
-            return
+            return None
         params = message.get("params")
         params = params if isinstance(params, dict) else {}
         self.entries.append(
             {
+                "at": time.monotonic(),
+                "done": None,
                 "method": message.get("method"),
                 "id": message.get("id"),
                 "uri": params.get("uri"),
@@ -117,6 +122,7 @@ class AdminLog:
                 "meta_traceparent": (params.get("_meta") or {}).get("traceparent"),
             }
         )
+        return self.entries[-1]
 
 
 def _token(authorization: str | None) -> str:
@@ -207,8 +213,10 @@ class _Front:
                 payload = json.loads(body)
             except ValueError:
                 payload = None
-            for item in payload if isinstance(payload, list) else [payload]:
-                self.log.record(item, headers)
+            recorded = [
+                self.log.record(item, headers) for item in (payload if isinstance(payload, list) else [payload])
+            ]
+            send = _answered(send, [entry for entry in recorded if entry is not None])
         if self.auth is not None:
             refusal = self.auth.refusal(headers.get("authorization"))
             if refusal is not None:
@@ -267,6 +275,20 @@ class _Front:
             return scope, send  # an unknown session: the SDK answers 404
         kept = [(name, value) for name, value in scope["headers"] if name.lower() != b"authorization"]
         return {**scope, "headers": [*kept, (b"authorization", owner.encode("latin-1"))]}, send
+
+
+def _answered(send: Send, entries: list[dict[str, Any]]) -> Send:
+    """`send`, stamping `done` on the log entries of a request once its answer's body has ended."""
+    if not entries:
+        return send
+
+    async def stamping(message: Message) -> None:
+        await send(message)
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            for entry in entries:
+                entry["done"] = time.monotonic()
+
+    return stamping
 
 
 def build_app(

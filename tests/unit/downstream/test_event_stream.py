@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 
 from sidecar.downstream.event_stream import EventStream, StreamStalled
-from sidecar.downstream.listen import ListenStream
+from sidecar.downstream.listen_stream import ListenStream
 from sidecar.observability.metrics import Metrics
 
 FRAME = b'{"method":"notifications/resources/updated","params":{"uri":"x://1"}}'

@@ -1,0 +1,375 @@
+"""The bench for the upstream's own notifications (`sidecar.watch.native`): an upstream that can push, watches
+that record their hints, and a clock moved by hand, each of which tells the bench when something happened.
+
+Nothing here looks at asyncio's internals. A test waits for what it expects to see with `Bench.until`, which
+checks its condition again each time one of the fakes reports a change (a stream opened or closed, a call, a
+hint, a key covered, a gauge moved, a timer armed) and fails after a bounded wait. Time moves only by
+`HandClock.advance`, which fires the timers that came due and returns; what they woke runs when the test next
+awaits, so a test first waits until the timer it means to fire is armed (`Bench.timer_at`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import itertools
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from sidecar.changes import WatchKey, WatchKind
+from sidecar.config import PollingConfig
+from sidecar.identity import PUBLIC, Identity
+from sidecar.observability.metrics import Metrics
+from sidecar.protocol.errors import UpstreamRpcError
+from sidecar.upstream.answers import UpstreamInfo
+from sidecar.upstream.base import Upstream
+from sidecar.watch.native import NativeNotifications
+from sidecar.watch.poller import Watch
+from tests.unit.watch.scripted_upstream import URL, ScriptedUpstream
+
+__all__ = [
+    "ACKNOWLEDGED",
+    "CONFIG",
+    "EVERYTHING",
+    "Bench",
+    "FixedJitter",
+    "HandClock",
+    "HeardWatch",
+    "JsonObject",
+    "Opened",
+    "PushingUpstream",
+    "Signal",
+    "acknowledge_all",
+    "ended",
+    "make_bench",
+    "stream_tasks",
+]
+
+JsonObject = dict[str, Any]
+ACKNOWLEDGED = "notifications/subscriptions/acknowledged"
+EVERYTHING = {
+    "resources": {"subscribe": True, "listChanged": True},
+    "tools": {"listChanged": True},
+    "prompts": {"listChanged": True},
+}
+CONFIG = PollingConfig(max_native_streams=2)
+WAIT_S = 5.0
+"""The longest a test waits for what it expects (it comes in a few turns of the loop when all is well)."""
+
+
+class Signal:
+    """Something changed that a waiting test may be waiting for: an event set by the fakes, cleared by `until`."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def __call__(self) -> None:
+        self._event.set()
+
+    async def until(self, condition: Callable[[], bool], within_s: float = WAIT_S) -> None:
+        """Return once `condition()` holds, checking it again after each change; fail after `within_s`."""
+        async with asyncio.timeout(within_s):
+            while True:
+                self._event.clear()  # before the check: a change while checking is not missed
+                if condition():
+                    return
+                await self._event.wait()
+
+
+class _HandTimer:
+    def __init__(self, when: float, callback: Callable[[], None], changed: Signal) -> None:
+        self._when = when
+        self.callback = callback
+        self.cancelled = False
+        self._changed = changed
+
+    def when(self) -> float:
+        return self._when
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        self._changed()
+
+
+class HandClock:
+    """A Clock whose time moves only when the test says so; arming or cancelling a timer is a change."""
+
+    def __init__(self, changed: Signal) -> None:
+        self._now = 0.0
+        self._timers: list[tuple[float, int, _HandTimer]] = []
+        self._order = itertools.count()
+        self._changed = changed
+
+    def now(self) -> float:
+        return self._now
+
+    def call_at(self, when: float, callback: Callable[[], None]) -> _HandTimer:
+        timer = _HandTimer(when, callback, self._changed)
+        heapq.heappush(self._timers, (when, next(self._order), timer))
+        self._changed()
+        return timer
+
+    def due(self) -> list[float]:
+        """When each armed timer is due (cancelled ones left out), soonest first."""
+        return sorted(when for when, _, timer in self._timers if not timer.cancelled)
+
+    def fire_next(self) -> None:
+        """Move time to the next armed timer and fire it (what it wakes runs once the test awaits)."""
+        while self._timers:
+            when, _, timer = heapq.heappop(self._timers)
+            if not timer.cancelled:
+                self._now = max(self._now, when)
+                timer.callback()
+                return
+        raise AssertionError("no timer is armed")
+
+    def advance(self, seconds: float) -> int:
+        """Move time on by `seconds`, firing each timer due by then at its own time; returns how many fired.
+        What they wake runs once the test awaits."""
+        until = self._now + seconds
+        fired = 0
+        while self._timers and self._timers[0][0] <= until + 1e-9:
+            when, _, timer = heapq.heappop(self._timers)
+            if timer.cancelled:
+                continue
+            self._now = max(self._now, when)
+            timer.callback()
+            fired += 1
+        self._now = max(self._now, until)
+        return fired
+
+
+@dataclass
+class Opened:
+    """One notification stream the upstream opened: for whom, what was asked, and the test's hold on it."""
+
+    identity: Identity
+    wanted: JsonObject
+    changed: Signal
+    queue: asyncio.Queue[JsonObject | BaseException | None] = field(default_factory=asyncio.Queue)
+    closed: asyncio.Event = field(default_factory=asyncio.Event)
+    taken: int = 0
+    """Messages the sidecar has read off the stream."""
+
+    def push(self, method: str, params: Any = None) -> None:
+        self.queue.put_nowait({"method": method, "params": params} if params is not None else {"method": method})
+
+    def end(self) -> None:
+        """The upstream closes the stream."""
+        self.queue.put_nowait(None)
+
+    def fail(self, exc: BaseException) -> None:
+        self.queue.put_nowait(exc)
+
+    def close(self) -> None:
+        self.closed.set()
+        self.changed()
+
+    def all_taken(self) -> bool:
+        """The sidecar has read everything the test put on the stream (and acted on it: hints are synchronous)."""
+        return self.queue.empty() and self.taken > 0
+
+
+def acknowledge_all(wanted: JsonObject) -> JsonObject:
+    return {"method": ACKNOWLEDGED, "params": {"notifications": wanted}}
+
+
+class PushingUpstream(ScriptedUpstream):
+    """The scripted upstream with notification streams the test opens, feeds, ends and refuses; every stream
+    opened or closed and every call is a change."""
+
+    def __init__(self, changed: Signal, era: str = "legacy", capabilities: JsonObject | None = None) -> None:
+        super().__init__()
+        self.changed = changed
+        self.info = UpstreamInfo(era, EVERYTHING if capabilities is None else capabilities, None, None)  # type: ignore[arg-type]
+        self.opened: list[Opened] = []
+        self.refusals: list[BaseException] = []
+        """What the next attempts to open a stream raise, in order."""
+        self.attempts = 0
+        """Attempts to open a stream, refused ones included."""
+        self.closing_gate: asyncio.Event | None = None
+        """While set and not yet open, closing a stream waits for it."""
+        self.held_closing = 0
+        """Streams whose closing waited at `closing_gate`."""
+        self.refused_uris: set[str] = set()
+        """URIs `resources/subscribe` refuses."""
+        self.honour: Callable[[JsonObject], Any] = acknowledge_all
+        """A 2026-07-28 listen's first message, from its filter (`None`: the upstream sends none)."""
+
+    async def call(self, method: str, params: JsonObject, identity: Identity) -> JsonObject:
+        try:
+            if method == "resources/subscribe" and params.get("uri") in self.refused_uris:
+                self.calls.append((method, params["uri"], identity.context))
+                raise UpstreamRpcError(URL, {"code": -32602, "message": "no such resource"})
+            return await super().call(method, params, identity)
+        finally:
+            self.changed()
+
+    @property
+    def open(self) -> list[Opened]:
+        return [opened for opened in self.opened if not opened.closed.is_set()]
+
+    @contextlib.asynccontextmanager
+    async def open_notifications(
+        self, identity: Identity, wanted: JsonObject
+    ) -> AsyncIterator[AsyncIterator[JsonObject]]:
+        self.attempts += 1
+        self.changed()
+        if self.refusals:
+            raise self.refusals.pop(0)
+        opened = Opened(identity, dict(wanted), self.changed)
+        self.opened.append(opened)
+        if self.info.era == "modern":
+            ack = self.honour(opened.wanted)
+            if ack is not None:
+                opened.queue.put_nowait(ack)
+
+        async def messages() -> AsyncIterator[JsonObject]:
+            while True:
+                item = await opened.queue.get()
+                opened.taken += 1
+                self.changed()
+                if item is None:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+
+        try:
+            yield messages()
+        finally:
+            try:
+                if self.closing_gate is not None:
+                    self.held_closing += 1
+                    self.changed()
+                    await self.closing_gate.wait()  # a stream slow to close (its connection lingers)
+            finally:
+                opened.close()
+
+
+class HeardWatch:
+    """A watch as the notifications see it: the hints it got and whether they cover it."""
+
+    def __init__(self, key: WatchKey, changed: Signal) -> None:
+        self.key = key
+        self.native = False
+        self.hints = 0
+        self._changed = changed
+
+    def hint(self) -> None:
+        self.hints += 1
+        self._changed()
+
+    def set_native(self, native: bool) -> None:
+        self.native = native
+        self._changed()
+
+
+class FixedJitter:
+    def __init__(self, value: float) -> None:
+        self.value = value
+
+    def random(self) -> float:
+        return self.value
+
+
+class _ReportingNotifications(NativeNotifications):
+    """The real NativeNotifications, reporting what moves its gauges and its `unsupported` flag as changes."""
+
+    def __init__(self, changed: Signal, *args: Any, **kwargs: Any) -> None:
+        self._changed = changed
+        super().__init__(*args, **kwargs)
+
+    @property  # type: ignore[override]
+    def unsupported(self) -> bool:
+        return self.__dict__.get("_unsupported", False)  # type: ignore[no-any-return]
+
+    @unsupported.setter
+    def unsupported(self, value: bool) -> None:
+        self.__dict__["_unsupported"] = value
+        self._changed()
+
+    def streams_open(self, delta: int) -> None:
+        super().streams_open(delta)
+        self._changed()
+
+    def received(self, method: str) -> None:
+        super().received(method)
+        self._changed()
+
+
+@dataclass
+class Bench:
+    changed: Signal
+    clock: HandClock
+    upstream: PushingUpstream
+    metrics: Metrics
+    native: NativeNotifications
+    watches: dict[WatchKey, HeardWatch] = field(default_factory=dict)
+
+    def watch(self, kind: WatchKind, uri: str | None, identity: Identity, *, public: bool = False) -> HeardWatch:
+        """What the registry does for a stream's new interest: the watch (new or not) and the context's hold."""
+        key = WatchKey(kind, uri, PUBLIC if public else identity.context)
+        watch = self.watches.get(key)
+        if watch is None:
+            watch = self.watches[key] = HeardWatch(key, self.changed)
+            self.native.update(cast(Watch, watch))
+        self.native.hold(identity, kind, uri)
+        return watch
+
+    async def until(self, condition: Callable[[], bool], within_s: float = WAIT_S) -> None:
+        await self.changed.until(condition, within_s)
+
+    async def timer_at(self, when: float) -> None:
+        """Wait until a timer due at `when` is armed (the code under test is waiting on the clock for it)."""
+        await self.until(lambda: any(abs(due - when) < 1e-6 for due in self.clock.due()))
+
+    async def idle_after(self, opened: Opened) -> None:
+        """Wait until the sidecar has read all the test put on `opened` (what it heard is acted on at once)."""
+        await self.until(opened.all_taken)
+
+    def hints(self) -> dict[WatchKey, int]:
+        return {key: watch.hints for key, watch in self.watches.items() if watch.hints}
+
+    def covered(self) -> set[WatchKey]:
+        return {key for key, watch in self.watches.items() if watch.native}
+
+    def gauge(self, name: str, **labels: str) -> float | None:
+        return self.metrics.registry.get_sample_value(name, labels)
+
+    def clear_hints(self) -> None:
+        for watch in self.watches.values():
+            watch.hints = 0
+
+
+def stream_tasks() -> set[asyncio.Task[Any]]:
+    """The notification streams' tasks still running (each keeps its context's credential)."""
+    return {
+        task for task in asyncio.all_tasks() if not task.done() and "NativeNotifications._run" in repr(task.get_coro())
+    }
+
+
+async def ended(tasks: set[asyncio.Task[Any]]) -> None:
+    """Wait until each of `tasks` has finished (and the callbacks that let go of it have run)."""
+    if tasks:
+        await asyncio.wait(tasks, timeout=WAIT_S)
+        assert all(task.done() for task in tasks), "a stream's task did not end"
+
+
+def make_bench(era: str = "legacy", capabilities: JsonObject | None = None, config: PollingConfig = CONFIG) -> Bench:
+    changed = Signal()
+    clock = HandClock(changed)
+    upstream = PushingUpstream(changed, era, capabilities)
+    metrics = Metrics()
+    bench = Bench(changed, clock, upstream, metrics, cast(NativeNotifications, None))
+    bench.native = _ReportingNotifications(
+        changed,
+        cast(Upstream, upstream),
+        config,
+        metrics,
+        watch_of=lambda key: cast(Watch, bench.watches.get(key)),
+        clock=clock,
+    )
+    return bench
