@@ -32,7 +32,7 @@ from sidecar.bus.ownership import rendezvous_owner
 from sidecar.changes import WatchKey
 from sidecar.observability.logs import INSTANCE_ENV
 from tests import prereqs
-from tests.helpers import headers, request
+from tests.kit import headers, request
 from tests.procs import (
     START_TIMEOUT_S,
     OnLoopback,

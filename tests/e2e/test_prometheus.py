@@ -21,8 +21,7 @@ import aiohttp
 import pytest
 import yaml
 
-from tests.helpers import Sidecar, rpc, serve_sidecar
-from tests.observing import ListenStream, scrape
+from tests.kit import ListenStream, Sidecar, rpc, scrape, serve_sidecar
 from tests.peers import Upstream
 from tests.prereqs import require_binary
 from tests.procs import ServerProcess, free_port, http_answers

@@ -22,7 +22,7 @@ import aiohttp
 import pytest
 
 from tests.cluster import ListenStream, Replica, free_port, sidecar_config
-from tests.helpers import SUB_ID_KEY, eventually, rpc
+from tests.kit import SUB_ID_KEY, eventually, rpc
 from tests.peers.faulty import Fault, FaultyUpstream
 
 GRACE_S = 4.0

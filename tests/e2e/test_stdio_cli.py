@@ -22,8 +22,7 @@ from mcp import Client
 from mcp.client.subscriptions import ResourceUpdated
 
 from sidecar.upstream.stdio.process import REACH_ENVIRONMENT
-from tests.helpers import eventually, rpc
-from tests.observing import scrape
+from tests.kit import eventually, rpc, scrape
 from tests.peers.stdio_notes_server import NOTE_URI
 from tests.peers.stdio_peers import (
     REPO_ROOT,

@@ -28,9 +28,8 @@ import aiohttp
 import pytest
 
 from tests.cluster import ListenStream, MetricsSnapshot
-from tests.helpers import SUB_ID_KEY, rpc
-from tests.observing import ListenStream as ListsStream
-from tests.observing import listening
+from tests.kit import SUB_ID_KEY, listening, rpc
+from tests.kit import ListenStream as ListsStream
 from tests.peers import Upstream, start_upstream
 from tests.peers.stdio_peers import live_processes, session_members
 from tests.prereqs import require_binary, skip_missing

@@ -30,8 +30,18 @@ from hypothesis import strategies as st
 from sidecar.app import HUB, METRICS, REGISTRY
 from sidecar.identity import PUBLIC
 from sidecar.watch.poller import Watch
-from tests.helpers import SUB_ID_KEY, Sidecar, context_of, eventually, headers, request, rpc, serve_sidecar
-from tests.observing import UPDATED, ListenStream
+from tests.kit import (
+    SUB_ID_KEY,
+    UPDATED,
+    ListenStream,
+    Sidecar,
+    context_of,
+    eventually,
+    headers,
+    request,
+    rpc,
+    serve_sidecar,
+)
 from tests.peers import Upstream, start_upstream
 
 T = TypeVar("T")

@@ -18,7 +18,7 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-from tests.helpers import META, PV, Sidecar, headers, request, rpc, serve_sidecar
+from tests.kit import META, PV, Sidecar, headers, request, rpc, serve_sidecar
 from tests.peers import Upstream, start_upstream
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")

@@ -27,7 +27,7 @@ from bench.services import LoadClient, Service, start_fast_upstream, start_loadg
 from bench.wrk import WrkStats, wrk_reads
 from sidecar.app import FAIR_SHARE
 from tests.cluster import ListenStream, MetricsSnapshot, Replica, free_port, nginx_proxy, sidecar_config
-from tests.helpers import eventually, headers, request, serve_sidecar
+from tests.kit import eventually, headers, request, serve_sidecar
 from tests.peers.faulty import Fault, FaultyUpstream
 from tests.prereqs import require_binary
 

@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 
 from sidecar.protocol.constants import NAMED_METHODS
 from sidecar.protocol.envelope import encode_header_value
-from tests.helpers import META, PV
+from tests.kit import META, PV
 from tests.procs import child_env, free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

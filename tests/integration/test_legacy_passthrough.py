@@ -22,7 +22,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPDeprecationWarning
 from multidict import CIMultiDict
 
-from tests.helpers import serve_sidecar
+from tests.kit import serve_sidecar
 from tests.peers import Upstream
 
 LEGACY_PV = "2025-11-25"

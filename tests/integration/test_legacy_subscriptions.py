@@ -13,7 +13,7 @@ from mcp import Client, MCPError
 from mcp.shared.exceptions import MCPDeprecationWarning
 
 from sidecar.app import LEGACY, REGISTRY
-from tests.helpers import LEGACY_HEADERS, LEGACY_INITIALIZE, eventually, headers, request, serve_sidecar, sse_messages
+from tests.kit import LEGACY_HEADERS, LEGACY_INITIALIZE, eventually, headers, request, serve_sidecar, sse_messages
 from tests.peers import Upstream, start_upstream
 
 FAST = {"min_interval_ms": 100, "default_interval_ms": 300, "linger_ms": 100}

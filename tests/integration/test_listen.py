@@ -12,7 +12,7 @@ from mcp import Client
 from mcp.client.subscriptions import ResourceUpdated
 
 from sidecar.app import HUB, METRICS, REGISTRY
-from tests.helpers import SUB_ID_KEY, Sidecar, eventually, headers, request, serve_sidecar, sse_messages
+from tests.kit import SUB_ID_KEY, Sidecar, eventually, headers, request, serve_sidecar, sse_messages
 from tests.peers import Upstream, start_upstream
 
 FAST = {

@@ -10,7 +10,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.helpers import LEGACY_HEADERS, LEGACY_INITIALIZE, headers, request, serve_sidecar
+from tests.kit import LEGACY_HEADERS, LEGACY_INITIALIZE, headers, request, serve_sidecar
 from tests.peers import Upstream, start_upstream
 from tests.peers.faulty import Fault, FaultyUpstream
 

@@ -16,8 +16,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.helpers import rpc
-from tests.observing import UPDATED, ListenStream
+from tests.kit import UPDATED, ListenStream, rpc
 from tests.peers import Upstream, start_upstream
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ import pytest
 from mcp import Client
 
 from sidecar.app import METRICS
-from tests.helpers import eventually, headers, request, serve_sidecar, sse_messages
+from tests.kit import eventually, headers, request, serve_sidecar, sse_messages
 from tests.peers import start_upstream
 
 FAST = {"min_interval_ms": 100, "default_interval_ms": 300, "linger_ms": 100}

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from sidecar.app import METRICS
 from sidecar.observability.metrics import Metrics
-from tests.helpers import SUB_ID_KEY, Sidecar, eventually, headers, request, rpc, serve_sidecar, sse_messages
+from tests.kit import SUB_ID_KEY, Sidecar, eventually, headers, request, rpc, serve_sidecar, sse_messages
 from tests.peers import Upstream, start_upstream
 
 T = TypeVar("T")

@@ -22,8 +22,7 @@ import pytest
 from sidecar.app import METRICS
 from tests import cluster
 from tests.cluster import RedisServer, Replica, free_port, leases_held, sidecar_config, sidecar_replicas
-from tests.helpers import Sidecar, eventually, rpc, serve_sidecar
-from tests.observing import UPDATED, ListenStream
+from tests.kit import UPDATED, ListenStream, Sidecar, eventually, rpc, serve_sidecar
 from tests.peers import Upstream, start_upstream
 from tests.procs import REPO_ROOT, child_env
 

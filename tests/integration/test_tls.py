@@ -27,8 +27,7 @@ from sidecar.config.tls import ListenerTLS
 from sidecar.tls import CertificateWatch, server_context
 from tests.cluster import ListenStream as RawListenStream
 from tests.cluster import Replica, free_port, sidecar_config
-from tests.helpers import eventually, make_config, rpc, serve_sidecar
-from tests.observing import ListenStream
+from tests.kit import ListenStream, eventually, make_config, rpc, serve_sidecar
 from tests.peers import PeerTLS, Upstream, start_upstream
 
 PRICE = "catalog://price"

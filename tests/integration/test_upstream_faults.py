@@ -21,8 +21,7 @@ import pytest
 
 from sidecar.app import METRICS, REGISTRY
 from sidecar.config import PollingConfig
-from tests.helpers import Sidecar, eventually, headers, request, rpc, serve_sidecar, waits
-from tests.observing import ListenStream
+from tests.kit import ListenStream, Sidecar, eventually, headers, request, rpc, serve_sidecar, waits
 from tests.peers.faulty import Fault, FaultyUpstream
 
 LIMIT = 64 * 1024

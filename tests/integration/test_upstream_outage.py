@@ -24,7 +24,7 @@ import aiohttp
 import pytest
 
 from tests.cluster import Replica, sidecar_config
-from tests.helpers import eventually, rpc
+from tests.kit import eventually, rpc
 from tests.peers import Era, Upstream, start_upstream
 from tests.procs import REPO_ROOT, free_port, http_answers
 

@@ -26,7 +26,7 @@ from sidecar.bus.redis import RedisBus
 from sidecar.changes import ChangeEvent, WatchKey
 from sidecar.observability.metrics import Metrics
 from tests.cluster import LEASE_MS, RedisServer
-from tests.helpers import eventually
+from tests.kit import eventually
 
 KEY = WatchKey("resource", "catalog://price", "public")
 OTHER = WatchKey("resource", "catalog://stock", "public")

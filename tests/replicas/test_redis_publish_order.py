@@ -16,7 +16,7 @@ import redis.asyncio as aioredis
 
 from sidecar.app import METRICS
 from tests.cluster import LEASE_MS, RedisServer
-from tests.helpers import eventually, headers, request, serve_sidecar
+from tests.kit import eventually, headers, request, serve_sidecar
 from tests.peers import start_upstream
 
 PRICE = "catalog://price"

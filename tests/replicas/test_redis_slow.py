@@ -14,7 +14,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from tests.cluster import LEASE_MS, RedisServer
-from tests.helpers import headers, request, serve_sidecar, sse_messages
+from tests.kit import headers, request, serve_sidecar, sse_messages
 from tests.peers import start_upstream
 
 PRICE = "catalog://price"

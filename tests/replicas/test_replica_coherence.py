@@ -26,7 +26,7 @@ from tests.cluster import (
     sidecar_replicas,
     wait_until,
 )
-from tests.helpers import rpc
+from tests.kit import rpc
 from tests.peers import Upstream, start_upstream
 
 PRICE = "catalog://price"

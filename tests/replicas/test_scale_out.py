@@ -32,7 +32,7 @@ from tests.cluster import (
     sidecar_replicas,
     wait_until,
 )
-from tests.helpers import rpc
+from tests.kit import rpc
 from tests.peers import Upstream, start_upstream
 
 UPDATED = "notifications/resources/updated"
