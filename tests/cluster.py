@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import socket
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,14 +25,13 @@ import aiohttp
 import orjson
 import redis.asyncio as aioredis
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar.bus.layout import key_hash
 from sidecar.bus.ownership import rendezvous_owner
 from sidecar.changes import WatchKey
 from sidecar.observability.logs import INSTANCE_ENV
 from tests import prereqs
-from tests.kit import headers, request
+from tests.kit import Scrape, eventually, parse
 from tests.procs import (
     START_TIMEOUT_S,
     OnLoopback,
@@ -48,8 +47,6 @@ from tests.procs import (
 __all__ = [
     "FAST_POLLING",
     "LEASE_MS",
-    "ListenStream",
-    "MetricsSnapshot",
     "Nginx",
     "RedisClusterNodes",
     "RedisServer",
@@ -63,12 +60,10 @@ __all__ = [
     "require_binary",
     "sidecar_config",
     "sidecar_replicas",
-    "wait_until",
     "write_config",
 ]
 
 _PROBE_TIMEOUT = aiohttp.ClientTimeout(total=2.0)
-_STREAM_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=None)
 
 LEASE_MS = 900
 """Short leases: a dead owner's key is taken over within about a second."""
@@ -78,27 +73,11 @@ FAST_POLLING = {
     "backoff_initial_ms": 100,
     "backoff_max_ms": 500,
 }
-UPDATED = "notifications/resources/updated"
-ACKNOWLEDGED = "notifications/subscriptions/acknowledged"
 
 
 def require_binary(name: str) -> str:
     """The path of `name` (PATH or sbin); skips the test when absent (a failure under CI: `tests.prereqs`)."""
     return prereqs.require_binary(name, needed_by="the scale-out tests")
-
-
-async def wait_until(
-    check: Callable[[], Awaitable[bool]], what: str, within_s: float = START_TIMEOUT_S, step: float = 0.05
-) -> None:
-    """Wait (bounded) for an outside observable: a gauge, a status body, a port that answers."""
-    try:
-        async with asyncio.timeout(within_s):
-            while True:
-                if await check():
-                    return
-                await asyncio.sleep(step)  # polling state that has no event to await, bounded
-    except TimeoutError:
-        raise AssertionError(f"not within {within_s} s: {what}") from None
 
 
 # -- redis-server ---------------------------------------------------------------------------------------------------
@@ -189,8 +168,8 @@ class RedisClusterNodes:
         await asyncio.gather(*(s.start(redis_answers(p), START_TIMEOUT_S) for p, s in self.services.items()))
         nodes = [f"127.0.0.1:{port}" for port in self.ports]
         await self._cli("--cluster", "create", *nodes, "--cluster-replicas", "1", "--cluster-yes")
-        await wait_until(self._all_ok, "every node reports cluster_state:ok and knows all six")
-        await wait_until(self._replicas_synced, "every replica has synced with its master")
+        await eventually(self._all_ok, START_TIMEOUT_S, what="every node reports cluster_state:ok and knows all six")
+        await eventually(self._replicas_synced, START_TIMEOUT_S, what="every replica has synced with its master")
 
     async def _cli(self, *args: str) -> str:
         proc = await asyncio.create_subprocess_exec(
@@ -253,7 +232,7 @@ class RedisClusterNodes:
             masters = await self.masters()
             return len(masters) == self.masters_count and all(p != port for _, p, _ in masters) and await self._ok()
 
-        await wait_until(promoted, f"the replica of {port} is promoted", within_s=30)
+        await eventually(promoted, 30, what=f"the replica of {port} is promoted")
 
     async def _ok(self) -> bool:
         for port, service in self.services.items():
@@ -336,25 +315,6 @@ def write_config(path: Path, data: dict[str, Any]) -> Path:
     return path
 
 
-class MetricsSnapshot:
-    """One scrape of /metrics: sample values by name (counters end in `_total`) and labels."""
-
-    def __init__(self, text: str) -> None:
-        self.samples: list[tuple[str, dict[str, str], float]] = [
-            (sample.name, sample.labels, sample.value)
-            for family in text_string_to_metric_families(text)
-            for sample in family.samples
-        ]
-
-    def value(self, name: str, **labels: str) -> float:
-        """The sum of the samples named `name` whose labels include `labels` (0 when there is none)."""
-        return sum(
-            value
-            for sample, have, value in self.samples
-            if sample == name and all(have.get(k) == v for k, v in labels.items())
-        )
-
-
 class Replica(OnLoopback):
     """One `python -m sidecar.cli run --config FILE` process on a fixed port (or a `--workers N` process tree)."""
 
@@ -395,10 +355,11 @@ class Replica(OnLoopback):
         body: dict[str, Any] = orjson.loads(text)
         return body
 
-    async def metrics(self) -> MetricsSnapshot:
+    async def metrics(self) -> Scrape:
+        """The admin listener's `/metrics`; ask it `total(...)` (a sum over label values, 0 when absent)."""
         status, text = await self._get("/metrics", admin=True)
         assert status == 200, text
-        return MetricsSnapshot(text)
+        return parse(text)
 
     async def is_ready(self) -> bool:
         with contextlib.suppress(aiohttp.ClientError, TimeoutError):
@@ -459,7 +420,7 @@ def instances_where_first_polls(uri: str, count: int) -> list[str]:
 
 async def leases_held(replicas: Sequence[Replica]) -> list[int]:
     """The keys each replica polls for the cluster (`mcp_sidecar_leases_held`), in order."""
-    return [int((await replica.metrics()).value("mcp_sidecar_leases_held")) for replica in replicas]
+    return [int((await replica.metrics()).total("mcp_sidecar_leases_held")) for replica in replicas]
 
 
 # -- nginx ----------------------------------------------------------------------------------------------------------
@@ -526,95 +487,3 @@ async def nginx_proxy(tmp_path: Path, backends: Sequence[int], read_timeout_s: i
         yield nginx
     finally:
         await nginx.service.stop()
-
-
-# -- listen streams -------------------------------------------------------------------------------------------------
-
-
-class ListenStream:
-    """One raw `subscriptions/listen` stream; frames and keep-alive comments are collected as they arrive."""
-
-    def __init__(self, response: aiohttp.ClientResponse, label: str) -> None:
-        self.response = response
-        self.label = label
-        self.frames: list[dict[str, Any]] = []
-        self.comment_times: list[float] = []
-        """Loop time of each keep-alive comment line."""
-        self.ended = False
-        self._arrived = asyncio.Event()
-        self._reader = asyncio.get_running_loop().create_task(self._read())
-
-    @classmethod
-    async def open(
-        cls, http: aiohttp.ClientSession, url: str, request_id: Any, uris: Sequence[str], within_s: float = 15.0
-    ) -> ListenStream:
-        """POST the listen request and wait (bounded) for its ack, the first frame."""
-        body = request("subscriptions/listen", {"notifications": {"resourceSubscriptions": list(uris)}}, request_id)
-        response = await http.post(url, json=body, headers=headers("subscriptions/listen"), timeout=_STREAM_TIMEOUT)
-        if response.status != 200:
-            text = await response.text()
-            response.release()
-            raise AssertionError(f"listen via {url} answered {response.status}: {text}")
-        stream = cls(response, f"{url}#{request_id}")
-        ack = await stream.wait_for(lambda frame: True, within_s)
-        assert ack.get("method") == ACKNOWLEDGED, f"{stream.label}: first frame is not the ack: {ack}"
-        assert ack["params"]["notifications"].get("resourceSubscriptions") == list(uris), ack
-        return stream
-
-    async def _read(self) -> None:
-        data: list[str] = []
-        loop = asyncio.get_running_loop()
-        try:
-            async for raw in self.response.content:
-                line = raw.decode().rstrip("\r\n")
-                if line.startswith(":"):
-                    self.comment_times.append(loop.time())
-                    self._arrived.set()
-                elif line.startswith("data:"):
-                    data.append(line[5:].lstrip(" "))
-                elif line == "" and data:
-                    self.frames.append(orjson.loads("\n".join(data)))
-                    data = []
-                    self._arrived.set()
-        except (aiohttp.ClientError, ConnectionError):
-            pass  # the server or the proxy went away: `ended` says so
-        finally:
-            self.ended = True
-            self._arrived.set()
-
-    def mark(self) -> int:
-        """A position in the frames: `wait_for(..., since=mark)` looks only at frames after it."""
-        return len(self.frames)
-
-    def updates(self, since: int = 0) -> list[dict[str, Any]]:
-        return [frame for frame in self.frames[since:] if frame.get("method") == UPDATED]
-
-    async def wait_for(
-        self, predicate: Callable[[dict[str, Any]], bool], within_s: float, since: int = 0
-    ) -> dict[str, Any]:
-        """The first frame after `since` matching `predicate`; fails when the stream ends or `within_s` passes."""
-        seen = since
-        try:
-            async with asyncio.timeout(within_s):
-                while True:
-                    for frame in self.frames[seen:]:
-                        if predicate(frame):
-                            return frame
-                    seen = len(self.frames)
-                    if self.ended:
-                        raise AssertionError(f"{self.label}: ended before the frame came; frames: {self.frames}")
-                    self._arrived.clear()
-                    await self._arrived.wait()
-        except TimeoutError:
-            raise AssertionError(f"{self.label}: no such frame within {within_s} s; frames: {self.frames}") from None
-
-    async def wait_update(self, uri: str, within_s: float, since: int = 0) -> dict[str, Any]:
-        return await self.wait_for(
-            lambda frame: frame.get("method") == UPDATED and frame["params"]["uri"] == uri, within_s, since
-        )
-
-    async def aclose(self) -> None:
-        self.response.close()
-        self._reader.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._reader

@@ -15,10 +15,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -34,10 +32,12 @@ from tests.kit import (
     SUB_ID_KEY,
     UPDATED,
     ListenStream,
+    LoopThread,
     Sidecar,
     context_of,
     eventually,
     headers,
+    loop_thread,
     request,
     rpc,
     serve_sidecar,
@@ -276,36 +276,22 @@ steps = st.lists(
 )
 
 
-class _Stream(ListenStream):
-    def pending(self) -> list[dict[str, Any]]:
-        """The frames that arrived and were not taken by `next` (emptying the queue)."""
-        frames = []
-        while not self._frames.empty():
-            frames.append(self._frames.get_nowait())
-        return frames
-
-
 @dataclass
 class World:
     """One upstream, one sidecar and one listen stream per user ([PROFILE, PRICE]), on a loop in a thread."""
 
     era: str
-    loop: asyncio.AbstractEventLoop
+    thread: LoopThread
     up: Upstream | None = None
     sidecar: Sidecar | None = None
     http: aiohttp.ClientSession | None = None
-    streams: dict[str, _Stream] = field(default_factory=dict)
+    streams: dict[str, ListenStream] = field(default_factory=dict)
     versions: dict[str, int] = field(default_factory=lambda: dict.fromkeys(USERS, 1))
     price: int = 100
     requests: int = 0
 
     def run(self, make: Callable[[], Awaitable[T]], timeout_s: float = 60.0) -> T:
-        async def bounded() -> T:
-            async with asyncio.timeout(timeout_s):
-                return await make()
-
-        future: Future[T] = asyncio.run_coroutine_threadsafe(bounded(), self.loop)
-        return future.result(timeout_s + 5)
+        return self.thread.run(make, timeout_s)
 
     def _watch(self, uri: str, user: str) -> Watch:
         assert self.sidecar is not None
@@ -386,21 +372,22 @@ class World:
 
 @pytest.fixture(scope="module", params=["modern", "legacy"])
 def world(request: pytest.FixtureRequest) -> Iterator[World]:
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, name=f"auth-world-{request.param}", daemon=True)
-    thread.start()
-    world = World(request.param, loop)
+    with loop_thread(f"auth-world-{request.param}") as thread:
+        yield from _world(World(request.param, thread))
+
+
+def _world(world: World) -> Iterator[World]:
     stack = contextlib.AsyncExitStack()
 
     async def setup() -> None:
-        up = await start_upstream(request.param, read_ttl_ms=600_000, list_ttl_ms=600_000)
+        up = await start_upstream(world.era, read_ttl_ms=600_000, list_ttl_ms=600_000)
         world.up = await stack.enter_async_context(up)
         # Legacy results carry no ttlMs: stamped with a long one, so the cache is on for unknown scope too.
         cache = {"default_ttl_ms": 600_000}
         world.sidecar = await stack.enter_async_context(serve_sidecar(world.up.url, polling=POLLING, cache=cache))
         world.http = await stack.enter_async_context(aiohttp.ClientSession())
         for user in USERS:
-            stream = _Stream(
+            stream = ListenStream(
                 world.http, world.sidecar.url, f"listen-{user}", [PROFILE, PRICE], authorization=f"Bearer {user}"
             )
             ack = await stream.open()
@@ -411,21 +398,12 @@ def world(request: pytest.FixtureRequest) -> Iterator[World]:
         for stream in world.streams.values():
             await stream.close()
         await stack.aclose()
-        leftovers = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
-        for task in leftovers:
-            task.cancel()
-        await asyncio.gather(*leftovers, return_exceptions=True)
 
     try:
         world.run(setup)
         yield world
     finally:
-        try:
-            world.run(teardown)
-        finally:
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join(10)
-            loop.close()
+        world.run(teardown)
 
 
 @pytest.mark.invariant(10)

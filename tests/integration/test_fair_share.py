@@ -26,8 +26,8 @@ import pytest
 from bench.services import LoadClient, Service, start_fast_upstream, start_loadgen
 from bench.wrk import WrkStats, wrk_reads
 from sidecar.app import FAIR_SHARE
-from tests.cluster import ListenStream, MetricsSnapshot, Replica, free_port, nginx_proxy, sidecar_config
-from tests.kit import eventually, headers, request, serve_sidecar
+from tests.cluster import Replica, free_port, nginx_proxy, sidecar_config
+from tests.kit import ListenStream, Scrape, eventually, headers, request, serve_sidecar
 from tests.peers.faulty import Fault, FaultyUpstream
 from tests.prereqs import require_binary
 
@@ -52,7 +52,7 @@ async def _sidecar(stack: contextlib.AsyncExitStack, tmp_path: Path, upstream: S
     return replica
 
 
-def _refusals(metrics: MetricsSnapshot) -> dict[str, float]:
+def _refusals(metrics: Scrape) -> dict[str, float]:
     """Work refused by any limit, by limit (only those that refused something)."""
     return {
         labels.get("limit", ""): value
@@ -61,10 +61,10 @@ def _refusals(metrics: MetricsSnapshot) -> dict[str, float]:
     }
 
 
-def _waited(metrics: MetricsSnapshot) -> float:
+def _waited(metrics: Scrape) -> float:
     """Client requests that found no free slot and waited their turn (the histogram's count above 0 s)."""
-    count = metrics.value("mcp_sidecar_queue_wait_seconds_count", limit="upstream_requests")
-    at_once = metrics.value("mcp_sidecar_queue_wait_seconds_bucket", limit="upstream_requests", le="0.001")
+    count = metrics.total("mcp_sidecar_queue_wait_seconds_count", limit="upstream_requests")
+    at_once = metrics.total("mcp_sidecar_queue_wait_seconds_bucket", limit="upstream_requests", le="0.001")
     return count - at_once
 
 
@@ -218,7 +218,7 @@ async def test_invented_tokens_from_one_address_get_no_more_turns_than_another_a
 
 async def _wait_for_queue(sidecar: Replica) -> None:
     async def queued() -> bool:
-        return (await sidecar.metrics()).value("mcp_sidecar_queue_depth", limit="upstream_requests") >= 100
+        return (await sidecar.metrics()).total("mcp_sidecar_queue_depth", limit="upstream_requests") >= 100
 
     await eventually(queued, within_s=30, step=0.05)
 
@@ -263,7 +263,7 @@ async def test_an_hour_of_churn_in_half_a_minute_refuses_nothing_and_leaves_noth
         while time.monotonic() - started < CHURN_S or rounds < 3:
             uris = [[f"churn://{rounds}/{n}/{k}" for k in range(3)] for n in range(100)]
             streams = await asyncio.gather(
-                *(ListenStream.open(http, sidecar.url, f"r{rounds}-{n}", uris[n], within_s=30) for n in range(100))
+                *(ListenStream.connect(http, sidecar.url, f"r{rounds}-{n}", uris[n], within_s=30) for n in range(100))
             )  # every ack lists all three URIs: `open` asserts it
             try:
                 answers = await asyncio.gather(*(_read(http, sidecar.url, uris[n][0]) for n in range(100)))
@@ -284,7 +284,7 @@ async def test_an_hour_of_churn_in_half_a_minute_refuses_nothing_and_leaves_noth
     print(f"\n{rounds} rounds in {time.monotonic() - started:.0f} s; (RSS, fds) after 2: {baseline}, end: {after}")
     assert _refusals(metrics) == {}
     # The first reads past the client's rate went through its fair share (beside its 100 reads a round).
-    slots = metrics.value("mcp_sidecar_queue_wait_seconds_count", limit="upstream_requests")
+    slots = metrics.total("mcp_sidecar_queue_wait_seconds_count", limit="upstream_requests")
     assert slots > 100 * rounds, slots
     assert after[1] <= baseline[1], "file descriptors left open"
     assert after[0] <= baseline[0] * 1.25 + 16 * 2**20, "memory grew with the rounds"
@@ -304,7 +304,7 @@ async def _settled(sidecar: Replica, pid: int, upstream: Service) -> tuple[int, 
     async def gone() -> bool:
         metrics = await sidecar.metrics()
         names = ("mcp_sidecar_listen_streams", "mcp_sidecar_watches", "mcp_sidecar_clients_active")
-        return all(metrics.value(name) == 0 for name in names)
+        return all(metrics.total(name) == 0 for name in names)
 
     await eventually(gone, within_s=30, step=0.05)
     return _process_figures(pid, sidecar, upstream)
@@ -370,11 +370,13 @@ async def test_a_first_read_waiting_in_another_clients_queue_is_never_joined(tmp
         waiting: asyncio.Future[Any] | None = None
         try:
             await eventually(lambda: sidecar.app[FAIR_SHARE].in_flight == 1)
-            warm = await ListenStream.open(greedy, sidecar.url, "warm", ["ok://warm"])  # spends its one token
+            warm = await ListenStream.connect(greedy, sidecar.url, "warm", ["ok://warm"])  # spends its one token
             await warm.aclose()
-            waiting = asyncio.ensure_future(ListenStream.open(greedy, sidecar.url, "g", ["ok://shared"], within_s=60))
+            waiting = asyncio.ensure_future(
+                ListenStream.connect(greedy, sidecar.url, "g", ["ok://shared"], within_s=60)
+            )
             await eventually(lambda: sidecar.app[FAIR_SHARE].queued == 1)  # its first read waits its turn
-            stream = await ListenStream.open(polite, sidecar.url, "p", ["ok://shared"], within_s=10)
+            stream = await ListenStream.connect(polite, sidecar.url, "p", ["ok://shared"], within_s=10)
             await stream.aclose()
             assert not waiting.done()
         finally:

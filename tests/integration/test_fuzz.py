@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 
 from sidecar.protocol.constants import NAMED_METHODS
 from sidecar.protocol.envelope import encode_header_value
-from tests.kit import META, PV
+from tests.kit import META, PV, parse, parse_sse
 from tests.procs import child_env, free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -90,10 +90,9 @@ class Process:
 
     def metric(self, name: str) -> float:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.admin_port}/metrics", timeout=5) as resp:
-            for line in resp.read().decode().splitlines():
-                if line.startswith(name + " "):
-                    return float(line.split()[1])
-        raise AssertionError(f"{name} not exposed")
+            value = parse(resp.read().decode()).value(name)
+        assert value is not None, f"{name} not exposed"
+        return value
 
 
 @contextlib.contextmanager
@@ -260,8 +259,7 @@ def _post(port: int, body: bytes, hdrs: dict[str, str]) -> tuple[int, dict[str, 
 
 
 def _sse_data(raw: bytes) -> dict[str, Any]:
-    data = b"".join(line[5:].strip() for line in raw.splitlines() if line.startswith(b"data:"))
-    message: dict[str, Any] = json.loads(data)
+    (message,) = parse_sse(raw)
     return message
 
 

@@ -10,10 +10,8 @@ string ids ("burst-17") tells the two apart without timing assumptions.
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from concurrent.futures import Future
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -24,7 +22,21 @@ from hypothesis import strategies as st
 
 from sidecar.app import METRICS
 from sidecar.observability.metrics import Metrics
-from tests.kit import SUB_ID_KEY, Sidecar, eventually, headers, request, rpc, serve_sidecar, sse_messages
+from tests.kit import (
+    ACK,
+    SUB_ID_KEY,
+    UPDATED,
+    ListenStream,
+    LoopThread,
+    Sidecar,
+    eventually,
+    headers,
+    listen_request,
+    loop_thread,
+    rpc,
+    serve_sidecar,
+    sse_messages,
+)
 from tests.peers import Upstream, start_upstream
 
 T = TypeVar("T")
@@ -32,8 +44,6 @@ T = TypeVar("T")
 PRICE = "catalog://price"
 PROFILE = "catalog://profile"
 READ = "resources/read"
-ACK = "notifications/subscriptions/acknowledged"
-UPDATED = "notifications/resources/updated"
 WAIT_S = 15.0
 """Upper bound for anything that should happen within a poll or two."""
 BURST_S = 60.0
@@ -95,69 +105,6 @@ async def _open_connections(http: aiohttp.ClientSession, sidecar: Sidecar, count
     kernel's accept backlog."""
     answers = await asyncio.gather(*(rpc(http, sidecar.url, "server/discover", request_id=i) for i in range(count)))
     assert {status for status, _ in answers} == {200}
-
-
-@pytest.fixture
-async def wide_http() -> AsyncIterator[aiohttp.ClientSession]:
-    """A client session without a connection limit: every concurrent request gets its own connection."""
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-        yield session
-
-
-class Listen:
-    """One raw listen stream: `open` returns after the ack; a reader task queues every later frame."""
-
-    def __init__(self, http: aiohttp.ClientSession, sidecar: Sidecar, request_id: Any, uri: str, token: str | None):
-        self.request_id = request_id
-        self.frames: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        self._http = http
-        self._sidecar = sidecar
-        self._uri = uri
-        self._token = token
-        self._response: aiohttp.ClientResponse | None = None
-        self._reader: asyncio.Task[None] | None = None
-
-    async def open(self) -> None:
-        self._response = await self._http.post(
-            self._sidecar.url,
-            json=request(
-                "subscriptions/listen", {"notifications": {"resourceSubscriptions": [self._uri]}}, self.request_id
-            ),
-            headers=headers("subscriptions/listen", **_auth(self._token)),
-            timeout=aiohttp.ClientTimeout(total=None, sock_read=None),
-        )
-        assert self._response.status == 200, await self._response.text()
-        frames = sse_messages(self._response)
-        async with asyncio.timeout(WAIT_S):
-            ack = await anext(frames)
-        assert ack["method"] == ACK, ack
-        assert ack["params"]["notifications"]["resourceSubscriptions"] == [self._uri], ack
-        self._reader = asyncio.get_running_loop().create_task(self._pump(frames))
-
-    async def _pump(self, frames: AsyncIterator[dict[str, Any]]) -> None:
-        async for frame in frames:
-            await self.frames.put(frame)
-
-    async def next_update(self) -> dict[str, Any]:
-        async with asyncio.timeout(WAIT_S):
-            frame = await self.frames.get()
-        assert frame["method"] == UPDATED, frame
-        assert frame["params"]["uri"] == self._uri, frame
-        assert frame["params"]["_meta"][SUB_ID_KEY] == self.request_id, frame
-        return frame
-
-    def drain(self) -> list[dict[str, Any]]:
-        drained = []
-        while not self.frames.empty():
-            drained.append(self.frames.get_nowait())
-        return drained
-
-    async def close(self) -> None:
-        if self._reader is not None:
-            self._reader.cancel()
-            await asyncio.gather(self._reader, return_exceptions=True)
-        if self._response is not None:
-            self._response.close()
 
 
 # -- single flight ---------------------------------------------------------------------------------------
@@ -224,7 +171,7 @@ async def test_after_a_change_notified_to_two_thousand_streams_their_simultaneou
             request_id = f"listen-{n}"
             async with wide_http.post(
                 sidecar.url,
-                json=request("subscriptions/listen", {"notifications": {"resourceSubscriptions": [PRICE]}}, request_id),
+                json=listen_request([PRICE], request_id),
                 headers=headers("subscriptions/listen"),
                 timeout=aiohttp.ClientTimeout(total=None, sock_read=None),
             ) as resp:
@@ -346,8 +293,7 @@ async def test_a_public_change_empties_the_cache_before_the_notification_so_the_
         await start_upstream("modern", read_ttl_ms=60_000) as up,
         serve_sidecar(up.url, polling=FAST_POLLING) as sidecar,
     ):
-        listen = Listen(http, sidecar, "price-watch", PRICE, None)
-        await listen.open()
+        listen = await ListenStream.connect(http, sidecar.url, "price-watch", [PRICE])
         try:
             first = await _read(http, sidecar, PRICE, "before-1")
             again = await _read(http, sidecar, PRICE, "before-2")
@@ -377,8 +323,7 @@ async def test_a_listen_stream_that_ended_leaves_no_task_behind() -> None:
         serve_sidecar(up.url, polling=FAST_POLLING) as sidecar,
     ):
         before = asyncio.all_tasks()
-        listen = Listen(http, sidecar, "short-lived", PRICE, None)
-        await listen.open()
+        listen = await ListenStream.connect(http, sidecar.url, "short-lived", [PRICE])
         await listen.close()
         await eventually(lambda: _value(_metrics(sidecar).listen_streams) == 0, within_s=WAIT_S)
         await asyncio.sleep(0)  # let any cancellation the stream's end started run
@@ -414,11 +359,11 @@ actions = st.lists(
 class ProfileWorld:
     """One upstream and one sidecar for every example, on an event loop of their own in a thread."""
 
-    loop: asyncio.AbstractEventLoop
+    thread: LoopThread
     up: Upstream | None = None
     sidecar: Sidecar | None = None
     http: aiohttp.ClientSession | None = None
-    streams: dict[str, Listen] = field(default_factory=dict)
+    streams: dict[str, ListenStream] = field(default_factory=dict)
     versions: dict[str, int] = field(default_factory=lambda: dict.fromkeys(USERS, 1))
     """Each user's current profile version at the upstream."""
     seen: dict[str, int] = field(default_factory=lambda: dict.fromkeys(USERS, 1))
@@ -426,12 +371,7 @@ class ProfileWorld:
     requests: int = 0
 
     def run(self, make: Callable[[], Awaitable[T]], timeout_s: float = 60.0) -> T:
-        async def bounded() -> T:
-            async with asyncio.timeout(timeout_s):
-                return await make()
-
-        future: Future[T] = asyncio.run_coroutine_threadsafe(bounded(), self.loop)
-        return future.result(timeout_s + 5)
+        return self.thread.run(make, timeout_s)
 
     async def read(self, user: str) -> int:
         assert self.http is not None and self.sidecar is not None
@@ -451,7 +391,7 @@ class ProfileWorld:
     async def bump(self, user: str) -> None:
         assert self.up is not None
         stream = self.streams[user]
-        leftover = stream.drain()
+        leftover = stream.pending()
         assert leftover == [], f"{user}'s stream had frames nobody caused: {leftover}"
         text = await self.up.bump_profile(user)
         self.versions[user] += 1
@@ -473,10 +413,11 @@ class ProfileWorld:
 
 @pytest.fixture(scope="module")
 def profile_world() -> Iterator[ProfileWorld]:
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, name="profile-world", daemon=True)
-    thread.start()
-    world = ProfileWorld(loop)
+    with loop_thread("profile-world") as thread:
+        yield from _profile_world(ProfileWorld(thread))
+
+
+def _profile_world(world: ProfileWorld) -> Iterator[ProfileWorld]:
     stack: list[Any] = []
 
     async def setup() -> None:
@@ -489,9 +430,9 @@ def profile_world() -> Iterator[ProfileWorld]:
         stack.append(sidecar_cm)
         world.http = aiohttp.ClientSession()
         for user in USERS:
-            stream = Listen(world.http, world.sidecar, f"listen-{user}", PROFILE, user)
-            await stream.open()
-            world.streams[user] = stream
+            world.streams[user] = await ListenStream.connect(
+                world.http, world.sidecar.url, f"listen-{user}", [PROFILE], authorization=f"Bearer {user}"
+            )
 
     async def teardown() -> None:
         for stream in world.streams.values():
@@ -500,22 +441,12 @@ def profile_world() -> Iterator[ProfileWorld]:
             await world.http.close()
         for cm in reversed(stack):
             await cm.__aexit__(None, None, None)
-        # What pytest-asyncio does for its own loops: nothing may be left pending when the loop closes.
-        leftovers = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
-        for task in leftovers:
-            task.cancel()
-        await asyncio.gather(*leftovers, return_exceptions=True)
 
     try:
         world.run(setup)
         yield world
     finally:
-        try:
-            world.run(teardown)
-        finally:
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join(10)
-            loop.close()
+        world.run(teardown)
 
 
 @settings(max_examples=25, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])

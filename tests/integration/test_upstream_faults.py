@@ -21,7 +21,7 @@ import pytest
 
 from sidecar.app import METRICS, REGISTRY
 from sidecar.config import PollingConfig
-from tests.kit import ListenStream, Sidecar, eventually, headers, request, rpc, serve_sidecar, waits
+from tests.kit import ListenStream, Sidecar, eventually, headers, parse_sse, request, rpc, serve_sidecar, waits
 from tests.peers.faulty import Fault, FaultyUpstream
 
 LIMIT = 64 * 1024
@@ -87,12 +87,7 @@ async def _read(http: aiohttp.ClientSession, sidecar: Sidecar, uri: str, request
     async with http.post(sidecar.url, json=body, headers=headers("resources/read", uri, **extra)) as resp:
         text = await resp.text()
         if resp.headers.get("Content-Type", "").startswith("text/event-stream"):
-            events = [event for event in re.split(r"\r?\n\r?\n", text) if event.strip()]
-            messages = [
-                json.loads("\n".join(line[5:].strip() for line in event.splitlines() if line.startswith("data:")))
-                for event in events
-            ]
-            return resp.status, messages[-1], text + str(dict(resp.headers))
+            return resp.status, parse_sse(text)[-1], text + str(dict(resp.headers))
         return resp.status, json.loads(text), text + str(dict(resp.headers))
 
 

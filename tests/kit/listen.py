@@ -60,10 +60,17 @@ class ListenStream:
 
     @classmethod
     async def connect(
-        cls, http: aiohttp.ClientSession, url: str, request_id: Any, uris: Iterable[str], within_s: float = WAIT_S
+        cls,
+        http: aiohttp.ClientSession,
+        url: str,
+        request_id: Any,
+        uris: Iterable[str],
+        within_s: float = WAIT_S,
+        *,
+        authorization: str | None = None,
     ) -> ListenStream:
         """A stream opened, its ack checked to honour every one of `uris`."""
-        stream = cls(http, url, request_id, uris)
+        stream = cls(http, url, request_id, uris, authorization=authorization)
         ack = await stream.open(within_s)
         assert ack["params"]["notifications"].get("resourceSubscriptions") == stream._uris, ack
         return stream

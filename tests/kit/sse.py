@@ -31,9 +31,10 @@ class SseParser:
         if line.startswith("data:"):
             self._data.append(line[5:].lstrip(" "))
         elif line == "" and self._data:
-            message: dict[str, Any] = json.loads("\n".join(self._data))
-            self._data = []
-            return message
+            data, self._data = "\n".join(self._data), []
+            if data.strip():  # an event with empty data (a priming event) carries no message
+                message: dict[str, Any] = json.loads(data)
+                return message
         return None
 
 

@@ -24,7 +24,6 @@ from sidecar.bus.layout import Layout, key_hash
 from sidecar.bus.ownership import rendezvous_owner
 from sidecar.changes import WatchKey
 from tests.cluster import (
-    ListenStream,
     Nginx,
     RedisServer,
     Replica,
@@ -32,10 +31,11 @@ from tests.cluster import (
     nginx_proxy,
     sidecar_config,
     sidecar_replicas,
-    wait_until,
     write_config,
 )
-from tests.peers import Upstream, start_upstream
+from tests.kit import ListenStream, eventually
+from tests.peers import Upstream
+from tests.procs import START_TIMEOUT_S
 
 URI = "catalog://price"
 READ_TTL_MS = 300
@@ -46,12 +46,6 @@ NGINX_READ_TIMEOUT_S = 5
 POLLS_PER_WINDOW = 20
 REDIS_OUTAGE_S = 8.0
 """Long enough for every replica's bus reader to back off to its longest reconnect delays."""
-
-
-@pytest.fixture
-async def shop() -> AsyncIterator[Upstream]:
-    async with await start_upstream("modern", read_ttl_ms=READ_TTL_MS) as up:
-        yield up
 
 
 @pytest.fixture
@@ -74,7 +68,7 @@ class Streams:
         self.opened: list[ListenStream] = []
 
     async def open(self, url: str, request_id: Any, uris: Sequence[str] = (URI,)) -> ListenStream:
-        stream = await ListenStream.open(self.http, url, request_id, uris)
+        stream = await ListenStream.connect(self.http, url, request_id, uris)
         self.opened.append(stream)
         return stream
 
@@ -99,11 +93,11 @@ async def streams() -> AsyncIterator[Streams]:
 
 
 async def _gauge(replica: Replica, name: str) -> float:
-    return (await replica.metrics()).value(name)
+    return (await replica.metrics()).total(name)
 
 
 async def _polls(replica: Replica) -> float:
-    return (await replica.metrics()).value("mcp_sidecar_polls_total", kind="resource", outcome="ok")
+    return (await replica.metrics()).total("mcp_sidecar_polls_total", kind="resource", outcome="ok")
 
 
 async def _lease_holders(replicas: Sequence[Replica]) -> list[Replica]:
@@ -120,7 +114,7 @@ async def _sole_lease_holder(replicas: Sequence[Replica], within_s: float = NOTI
         holders = await _lease_holders(replicas)
         return len(holders) == 1
 
-    await wait_until(exactly_one, "exactly one replica holds the lease (mcp_sidecar_leases_held 1)", within_s)
+    await eventually(exactly_one, within_s, what="exactly one replica holds the lease (mcp_sidecar_leases_held 1)")
     return holders[0]
 
 
@@ -136,7 +130,7 @@ async def _settled_lease_holder(replicas: Sequence[Replica], within_s: float = N
     async def settled() -> bool:
         return await _lease_holders(replicas) == [rightful]
 
-    await wait_until(settled, f"{rightful.name} alone holds the lease (mcp_sidecar_leases_held 1)", within_s)
+    await eventually(settled, within_s, what=f"{rightful.name} alone holds the lease (mcp_sidecar_leases_held 1)")
     return rightful
 
 
@@ -148,7 +142,7 @@ async def _reads_during_polls(shop: Upstream, clock: Replica, polls: int) -> int
     async def advanced() -> bool:
         return await _polls(clock) >= start + polls
 
-    await wait_until(advanced, f"{clock.name} polled {polls} times", within_s=polls * READ_TTL_MS / 1000 * 3 + 10)
+    await eventually(advanced, polls * READ_TTL_MS / 1000 * 3 + 10, what=f"{clock.name} polled {polls} times")
     return await shop.count("resources/read", URI)
 
 
@@ -250,12 +244,12 @@ async def test_when_the_lease_owner_is_killed_a_survivor_takes_over_and_the_next
         gained = [replica for replica in survivors if await _acquisitions(replica) > acquired[replica.name]]
         return bool(gained)
 
-    await wait_until(taken_over, f"a survivor acquires the lease ({acquired})", NOTIFY_WITHIN_S)
+    await eventually(taken_over, NOTIFY_WITHIN_S, what=f"a survivor acquires the lease ({acquired})")
     assert await _sole_lease_holder(survivors) in gained
 
 
 async def _acquisitions(replica: Replica) -> float:
-    return (await replica.metrics()).value("mcp_sidecar_lease_acquisitions_total")
+    return (await replica.metrics()).total("mcp_sidecar_lease_acquisitions_total")
 
 
 # -- 4. Redis goes away and comes back ---------------------------------------------------------------------------------
@@ -281,7 +275,9 @@ async def _redis_restart_with_streams_open(
 
     await redis.stop()
     for replica in replicas:
-        await wait_until(lambda r=replica: _degraded(r), f"{replica.name} reports degraded on /readyz")
+        await eventually(
+            lambda r=replica: _degraded(r), START_TIMEOUT_S, what=f"{replica.name} reports degraded on /readyz"
+        )
     polled = [await _polls(replica) for replica in replicas]
     await shop.set_price(111)
     await _all_updated(everyone)  # every replica polls on its own while Redis is down
@@ -290,7 +286,9 @@ async def _redis_restart_with_streams_open(
 
     await redis.start()  # same port, empty
     for replica in replicas:
-        await wait_until(lambda r=replica: _coordinated(r), f"{replica.name} coordinated again (redis_up 1)")
+        await eventually(
+            lambda r=replica: _coordinated(r), START_TIMEOUT_S, what=f"{replica.name} coordinated again (redis_up 1)"
+        )
     await _sole_lease_holder(replicas)
     return everyone
 
@@ -302,7 +300,7 @@ async def test_while_redis_is_down_every_replica_polls_locally_and_after_it_retu
     # Coordination holds: the single holder stays the single holder.
     owner = await _sole_lease_holder(replicas)
     start = await _polls(owner)
-    await wait_until(lambda: _polls_advanced(owner, start + 5), f"{owner.name} keeps polling")
+    await eventually(lambda: _polls_advanced(owner, start + 5), START_TIMEOUT_S, what=f"{owner.name} keeps polling")
     assert await _lease_holders(replicas) == [owner]
 
 
@@ -319,7 +317,9 @@ async def test_after_a_redis_outage_coordinating_replicas_listen_again_and_the_f
     await asyncio.sleep(REDIS_OUTAGE_S)  # the scenario: a Redis restart or failover that takes some seconds
     await redis.start()
     for replica in replicas:
-        await wait_until(lambda r=replica: _coordinated(r), f"{replica.name} coordinated again (redis_up 1)")
+        await eventually(
+            lambda r=replica: _coordinated(r), START_TIMEOUT_S, what=f"{replica.name} coordinated again (redis_up 1)"
+        )
     await _sole_lease_holder(replicas)
 
     # Every replica that coordinates again (polls only what it owns) must hear the others' changes again.
@@ -394,7 +394,7 @@ async def test_two_workers_on_one_port_share_changes_and_stop_together_on_sigter
         assert len(workers) == 2, workers
         # /readyz was answered by whichever worker listened first; until the other listens too, every connection
         # lands on the first. Wait for both to say so rather than count on connections spreading meanwhile.
-        await wait_until(_listening(sidecar, 2), "both workers logged that they listen")
+        await eventually(_listening(sidecar, 2), START_TIMEOUT_S, what="both workers logged that they listen")
 
         # Streams until both workers hold some: each stream is its own connection, which the kernel hands to one
         # of the two sockets on the port by a hash of its addresses, so a few batches do. The bound only turns a
@@ -412,7 +412,7 @@ async def test_two_workers_on_one_port_share_changes_and_stop_together_on_sigter
 
         await sidecar.service.signal(signal.SIGTERM)
         assert await sidecar.service.wait() == 0, sidecar.service.log_tail()
-        await wait_until(_none_alive(workers), "both workers exited after SIGTERM to the parent", within_s=5)
+        await eventually(_none_alive(workers), 5, what="both workers exited after SIGTERM to the parent")
         for stream in opened:  # graceful: each stream ended with the complete result
             final = await stream.wait_for(lambda frame: "result" in frame, NOTIFY_WITHIN_S)
             assert final["result"]["resultType"] == "complete"
@@ -482,7 +482,7 @@ async def test_unreachable_redis_with_local_fallback_starts_degraded(tmp_path: P
         assert status == 200 and "degraded" in body, body
         assert await _gauge(sidecar, "mcp_sidecar_redis_up") == 0
         async with aiohttp.ClientSession() as http:  # and it works, on its own
-            stream = await ListenStream.open(http, sidecar.url, "alone", [URI])
+            stream = await ListenStream.connect(http, sidecar.url, "alone", [URI])
             try:
                 await shop.set_price(190)
                 await stream.wait_update(URI, NOTIFY_WITHIN_S)

@@ -1,0 +1,19 @@
+"""What the replica tests share: the SDK shop upstream that every replica of a test fronts."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from tests.peers import Upstream, start_upstream
+
+DEFAULT_READ_TTL_MS = 300
+
+
+@pytest.fixture
+async def shop(request: pytest.FixtureRequest) -> AsyncIterator[Upstream]:
+    """The shop upstream; its reads' ttlMs (the poll interval) is the test module's `READ_TTL_MS`, else 300 ms."""
+    read_ttl_ms = getattr(request.module, "READ_TTL_MS", DEFAULT_READ_TTL_MS)
+    async with await start_upstream("modern", read_ttl_ms=read_ttl_ms) as up:
+        yield up
