@@ -26,7 +26,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, Router
 from starlette.types import ASGIApp
 
-from tests.peers.shop_server import AdminLog, _Front
+from tests.peers.front import AdminLog, Front
 
 __all__ = ["NOTE_URI", "build_app", "main"]
 
@@ -96,7 +96,7 @@ def build_app(era: str, *, read_ttl_ms: int = 1000, list_ttl_ms: int = 1000) -> 
             Route("/admin/health", admin_health, methods=["GET"]),
         ]
     )
-    return _Front(server.streamable_http_app(), admin, log, legacy=era == "legacy")
+    return Front(server.streamable_http_app(), admin, log, legacy=era == "legacy")
 
 
 def main(argv: list[str] | None = None) -> None:
