@@ -2,7 +2,7 @@
 
 - `wire`: the protocol constants and request builders (headers, `request`, `listen_request`, `rpc`);
 - `sse`: the one SSE parser (`SseParser`, `sse_messages` for a live answer, `parse_sse` for a whole body);
-- `listen`: the one listen-stream client (`ListenStream`, `listening`);
+- `listen`: the one listen-stream client (`ListenStream`, `listening`, `Streams`, `all_updated`);
 - `metrics`: the one `/metrics` scrape (`scrape`, `parse`, `Scrape`);
 - `waiting`: the one waiting helper (`eventually`), for state with no event to await;
 - `loop_thread`: the one threaded-loop harness, for a world that lives across hypothesis examples;
@@ -15,7 +15,7 @@ Everything is re-exported here: `from tests.kit import ListenStream, eventually,
 from __future__ import annotations
 
 from tests.kit.cli import Cli, cli, cli_env
-from tests.kit.listen import ListenStream, listening
+from tests.kit.listen import ListenStream, Streams, all_updated, listening
 from tests.kit.loop_thread import LoopThread, loop_thread
 from tests.kit.metrics import Sample, Scrape, parse, scrape
 from tests.kit.serving import Sidecar, context_of, make_config, serve_config, serve_sidecar, waits
@@ -52,6 +52,8 @@ __all__ = [
     "Scrape",
     "Sidecar",
     "SseParser",
+    "Streams",
+    "all_updated",
     "cli",
     "cli_env",
     "context_of",

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any
 
 import aiohttp
@@ -24,7 +24,7 @@ from tests.kit.sse import COMMENT, SseParser
 from tests.kit.waiting import WAIT_S
 from tests.kit.wire import ACK, SUB_ID_KEY, UPDATED, headers, listen_request
 
-__all__ = ["ListenStream", "listening"]
+__all__ = ["ListenStream", "Streams", "all_updated", "listening"]
 
 _STREAM_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=None)
 
@@ -190,3 +190,35 @@ async def listening(*streams: ListenStream) -> AsyncIterator[list[dict[str, Any]
     finally:
         for stream in streams:
             await stream.close()
+
+
+async def all_updated(
+    streams: Sequence[ListenStream], uri: str, within_s: float = WAIT_S, marks: Sequence[int] | None = None
+) -> None:
+    """Until every one of `streams` was told of `uri` after its mark (from its start without `marks`)."""
+    marks = marks if marks is not None else [0] * len(streams)
+    await asyncio.gather(
+        *(stream.wait_update(uri, within_s, since=mark) for stream, mark in zip(streams, marks, strict=True))
+    )
+
+
+class Streams:
+    """Opens listen streams (`connect`: each ack checked) and closes every one of them in `aclose`."""
+
+    def __init__(self, http: aiohttp.ClientSession, uris: Sequence[str]) -> None:
+        self.http = http
+        self.uris = list(uris)
+        """What `open` listens to unless told otherwise."""
+        self.opened: list[ListenStream] = []
+
+    async def open(self, url: str, request_id: Any, uris: Sequence[str] | None = None) -> ListenStream:
+        stream = await ListenStream.connect(self.http, url, request_id, self.uris if uris is None else uris)
+        self.opened.append(stream)
+        return stream
+
+    async def open_many(self, url: str, prefix: str, count: int) -> list[ListenStream]:
+        """`count` streams at once, ids `prefix-0`, `prefix-1`..."""
+        return list(await asyncio.gather(*(self.open(url, f"{prefix}-{n}") for n in range(count))))
+
+    async def aclose(self) -> None:
+        await asyncio.gather(*(stream.aclose() for stream in self.opened))

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+import aiohttp
 import pytest
 
+from tests.kit import Streams
 from tests.peers import Upstream, start_upstream
 
 DEFAULT_READ_TTL_MS = 300
@@ -17,3 +19,14 @@ async def shop(request: pytest.FixtureRequest) -> AsyncIterator[Upstream]:
     read_ttl_ms = getattr(request.module, "READ_TTL_MS", DEFAULT_READ_TTL_MS)
     async with await start_upstream("modern", read_ttl_ms=read_ttl_ms) as up:
         yield up
+
+
+@pytest.fixture
+async def streams() -> AsyncIterator[Streams]:
+    """Listen streams of `catalog://price` by default, on a client without a connection cap, all closed after."""
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        opened = Streams(http, ["catalog://price"])
+        try:
+            yield opened
+        finally:
+            await opened.aclose()
