@@ -6,7 +6,9 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
+import redis.asyncio as aioredis
 
+from tests.cluster import RedisServer
 from tests.kit import Streams
 from tests.peers import Upstream, start_upstream
 
@@ -30,3 +32,10 @@ async def streams() -> AsyncIterator[Streams]:
             yield opened
         finally:
             await opened.aclose()
+
+
+@pytest.fixture
+async def admin(redis: RedisServer) -> AsyncIterator[aioredis.Redis]:
+    """A plain client of the test's redis-server, answers decoded: for reading what the replicas wrote."""
+    async with aioredis.Redis(host="127.0.0.1", port=redis.port, decode_responses=True) as client:
+        yield client

@@ -10,97 +10,52 @@ The coordinator is driven directly (no upstream): a watch here is the few fields
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable
 
 import pytest
 import redis.asyncio as aioredis
 
-from sidecar.bus import scripts
-from sidecar.bus.layout import REPLICAS, Layout, key_hash, stored_generation
-from sidecar.bus.membership import Membership
+from sidecar.bus.layout import REPLICAS, Layout, key_hash
 from sidecar.bus.ownership import rendezvous_owner
 from sidecar.bus.redis import RedisBus
-from sidecar.changes import ChangeEvent, WatchKey
+from sidecar.changes import ChangeEvent
 from sidecar.observability.metrics import Metrics
 from tests.cluster import LEASE_MS, RedisServer
 from tests.kit import eventually
+from tests.replicas.bus_replicas import (
+    KEY,
+    OTHER,
+    Watch,
+    held_by_redis,
+    interest_key,
+    interested,
+    neither_interested_nor_owning,
+    no_interest,
+    replicas_on,
+    state_key,
+    subscribed,
+)
 
-KEY = WatchKey("resource", "catalog://price", "public")
-OTHER = WatchKey("resource", "catalog://stock", "public")
 PAUSE_MS = 1_000
 """Under the client's socket timeout: the interest write waits for Redis, it does not fail."""
-
-
-class _Watch:
-    """What a coordinator needs of a watch (`sidecar.changes.WatchState`)."""
-
-    def __init__(self, key: WatchKey, fingerprint: str = "f0") -> None:
-        self.key = key
-        self.fingerprint = fingerprint
-        self.hints = 0
-
-    def adopt(self, fingerprint: str) -> None:
-        self.fingerprint = fingerprint
-
-    def hint(self) -> None:
-        self.hints += 1
-
-
-@pytest.fixture
-async def admin(redis: RedisServer) -> AsyncIterator[aioredis.Redis]:
-    async with aioredis.Redis(host="127.0.0.1", port=redis.port, decode_responses=True) as client:
-        yield client
-
-
-@contextlib.asynccontextmanager
-async def _replicas(
-    redis: RedisServer,
-    *instances: str,
-    metrics: Metrics | None = None,
-    membership: Mapping[str, type[Membership]] | None = None,
-) -> AsyncIterator[tuple[RedisBus, ...]]:
-    """Replicas on `redis`, started in order and closed however the test ends (closing twice is harmless);
-    `membership` names the membership double a replica is built with (a race staged), by instance."""
-    started: list[RedisBus] = []
-    try:
-        for instance in instances:
-            cluster = RedisBus(
-                redis.url,
-                instance=instance,
-                metrics=metrics or Metrics(),
-                lease_ms=LEASE_MS,
-                membership=(membership or {}).get(instance, Membership),
-            )
-            await cluster.start()
-            started.append(cluster)
-        yield tuple(started)
-    finally:
-        for cluster in started:
-            await cluster.aclose()
-
-
-def _interest_key(key: WatchKey) -> str:
-    layout = Layout()
-    return layout.interest(layout.bucket_of(key), key_hash(key))
 
 
 async def test_a_key_given_up_while_its_interest_is_written_leaves_no_interest_and_no_ownership(
     redis: RedisServer, admin: aioredis.Redis
 ) -> None:
     metrics = Metrics()
-    async with _replicas(redis, "r1", metrics=metrics) as (cluster,):
+    async with replicas_on(redis, "r1", metrics=metrics) as (cluster,):
         channel = Layout().channel(Layout().bucket_of(KEY))
         await admin.execute_command("CLIENT", "PAUSE", PAUSE_MS, "WRITE")  # type: ignore[no-untyped-call]
-        cluster.track(_Watch(KEY))
+        cluster.track(Watch(KEY))
         # Heard first, then written: once the bucket is subscribed, the write is on its way (held by Redis).
-        await eventually(lambda: _subscribed(redis, channel))
+        await eventually(lambda: subscribed(redis, channel))
         cluster.untrack(KEY)
         await admin.execute_command("CLIENT", "UNPAUSE")  # type: ignore[no-untyped-call]
         # Whatever order the write and the give-up met in, the key ends with neither interest nor an owner here.
-        await _neither_interested_nor_owning(admin, cluster, metrics)
+        await neither_interested_nor_owning(admin, cluster, metrics)
 
 
 async def test_closing_hands_over_a_key_whose_stored_state_it_cannot_read(
@@ -111,47 +66,47 @@ async def test_closing_hands_over_a_key_whose_stored_state_it_cannot_read(
     await admin.hset(layout.state(layout.bucket_of(KEY), key_hash(KEY)), mapping={"f": "f1", "g": "not a number"})
     cluster = RedisBus(redis.url, instance="r1", metrics=Metrics(), lease_ms=LEASE_MS)
     await cluster.start()
-    cluster.track(_Watch(KEY))
-    await eventually(lambda: _interested(admin, KEY, "r1"))
+    cluster.track(Watch(KEY))
+    await eventually(lambda: interested(admin, KEY, "r1"))
     await cluster.aclose()
     # Handed over: gone from the live replicas and from every key's interest, without waiting for its heartbeat
     # to run out.
     assert await admin.zscore(REPLICAS, "r1") is None
-    assert not await admin.sismember(_interest_key(KEY), "r1")
+    assert not await admin.sismember(interest_key(KEY), "r1")
 
 
 async def test_a_key_given_up_while_a_change_it_missed_is_told_on_rejoining_is_neither_owned_nor_interested(
     redis: RedisServer, admin: aioredis.Redis
 ) -> None:
     metrics = Metrics()
-    async with _replicas(redis, "r1", metrics=metrics) as (cluster,):
-        cluster.track(_Watch(KEY))
+    async with replicas_on(redis, "r1", metrics=metrics) as (cluster,):
+        cluster.track(Watch(KEY))
         await eventually(lambda: cluster.owned_count == 1)
         # A change told while this replica was taken for dead (its message never reached it), stored beside the key.
-        await admin.hset(_state_key(KEY), mapping={"f": "f1", "g": 5})
+        await admin.hset(state_key(KEY), mapping={"f": "f1", "g": 5})
         told: list[ChangeEvent] = []
         # The key's last stream goes away just as that change is told to it on rejoining.
         cluster.subscribe(_giving_up(cluster, told))
         await admin.zrem(REPLICAS, "r1")  # taken for dead: its next heartbeat writes its interest again
         await eventually(lambda: bool(told))
-        await _neither_interested_nor_owning(admin, cluster, metrics)
+        await neither_interested_nor_owning(admin, cluster, metrics)
 
 
 async def test_a_key_given_up_while_its_change_is_published_starts_afresh_when_watched_again(
     redis: RedisServer, admin: aioredis.Redis
 ) -> None:
-    async with _replicas(redis, "r1") as (cluster,):
-        cluster.track(_Watch(KEY))
+    async with replicas_on(redis, "r1") as (cluster,):
+        cluster.track(Watch(KEY))
         await eventually(lambda: cluster.owned_count == 1)
         await admin.execute_command("CLIENT", "PAUSE", PAUSE_MS, "WRITE")  # type: ignore[no-untyped-call]
         try:
             publishing = asyncio.create_task(cluster.publish(ChangeEvent(KEY, "f1", 0, time.time())))
-            await eventually(lambda: _held_by_redis(admin))  # the change's script waits on Redis
+            await eventually(lambda: held_by_redis(admin))  # the change's script waits on Redis
             cluster.untrack(KEY)
         finally:
             await admin.execute_command("CLIENT", "UNPAUSE")  # type: ignore[no-untyped-call]
         await publishing
-        await eventually(lambda: _no_interest(admin, KEY))
+        await eventually(lambda: no_interest(admin, KEY))
         await _watched_again_without_a_stale_change(cluster, admin)
 
 
@@ -160,21 +115,21 @@ async def test_a_key_given_up_while_it_is_taken_over_starts_afresh_when_watched_
 ) -> None:
     hashed = key_hash(KEY)
     names = ("ra", "rb") if rendezvous_owner(("ra", "rb"), hashed) == "rb" else ("rb", "ra")
-    async with _replicas(redis, names[0], names[1]) as (heir, owner):
-        heir.track(_Watch(KEY))
-        owner.track(_Watch(KEY))
+    async with replicas_on(redis, names[0], names[1]) as (heir, owner):
+        heir.track(Watch(KEY))
+        owner.track(Watch(KEY))
         await eventually(lambda: owner.owned_count == 1 and heir.owned_count == 0)
-        await eventually(lambda: _interested(admin, KEY, names[0]))
-        await eventually(lambda: _interested(admin, KEY, names[1]))
+        await eventually(lambda: interested(admin, KEY, names[0]))
+        await eventually(lambda: interested(admin, KEY, names[1]))
         # A change the owner told that never reached the heir (its message lost), stored beside the key.
-        await admin.hset(_state_key(KEY), mapping={"f": "f1", "g": 5})
+        await admin.hset(state_key(KEY), mapping={"f": "f1", "g": 5})
         told: list[ChangeEvent] = []
         unsubscribe = heir.subscribe(_giving_up(heir, told))
         # The owner leaves: the heir takes the key over, tells its stream the missed change, whose last stream goes.
         await owner.aclose()
         await eventually(lambda: bool(told))
         unsubscribe()
-        await eventually(lambda: _no_interest(admin, KEY))
+        await eventually(lambda: no_interest(admin, KEY))
         await _watched_again_without_a_stale_change(heir, admin)
 
 
@@ -191,11 +146,11 @@ def _giving_up(cluster: RedisBus, told: list[ChangeEvent]) -> Callable[[ChangeEv
 async def _watched_again_without_a_stale_change(cluster: RedisBus, admin: aioredis.Redis) -> None:
     """The key, given up, changes elsewhere (told while nobody here listened); watched again, its first look here is
     newer than that and stands: no change is told from what this replica knew before it gave the key up."""
-    generation = int(await admin.hget(_state_key(KEY), "g") or 0)
-    await admin.hset(_state_key(KEY), mapping={"f": "f-elsewhere", "g": generation + 1})
+    generation = int(await admin.hget(state_key(KEY), "g") or 0)
+    await admin.hset(state_key(KEY), mapping={"f": "f-elsewhere", "g": generation + 1})
     told: list[ChangeEvent] = []
     cluster.subscribe(told.append)
-    watch = _Watch(KEY, "f-first-look")
+    watch = Watch(KEY, "f-first-look")
     cluster.track(watch)
     await eventually(lambda: cluster.owned_count == 1)
     assert watch.fingerprint == "f-first-look"
@@ -206,14 +161,14 @@ class _WatchBug(Exception):
     pass
 
 
-class _BrokenWatch(_Watch):
+class _BrokenWatch(Watch):
     """A watch with a bug: taking a fingerprint told by the cluster fails (an error that is not Redis's)."""
 
     def adopt(self, fingerprint: str) -> None:
         raise _WatchBug("a watch that cannot take a fingerprint")
 
 
-class _OnceBrokenWatch(_Watch):
+class _OnceBrokenWatch(Watch):
     """A watch whose first take of a fingerprint told by the cluster fails."""
 
     failed = False
@@ -231,18 +186,18 @@ async def test_after_the_interest_writer_failed_on_an_error_not_redis_s_it_retri
     caplog.set_level(logging.ERROR, logger="sidecar.bus")
     hashed = key_hash(KEY)
     first, winner = ("ra", "rb") if rendezvous_owner(("ra", "rb"), hashed) == "rb" else ("rb", "ra")
-    async with _replicas(redis, first, winner) as (cluster, rival):
+    async with replicas_on(redis, first, winner) as (cluster, rival):
         cluster.track(_OnceBrokenWatch(KEY, "f0"))
         await eventually(lambda: cluster.owned_count == 1)
         # A change it missed, told to its watch when its interest is written again (taken for dead): the watch fails.
-        await admin.hset(_state_key(KEY), mapping={"f": "f1", "g": 5})
+        await admin.hset(state_key(KEY), mapping={"f": "f1", "g": 5})
         await admin.zrem(REPLICAS, first)
         await eventually(lambda: any(record.name.startswith("sidecar.bus") for record in caplog.records))
         # The writer carries on: a key watched later reaches Redis, so the other replicas learn of it.
-        cluster.track(_Watch(OTHER))
-        await eventually(lambda: _interested(admin, OTHER, first))
+        cluster.track(Watch(OTHER))
+        await eventually(lambda: interested(admin, OTHER, first))
         # The failed key is written again: a replica joining it that wins its draw takes its polling over.
-        rival.track(_Watch(KEY, "f1"))
+        rival.track(Watch(KEY, "f1"))
         await eventually(lambda: rival.owned_count == 1 and cluster.owned_count == 1)
         assert not cluster._writer.settling(hashed)
 
@@ -251,10 +206,10 @@ async def test_a_resync_that_fails_on_an_error_not_redis_s_is_logged(
     redis: RedisServer, admin: aioredis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.ERROR, logger="sidecar.bus")
-    async with _replicas(redis, "r1") as (cluster,):
+    async with replicas_on(redis, "r1") as (cluster,):
         cluster.track(_BrokenWatch(KEY))
         await eventually(lambda: cluster.owned_count == 1)
-        await admin.hset(_state_key(KEY), mapping={"f": "f1", "g": 5})
+        await admin.hset(state_key(KEY), mapping={"f": "f1", "g": 5})
         # Subscribed afresh (as after a slot migration): the bucket's keys resync from their stored states.
         assert cluster._channels.reopen()
         await eventually(lambda: any(record.name.startswith("sidecar.bus") for record in caplog.records))
@@ -264,11 +219,11 @@ async def test_a_key_whose_stored_state_cannot_be_read_is_polled_from_its_first_
     redis: RedisServer, admin: aioredis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="sidecar.bus")
-    await admin.hset(_state_key(KEY), mapping={"f": "f1", "g": "not a number"})
+    await admin.hset(state_key(KEY), mapping={"f": "f1", "g": "not a number"})
     hashed = key_hash(KEY)
     first, winner = ("ra", "rb") if rendezvous_owner(("ra", "rb"), hashed) == "rb" else ("rb", "ra")
-    async with _replicas(redis, first, winner) as (alone, other):
-        watch = _Watch(KEY, "f-first-look")
+    async with replicas_on(redis, first, winner) as (alone, other):
+        watch = Watch(KEY, "f-first-look")
         alone.track(watch)
         # The one replica interested polls the key, from its own first look: the unreadable state is no change.
         await eventually(lambda: alone.owned_count == 1)
@@ -276,7 +231,7 @@ async def test_a_key_whose_stored_state_cannot_be_read_is_polled_from_its_first_
         reports = [record for record in caplog.records if getattr(record, "watch", None) == KEY.short_hash]
         assert len(reports) == 1, [record.getMessage() for record in caplog.records]
         # Another replica's interest comes and goes: the poller follows it (its messages applied, none kept).
-        other.track(_Watch(KEY, "f-first-look"))
+        other.track(Watch(KEY, "f-first-look"))
         await eventually(lambda: other.owned_count == 1 and alone.owned_count == 0)
         other.untrack(KEY)
         await eventually(lambda: alone.owned_count == 1)
@@ -288,12 +243,12 @@ async def test_a_key_whose_stored_state_cannot_be_read_is_polled_from_its_first_
 async def test_a_change_of_a_key_whose_stored_state_cannot_be_read_is_told_to_the_other_replicas(
     redis: RedisServer, admin: aioredis.Redis
 ) -> None:
-    await admin.hset(_state_key(KEY), mapping={"f": "f1", "g": "not a number"})
-    async with _replicas(redis, "r1", "r2") as (owner, other):
-        owner.track(_Watch(KEY))
-        other.track(_Watch(KEY))
-        await eventually(lambda: _interested(admin, KEY, "r1"))
-        await eventually(lambda: _interested(admin, KEY, "r2"))
+    await admin.hset(state_key(KEY), mapping={"f": "f1", "g": "not a number"})
+    async with replicas_on(redis, "r1", "r2") as (owner, other):
+        owner.track(Watch(KEY))
+        other.track(Watch(KEY))
+        await eventually(lambda: interested(admin, KEY, "r1"))
+        await eventually(lambda: interested(admin, KEY, "r2"))
         await eventually(lambda: owner.owned_count + other.owned_count == 1)
         poller, listener = (owner, other) if owner.owned_count else (other, owner)
         heard = asyncio.Event()
@@ -307,173 +262,16 @@ async def test_a_change_of_a_key_whose_stored_state_cannot_be_read_is_told_to_th
         assert [event.fingerprint for event in told] == ["f2"]
         assert [event.fingerprint for event in here] == ["f2"]
         # The key's stored state is readable again: the change is recorded over what could not be read.
-        assert await admin.hgetall(_state_key(KEY)) == {"f": "f2", "g": "1"}
+        assert await admin.hgetall(state_key(KEY)) == {"f": "f2", "g": "1"}
 
 
 async def test_a_first_look_of_a_key_whose_stored_state_cannot_be_read_becomes_its_stored_state(
     redis: RedisServer, admin: aioredis.Redis
 ) -> None:
-    await admin.hset(_state_key(KEY), mapping={"f": "f1", "g": "1.5"})
-    async with _replicas(redis, "r1") as (cluster,):
-        cluster.track(_Watch(KEY, "f-first-look"))
+    await admin.hset(state_key(KEY), mapping={"f": "f1", "g": "1.5"})
+    async with replicas_on(redis, "r1") as (cluster,):
+        cluster.track(Watch(KEY, "f-first-look"))
         await eventually(lambda: cluster.owned_count == 1)
         await cluster.publish(ChangeEvent(KEY, "f-first-look", 0, time.time(), baseline=True))
         # What a replica joining later starts from: this first look, at generation 0.
-        assert await admin.hgetall(_state_key(KEY)) == {"f": "f-first-look", "g": "0"}
-
-
-def _holding_beats(held: asyncio.Event, go: asyncio.Event) -> type[Membership]:
-    """A membership that beats as usual until `held` is set; from then on each beat waits for `go` first (a
-    replica only slow, or, `go` never set, one frozen)."""
-
-    class HeldBeats(Membership):
-        async def beat(self) -> None:
-            if held.is_set():
-                await go.wait()
-            await super().beat()
-
-    return HeldBeats
-
-
-async def test_a_replica_taken_for_dead_that_beats_again_before_its_clean_up_keeps_its_place_and_its_interest(
-    redis: RedisServer, admin: aioredis.Redis
-) -> None:
-    hashed = key_hash(KEY)
-    slow, peer = ("ra", "rb") if rendezvous_owner(("ra", "rb"), hashed) == "ra" else ("rb", "ra")
-    beats_held, beats_go = asyncio.Event(), asyncio.Event()
-    clean_up_reached, clean_up_go, clean_up_done = asyncio.Event(), asyncio.Event(), asyncio.Event()
-
-    class GatedCleanUp(Membership):
-        """Cleans the slow replica up only once the test lets it."""
-
-        async def clean_up(self, instance: str, *, restarted: bool = False) -> None:
-            if instance != slow:
-                return await super().clean_up(instance, restarted=restarted)
-            clean_up_reached.set()
-            await clean_up_go.wait()
-            try:
-                await super().clean_up(instance, restarted=restarted)
-            finally:
-                clean_up_done.set()
-
-    doubles = {slow: _holding_beats(beats_held, beats_go), peer: GatedCleanUp}
-    async with _replicas(redis, peer, slow, membership=doubles) as (cleaner, late):
-        cleaner.track(_Watch(KEY))
-        late.track(_Watch(KEY))
-        await eventually(lambda: late.owned_count == 1 and cleaner.owned_count == 0)
-        await eventually(lambda: _interested(admin, KEY, peer))
-        # The late replica stops beating for a while, long enough to be listed dead...
-        beats_held.set()
-        seconds, micros = await admin.time()
-        now_ms = seconds * 1000 + micros // 1000
-        await admin.zadd(REPLICAS, {slow: now_ms - 3 * LEASE_MS}, xx=True)
-        async with asyncio.timeout(10):
-            await clean_up_reached.wait()
-        # ... then beats again (it was only slow) before the clean-up that listing started has run.
-        beats_go.set()
-        await eventually(lambda: _beat_since(admin, slow, now_ms))
-        clean_up_go.set()
-        async with asyncio.timeout(10):
-            await clean_up_done.wait()
-        # The live replica keeps its place among the replicas and its interest, as any replica reading them sees;
-        # the key it won is its own again once it is heard live.
-        assert await admin.zscore(REPLICAS, slow) is not None
-        assert await _interested(admin, KEY, slow)
-        await eventually(lambda: cleaner.owned_count == 0)
-
-
-async def test_a_replica_whose_heartbeat_ran_out_leaves_the_replicas_and_every_interest(
-    redis: RedisServer, admin: aioredis.Redis
-) -> None:
-    frozen_now, never = asyncio.Event(), asyncio.Event()
-    async with _replicas(redis, "r1", "r2", membership={"r2": _holding_beats(frozen_now, never)}) as (survivor, frozen):
-        survivor.track(_Watch(KEY))
-        frozen.track(_Watch(KEY))
-        frozen.track(_Watch(OTHER))
-        await eventually(lambda: _interested(admin, KEY, "r2"))
-        await eventually(lambda: _interested(admin, OTHER, "r2"))
-        frozen_now.set()
-        # Silent for twice its life: cleaned up by the survivor, whose polling of the shared key resumes.
-        await eventually(lambda: _no_interest(admin, OTHER))
-        assert not await _interested(admin, KEY, "r2")
-        assert await admin.zscore(REPLICAS, "r2") is None
-        assert not await admin.exists(Layout.interest_of("r2"))
-        await eventually(lambda: survivor.owned_count == 1)
-
-
-async def test_a_clean_up_cut_short_is_taken_up_by_another_replica(redis: RedisServer, admin: aioredis.Redis) -> None:
-    claimed, frozen_now, never = asyncio.Event(), asyncio.Event(), asyncio.Event()
-
-    class ClaimsThenStops(Membership):
-        """Claims the frozen replica's clean-up, then shuts down before it removes anything."""
-
-        async def clean_up(self, instance: str, *, restarted: bool = False) -> None:
-            if instance != "r3":
-                return await super().clean_up(instance, restarted=restarted)
-            if await self.claim(instance):
-                claimed.set()
-                await never.wait()
-
-    class AfterTheFirstClaims(Membership):
-        async def clean_up(self, instance: str, *, restarted: bool = False) -> None:
-            if instance == "r3":
-                await claimed.wait()
-            return await super().clean_up(instance, restarted=restarted)
-
-    doubles: dict[str, type[Membership]] = {
-        "r1": ClaimsThenStops,
-        "r2": AfterTheFirstClaims,
-        "r3": _holding_beats(frozen_now, never),
-    }
-    async with _replicas(redis, "r1", "r2", "r3", membership=doubles) as (first, _, frozen):
-        frozen.track(_Watch(OTHER))
-        await eventually(lambda: _interested(admin, OTHER, "r3"))
-        frozen_now.set()
-        async with asyncio.timeout(10):
-            await claimed.wait()
-        await first.aclose()
-        # Its claim runs out unfinished: the dead replica is listed dead again and the other replica cleans it up.
-        await eventually(lambda: _no_interest(admin, OTHER))
-        assert await admin.zscore(REPLICAS, "r3") is None
-        assert not await admin.exists(Layout.interest_of("r3"))
-
-
-@pytest.mark.parametrize(
-    "text", ["0", "7", "9007199254740991", "9007199254740992", "-1", "7.0", "1e3", "0x10", " 7", "7_0", "", "seven"]
-)
-async def test_the_scripts_and_the_replica_read_a_stored_generation_alike(admin: aioredis.Redis, text: str) -> None:
-    lua = await admin.eval(scripts.GENERATION + "return generation(ARGV[1]) or -1", 0, text)  # type: ignore[misc]
-    assert (None if lua == -1 else lua) == stored_generation(text)
-
-
-async def _beat_since(admin: aioredis.Redis, instance: str, now_ms: int) -> bool:
-    deadline = await admin.zscore(REPLICAS, instance)
-    return deadline is not None and deadline > now_ms
-
-
-async def _held_by_redis(admin: aioredis.Redis) -> bool:
-    return int((await admin.info("clients"))["blocked_clients"]) >= 1
-
-
-def _state_key(key: WatchKey) -> str:
-    layout = Layout()
-    return layout.state(layout.bucket_of(key), key_hash(key))
-
-
-async def _subscribed(redis: RedisServer, channel: str) -> bool:
-    return await redis.subscribers(channel) >= 1
-
-
-async def _interested(admin: aioredis.Redis, key: WatchKey, instance: str) -> bool:
-    return bool(await admin.sismember(_interest_key(key), instance))
-
-
-async def _neither_interested_nor_owning(admin: aioredis.Redis, cluster: RedisBus, metrics: Metrics) -> None:
-    """The key ends with no interest in Redis and no ownership here (nothing polled or counted for nobody)."""
-    await eventually(lambda: _no_interest(admin, KEY))
-    assert cluster.owned_count == 0
-    assert metrics.leases_held._value.get() == 0
-
-
-async def _no_interest(admin: aioredis.Redis, key: WatchKey) -> bool:
-    return not await admin.smembers(_interest_key(key))
+        assert await admin.hgetall(state_key(KEY)) == {"f": "f-first-look", "g": "0"}
