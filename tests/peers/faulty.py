@@ -233,7 +233,7 @@ class FaultyUpstream:
             result.setdefault("resultType", "complete")
         return 200, extra, result_message(request_id, result)
 
-    async def result_message(
+    async def _result(
         self, method: str | None, params: dict[str, Any], uri: str | None, token: str | None
     ) -> dict[str, Any] | None:
         modern = self.era == "modern"
