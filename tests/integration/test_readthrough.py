@@ -11,14 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import aiohttp
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from sidecar.app import METRICS
 from sidecar.observability.metrics import Metrics
@@ -27,15 +23,15 @@ from tests.kit import (
     SUB_ID_KEY,
     UPDATED,
     ListenStream,
-    LoopThread,
     Sidecar,
     eventually,
     headers,
     listen_request,
-    loop_thread,
+    read_resource,
     rpc,
     serve_sidecar,
     sse_messages,
+    text_of,
 )
 from tests.peers import Upstream, start_upstream
 
@@ -54,28 +50,6 @@ FAST_POLLING = {"min_interval_ms": 100, "default_interval_ms": 300, "max_interva
 
 
 # -- helpers -------------------------------------------------------------------------------------------
-
-
-def _auth(token: str | None) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"} if token else {}
-
-
-async def _read(
-    http: aiohttp.ClientSession, sidecar: Sidecar, uri: str, request_id: Any, token: str | None = None
-) -> dict[str, Any]:
-    """One `resources/read` through the sidecar; returns the JSON-RPC response after checking its envelope."""
-    status, message = await rpc(
-        http, sidecar.url, READ, {"uri": uri}, request_id=request_id, extra_headers=_auth(token)
-    )
-    assert status == 200, message
-    assert message.get("id") == request_id, message
-    assert "result" in message, message
-    return message
-
-
-def _text(message: dict[str, Any]) -> str:
-    text: str = message["result"]["contents"][0]["text"]
-    return text
 
 
 async def _client_reads(up: Upstream, uri: str, id_prefix: str) -> int:
@@ -120,10 +94,12 @@ async def test_a_thousand_concurrent_reads_of_a_public_resource_reach_the_upstre
         await up.reset_log()
         started = time.monotonic()
         async with asyncio.timeout(BURST_S):
-            answers = await asyncio.gather(*(_read(wide_http, sidecar, PRICE, f"burst-{i}") for i in range(1000)))
+            answers = await asyncio.gather(
+                *(read_resource(wide_http, sidecar.url, PRICE, f"burst-{i}") for i in range(1000))
+            )
         print(f"\n1000 concurrent reads in {time.monotonic() - started:.2f} s")
         assert [answer["id"] for answer in answers] == [f"burst-{i}" for i in range(1000)]
-        assert {_text(answer) for answer in answers} == {"price=100"}
+        assert {text_of(answer) for answer in answers} == {"price=100"}
         assert await up.count(READ, PRICE) == 1
         assert await up.count(READ) == 1
         metrics = _metrics(sidecar)
@@ -139,10 +115,10 @@ async def test_five_hundred_concurrent_private_reads_per_context_are_one_upstrea
         tokens = ["a", "b"] * 500
         async with asyncio.timeout(BURST_S):
             answers = await asyncio.gather(
-                *(_read(wide_http, sidecar, PROFILE, f"p-{i}", token) for i, token in enumerate(tokens))
+                *(read_resource(wide_http, sidecar.url, PROFILE, f"p-{i}", token) for i, token in enumerate(tokens))
             )
         for token, answer in zip(tokens, answers, strict=True):
-            assert _text(answer) == f"profile of {token} v1"
+            assert text_of(answer) == f"profile of {token} v1"
             assert answer["result"]["cacheScope"] == "private"
         entries = [entry for entry in await up.log() if entry["method"] == READ]
         assert sorted(entry["authorization"] for entry in entries) == ["Bearer a", "Bearer b"]
@@ -188,7 +164,7 @@ async def test_after_a_change_notified_to_two_thousand_streams_their_simultaneou
                 assert update["method"] == UPDATED and update["params"]["uri"] == PRICE, update
                 assert update["params"]["_meta"][SUB_ID_KEY] == request_id, update
                 # The re-read goes out while the stream is still open, as a real client's would.
-                return _text(await _read(wide_http, sidecar, PRICE, f"reread-{n}"))
+                return text_of(await read_resource(wide_http, sidecar.url, PRICE, f"reread-{n}"))
 
         polls = _metrics(sidecar).polls.labels("resource", "ok")
         started = time.monotonic()
@@ -199,7 +175,7 @@ async def test_after_a_change_notified_to_two_thousand_streams_their_simultaneou
             assert waiter in done, [task.exception() for task in done if task is not waiter]
             opened = time.monotonic()
             warm = await rpc(wide_http, sidecar.url, READ, {"uri": PRICE}, request_id="warm")
-            assert _text(warm[1]) == "price=100"  # the cache now holds the old price, for a minute
+            assert text_of(warm[1]) == "price=100"  # the cache now holds the old price, for a minute
             polls_before = _value(polls)
             changed.set()
             await up.set_price(107)
@@ -220,8 +196,8 @@ async def test_with_ttl_zero_every_sequential_read_reaches_the_upstream() -> Non
     async with aiohttp.ClientSession() as http:
         async with await start_upstream("modern", read_ttl_ms=0) as up, serve_sidecar(up.url) as sidecar:
             for i in range(20):
-                answer = await _read(http, sidecar, PRICE, f"seq-{i}")
-                assert _text(answer) == "price=100"
+                answer = await read_resource(http, sidecar.url, PRICE, f"seq-{i}")
+                assert text_of(answer) == "price=100"
                 assert not answer["result"].get("ttlMs")
             assert await _client_reads(up, PRICE, "seq-") == 20
             assert await up.count(READ) == 20
@@ -247,8 +223,8 @@ async def test_the_cache_stays_within_its_bounds_under_a_stream_of_distinct_uris
     ):
         metrics = _metrics(sidecar)
         for i in range(500):
-            answer = await _read(http, sidecar, f"catalog://items/sku-{i}", f"fill-{i}")
-            assert _text(answer) == f"item sku-{i} costs 100"
+            answer = await read_resource(http, sidecar.url, f"catalog://items/sku-{i}", f"fill-{i}")
+            assert text_of(answer) == f"item sku-{i} costs 100"
             assert _value(metrics.cache_bytes) <= max_bytes
         assert await _client_reads(up, "catalog://items/sku-499", "fill-") == 1
         assert _value(metrics.cache_evictions) > 0
@@ -256,13 +232,13 @@ async def test_the_cache_stays_within_its_bounds_under_a_stream_of_distinct_uris
         await up.reset_log()
 
         hits = _value(metrics.cache_hits)
-        recent = await _read(http, sidecar, "catalog://items/sku-499", "again-499")
-        assert _text(recent) == "item sku-499 costs 100"
+        recent = await read_resource(http, sidecar.url, "catalog://items/sku-499", "again-499")
+        assert text_of(recent) == "item sku-499 costs 100"
         assert _value(metrics.cache_hits) == hits + 1
         assert await up.count(READ) == 0, "the most recent sku should have been served from the cache"
 
-        oldest = await _read(http, sidecar, "catalog://items/sku-0", "again-0")
-        assert _text(oldest) == "item sku-0 costs 100"
+        oldest = await read_resource(http, sidecar.url, "catalog://items/sku-0", "again-0")
+        assert text_of(oldest) == "item sku-0 costs 100"
         assert await up.count(READ, "catalog://items/sku-0") == 1, "the oldest sku should have been evicted"
         assert _value(metrics.cache_bytes) <= max_bytes
 
@@ -274,12 +250,12 @@ async def test_an_entry_bound_of_fifty_keeps_exactly_the_fifty_most_recently_use
         serve_sidecar(up.url, cache={"max_entries": 50, "max_bytes": 1_000_000}) as sidecar,
     ):
         for i in range(100):
-            await _read(http, sidecar, f"catalog://items/sku-{i}", f"fill-{i}")
+            await read_resource(http, sidecar.url, f"catalog://items/sku-{i}", f"fill-{i}")
         await up.reset_log()
         for i in (99, 50):  # the newest and the oldest of the fifty kept
-            await _read(http, sidecar, f"catalog://items/sku-{i}", f"again-{i}")
+            await read_resource(http, sidecar.url, f"catalog://items/sku-{i}", f"again-{i}")
         assert await up.count(READ) == 0
-        await _read(http, sidecar, "catalog://items/sku-49", "again-49")  # the newest evicted one
+        await read_resource(http, sidecar.url, "catalog://items/sku-49", "again-49")  # the newest evicted one
         assert await up.count(READ, "catalog://items/sku-49") == 1
         assert _value(_metrics(sidecar).cache_evictions) == 51
 
@@ -295,19 +271,19 @@ async def test_a_public_change_empties_the_cache_before_the_notification_so_the_
     ):
         listen = await ListenStream.connect(http, sidecar.url, "price-watch", [PRICE])
         try:
-            first = await _read(http, sidecar, PRICE, "before-1")
-            again = await _read(http, sidecar, PRICE, "before-2")
-            assert _text(first) == _text(again) == "price=100"
+            first = await read_resource(http, sidecar.url, PRICE, "before-1")
+            again = await read_resource(http, sidecar.url, PRICE, "before-2")
+            assert text_of(first) == text_of(again) == "price=100"
             assert await _client_reads(up, PRICE, "before-") == 1, "the second read should come from the cache"
             assert again["result"]["ttlMs"] > 50_000  # without invalidation it would be served for a minute
 
             await up.set_price(120)
             await listen.next_update()
-            after = await _read(http, sidecar, PRICE, "after-1")
-            assert _text(after) == "price=120"
+            after = await read_resource(http, sidecar.url, PRICE, "after-1")
+            assert text_of(after) == "price=120"
             assert await _client_reads(up, PRICE, "after-") == 1
             # ... and the fresh answer is what the cache holds now.
-            assert _text(await _read(http, sidecar, PRICE, "after-2")) == "price=120"
+            assert text_of(await read_resource(http, sidecar.url, PRICE, "after-2")) == "price=120"
             assert await _client_reads(up, PRICE, "after-") == 1
         finally:
             await listen.close()
@@ -338,120 +314,3 @@ async def test_a_listen_stream_that_ended_leaves_no_task_behind() -> None:
 
 
 # -- private results: a property over interleaved users ------------------------------------------------
-
-USERS = ("u1", "u2", "u3", "u4")
-
-Action = tuple[str, str]
-"""("read", user), ("bump", user) or ("read_all", "")."""
-
-actions = st.lists(
-    st.one_of(
-        st.tuples(st.just("read"), st.sampled_from(USERS)),
-        st.tuples(st.just("bump"), st.sampled_from(USERS)),
-        st.just(("read_all", "")),
-    ),
-    min_size=1,
-    max_size=12,
-)
-
-
-@dataclass
-class ProfileWorld:
-    """One upstream and one sidecar for every example, on an event loop of their own in a thread."""
-
-    thread: LoopThread
-    up: Upstream | None = None
-    sidecar: Sidecar | None = None
-    http: aiohttp.ClientSession | None = None
-    streams: dict[str, ListenStream] = field(default_factory=dict)
-    versions: dict[str, int] = field(default_factory=lambda: dict.fromkeys(USERS, 1))
-    """Each user's current profile version at the upstream."""
-    seen: dict[str, int] = field(default_factory=lambda: dict.fromkeys(USERS, 1))
-    """The newest version each user has read through the sidecar."""
-    requests: int = 0
-
-    def run(self, make: Callable[[], Awaitable[T]], timeout_s: float = 60.0) -> T:
-        return self.thread.run(make, timeout_s)
-
-    async def read(self, user: str) -> int:
-        assert self.http is not None and self.sidecar is not None
-        self.requests += 1
-        text = _text(await _read(self.http, self.sidecar, PROFILE, f"{user}-{self.requests}", user))
-        owner, _, version = text.removeprefix("profile of ").rpartition(" v")
-        assert owner == user, f"{user} was given {text!r}"
-        return int(version)
-
-    async def check_read(self, user: str) -> None:
-        version = await self.read(user)
-        # Stale within its ttlMs is allowed without a change event; older than already seen, or newer than
-        # the upstream has, is not.
-        assert self.seen[user] <= version <= self.versions[user], (user, version, self.seen, self.versions)
-        self.seen[user] = version
-
-    async def bump(self, user: str) -> None:
-        assert self.up is not None
-        stream = self.streams[user]
-        leftover = stream.pending()
-        assert leftover == [], f"{user}'s stream had frames nobody caused: {leftover}"
-        text = await self.up.bump_profile(user)
-        self.versions[user] += 1
-        assert text == f"profile of {user} v{self.versions[user]}"
-        await stream.next_update()
-        version = await self.read(user)
-        assert version == self.versions[user], f"{user} read v{version} after the update for v{self.versions[user]}"
-        self.seen[user] = version
-
-    async def apply(self, steps: list[Action]) -> None:
-        for kind, user in steps:
-            if kind == "read":
-                await self.check_read(user)
-            elif kind == "bump":
-                await self.bump(user)
-            else:
-                await asyncio.gather(*(self.check_read(name) for name in USERS))
-
-
-@pytest.fixture(scope="module")
-def profile_world() -> Iterator[ProfileWorld]:
-    with loop_thread("profile-world") as thread:
-        yield from _profile_world(ProfileWorld(thread))
-
-
-def _profile_world(world: ProfileWorld) -> Iterator[ProfileWorld]:
-    stack: list[Any] = []
-
-    async def setup() -> None:
-        up_cm = await start_upstream("modern", read_ttl_ms=600_000)
-        world.up = await up_cm.__aenter__()
-        stack.append(up_cm)
-        polling = {"min_interval_ms": 50, "default_interval_ms": 150, "max_interval_ms": 150, "linger_ms": 100}
-        sidecar_cm = serve_sidecar(world.up.url, polling=polling)
-        world.sidecar = await sidecar_cm.__aenter__()
-        stack.append(sidecar_cm)
-        world.http = aiohttp.ClientSession()
-        for user in USERS:
-            world.streams[user] = await ListenStream.connect(
-                world.http, world.sidecar.url, f"listen-{user}", [PROFILE], authorization=f"Bearer {user}"
-            )
-
-    async def teardown() -> None:
-        for stream in world.streams.values():
-            await stream.close()
-        if world.http is not None:
-            await world.http.close()
-        for cm in reversed(stack):
-            await cm.__aexit__(None, None, None)
-
-    try:
-        world.run(setup)
-        yield world
-    finally:
-        world.run(teardown)
-
-
-@settings(max_examples=25, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
-@given(steps=actions)
-def test_a_private_result_reaches_only_its_own_context_and_is_fresh_after_its_update(
-    profile_world: ProfileWorld, steps: list[Action]
-) -> None:
-    profile_world.run(lambda: profile_world.apply(steps))

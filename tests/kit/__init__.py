@@ -31,8 +31,10 @@ from tests.kit.wire import (
     UPDATED,
     headers,
     listen_request,
+    read_resource,
     request,
     rpc,
+    text_of,
 )
 
 __all__ = [
@@ -65,11 +67,13 @@ __all__ = [
     "make_config",
     "parse",
     "parse_sse",
+    "read_resource",
     "request",
     "rpc",
     "scrape",
     "serve_config",
     "serve_sidecar",
     "sse_messages",
+    "text_of",
     "waits",
 ]

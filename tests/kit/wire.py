@@ -21,8 +21,10 @@ __all__ = [
     "UPDATED",
     "headers",
     "listen_request",
+    "read_resource",
     "request",
     "rpc",
+    "text_of",
 ]
 
 PV = "2026-07-28"
@@ -89,3 +91,24 @@ async def rpc(
         url, json=request(method, params, request_id), headers=headers(method, name, **(extra_headers or {}))
     ) as resp:
         return resp.status, await resp.json(content_type=None)
+
+
+async def read_resource(
+    session: aiohttp.ClientSession, url: str, uri: str, request_id: Any = 1, token: str | None = None
+) -> dict[str, Any]:
+    """One `resources/read` (as the client holding bearer `token`, if any): the JSON-RPC answer, checked to be a
+    200 carrying this request's id and a result."""
+    extra = {"Authorization": f"Bearer {token}"} if token else {}
+    status, message = await rpc(
+        session, url, "resources/read", {"uri": uri}, request_id=request_id, extra_headers=extra
+    )
+    assert status == 200, message
+    assert message.get("id") == request_id, message
+    assert "result" in message, message
+    return message
+
+
+def text_of(message: dict[str, Any]) -> str:
+    """The text of a read's first content."""
+    text: str = message["result"]["contents"][0]["text"]
+    return text
