@@ -56,6 +56,7 @@ __all__ = [
     "redis_server",
     "require_binary",
     "sidecar_config",
+    "sidecar_replica",
     "sidecar_replicas",
     "write_config",
 ]
@@ -159,6 +160,17 @@ class Replica(OnLoopback):
                 if isinstance(entry, dict):
                     lines.append(entry)
         return lines
+
+
+@contextlib.asynccontextmanager
+async def sidecar_replica(tmp_path: Path, upstream_url: str, **sections: Any) -> AsyncIterator[Replica]:
+    """One `mcp-sidecar run` process in front of `upstream_url` (no bus), ready inside the block, stopped after."""
+    replica = Replica("sidecar", tmp_path / "sidecar", sidecar_config(upstream_url, free_port(), **sections))
+    try:
+        await replica.start()
+        yield replica
+    finally:
+        await replica.service.stop()
 
 
 @contextlib.asynccontextmanager

@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,7 @@ import pytest
 from bench.services import LoadClient, Service, start_fast_upstream, start_loadgen
 from bench.wrk import WrkStats, wrk_reads
 from sidecar.app import FAIR_SHARE
-from tests.cluster import Replica, free_port, nginx_proxy, sidecar_config
+from tests.cluster import Replica, nginx_proxy, sidecar_replica
 from tests.kit import ListenStream, Scrape, eventually, headers, request, serve_sidecar
 from tests.peers.faulty import Fault, FaultyUpstream
 from tests.prereqs import require_binary
@@ -37,28 +36,6 @@ UPSTREAM_READ_S = 0.2
 """The slow upstream's service time for a read."""
 
 pytestmark = pytest.mark.invariant(20)
-
-
-@contextlib.asynccontextmanager
-async def _stack() -> AsyncIterator[contextlib.AsyncExitStack]:
-    async with contextlib.AsyncExitStack() as stack:
-        yield stack
-
-
-async def _sidecar(stack: contextlib.AsyncExitStack, tmp_path: Path, upstream: Service, **sections: Any) -> Replica:
-    replica = Replica("sidecar", tmp_path / "sidecar", sidecar_config(upstream.url, free_port(), **sections))
-    stack.push_async_callback(replica.service.stop)
-    await replica.start()
-    return replica
-
-
-def _refusals(metrics: Scrape) -> dict[str, float]:
-    """Work refused by any limit, by limit (only those that refused something)."""
-    return {
-        labels.get("limit", ""): value
-        for name, labels, value in metrics.samples
-        if name == "mcp_sidecar_limit_rejections_total" and value
-    }
 
 
 def _waited(metrics: Scrape) -> float:
@@ -76,9 +53,9 @@ async def _forward(load: LoadClient, url: str, concurrency: int, duration_s: flo
 
 async def test_512_anonymous_clients_from_one_address_are_all_served_and_throughput_holds(tmp_path: Path) -> None:
     require_binary("wrk", needed_by="the many-clients test (a load generator lighter than the proxy it loads)")
-    async with _stack() as stack:
+    async with contextlib.AsyncExitStack() as stack:
         upstream = await start_fast_upstream(stack, tmp_path)
-        sidecar = await _sidecar(stack, tmp_path, upstream)
+        sidecar = await stack.enter_async_context(sidecar_replica(tmp_path, upstream.url))
         # Interleaved, best of two at each level: one run of a few seconds on a shared machine can be off by half.
         tries: dict[int, list[WrkStats]] = {32: [], 512: []}
         for attempt in range(2):
@@ -90,7 +67,7 @@ async def test_512_anonymous_clients_from_one_address_are_all_served_and_through
         metrics = await sidecar.metrics()
     print(f"\n32 clients: {runs[32]}\n512 clients: {runs[512]}")
     assert failed == 0, tries
-    assert _refusals(metrics) == {}
+    assert metrics.nonzero("mcp_sidecar_limit_rejections_total", "limit") == {}
     # The load went past the fair share (else nothing here was tested): requests did wait their turn.
     assert _waited(metrics) > 0
     # Throughput holds as clients are added. The bound is loose on purpose: a collapse (refusing limits made it
@@ -130,9 +107,9 @@ async def test_a_polite_client_beside_a_greedy_one_waits_about_one_upstream_turn
 ) -> None:
     # With a token, the one it reads with beside the flood is new to the upstream: its first read is included.
     extra = {"Authorization": f"Bearer {token}"} if token else {}
-    async with _stack() as stack:
+    async with contextlib.AsyncExitStack() as stack:
         upstream = await start_fast_upstream(stack, tmp_path, read_delay_ms=UPSTREAM_READ_S * 1000)
-        sidecar = await _sidecar(stack, tmp_path, upstream)
+        sidecar = await stack.enter_async_context(sidecar_replica(tmp_path, upstream.url))
         load = await start_loadgen(stack, tmp_path)
         alone = asyncio.Event()
         alone.set()
@@ -152,7 +129,7 @@ async def test_a_polite_client_beside_a_greedy_one_waits_about_one_upstream_turn
         metrics = await sidecar.metrics()
     print(f"\npolite alone: max {unloaded_p99 * 1000:.0f} ms; beside the flood: {sorted(loaded)[-3:]} s; {flood}")
     assert flood["errors"] == 0, flood  # the greedy client waited, never refused: its queue stayed under its bound
-    assert _refusals(metrics) == {}
+    assert metrics.nonzero("mcp_sidecar_limit_rejections_total", "limit") == {}
     assert max(loaded) <= 3 * unloaded_p99 + UPSTREAM_READ_S, (loaded, unloaded)
 
 
@@ -249,9 +226,9 @@ def _process_figures(pid: int, sidecar: Replica, upstream: Service) -> tuple[int
 async def test_an_hour_of_churn_in_half_a_minute_refuses_nothing_and_leaves_nothing_behind(tmp_path: Path) -> None:
     """Rounds of 100 listen streams on 3 distinct new URIs each (300 first reads a round, past the client's
     200 a second), 100 reads, a change every stream hears of, every stream closed; from one anonymous client."""
-    async with _stack() as stack:
+    async with contextlib.AsyncExitStack() as stack:
         upstream = await start_fast_upstream(stack, tmp_path)
-        sidecar = await _sidecar(stack, tmp_path, upstream, polling={"linger_ms": 200})
+        sidecar = await stack.enter_async_context(sidecar_replica(tmp_path, upstream.url, polling={"linger_ms": 200}))
         pid = sidecar.service.pid
         http = await stack.enter_async_context(
             aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=60))
@@ -282,7 +259,7 @@ async def test_an_hour_of_churn_in_half_a_minute_refuses_nothing_and_leaves_noth
         metrics = await sidecar.metrics()
     assert baseline is not None
     print(f"\n{rounds} rounds in {time.monotonic() - started:.0f} s; (RSS, fds) after 2: {baseline}, end: {after}")
-    assert _refusals(metrics) == {}
+    assert metrics.nonzero("mcp_sidecar_limit_rejections_total", "limit") == {}
     # The first reads past the client's rate went through its fair share (beside its 100 reads a round).
     slots = metrics.total("mcp_sidecar_queue_wait_seconds_count", limit="upstream_requests")
     assert slots > 100 * rounds, slots

@@ -7,6 +7,7 @@ whose labels include the ones given (0 when there is none), for a sum over worke
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
@@ -14,8 +15,9 @@ from prometheus_client.parser import text_string_to_metric_families
 __all__ = ["Sample", "Scrape", "parse", "scrape"]
 
 
-@dataclass(frozen=True)
-class Sample:
+class Sample(NamedTuple):
+    """One exposed sample; unpacks as `(name, labels, value)`."""
+
     name: str
     labels: dict[str, str]
     value: float
@@ -41,6 +43,10 @@ class Scrape:
         return sum(
             s.value for s in self.samples if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
         )
+
+    def nonzero(self, name: str, label: str) -> dict[str, float]:
+        """The samples of `name` that are not 0, keyed by the value of their `label`."""
+        return {s.labels.get(label, ""): s.value for s in self.samples if s.name == name and s.value}
 
     def labelled(self, name: str) -> dict[tuple[tuple[str, str], ...], float]:
         """Every sample of `name`, keyed by its sorted label pairs."""
