@@ -28,7 +28,6 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-import uvicorn
 from mcp.server.caching import CacheHint
 from mcp.server.context import ServerRequestContext
 from mcp.server.mcpserver import Context, MCPServer
@@ -48,13 +47,11 @@ from mcp.types import (
     TextContent,
     TextResourceContents,
 )
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route, Router
+from starlette.routing import Router
 from starlette.types import ASGIApp
 
 from tests.peers.conformance_tools import PNG_BASE64, add_tools, answer_field, elicit_input
-from tests.peers.front import AdminLog, Front
+from tests.peers.front import AdminLog, Front, log_routes, serve
 
 __all__ = ["build_app", "main"]
 
@@ -171,21 +168,9 @@ def build_app(era: str = "modern", *, read_ttl_ms: int = 1000, list_ttl_ms: int 
 
     # -- admin ----------------------------------------------------------------------------------------
 
-    async def admin_log(request: Request) -> Response:
-        return JSONResponse(log.entries)
-
-    async def admin_reset_log(request: Request) -> Response:
-        log.entries.clear()
-        return JSONResponse({"ok": True})
-
-    async def admin_health(request: Request) -> Response:
-        return JSONResponse({"ok": True, "era": era, "fixture": "conformance"})
-
     admin = Router(
         routes=[
-            Route("/admin/log", admin_log, methods=["GET"]),
-            Route("/admin/reset-log", admin_reset_log, methods=["POST"]),
-            Route("/admin/health", admin_health, methods=["GET"]),
+            *log_routes(log, {"ok": True, "era": era, "fixture": "conformance"}),
         ]
     )
     return Front(mcp.streamable_http_app(), admin, log, legacy=False)
@@ -199,8 +184,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--list-ttl-ms", type=int, default=1000)
     args = parser.parse_args(argv)
     app = build_app(args.era, read_ttl_ms=args.read_ttl_ms, list_ttl_ms=args.list_ttl_ms)
-    config = uvicorn.Config(app, host="127.0.0.1", port=args.port, log_level="warning", timeout_graceful_shutdown=1)
-    uvicorn.Server(config).run()
+    serve(app, args.port)
 
 
 if __name__ == "__main__":

@@ -7,11 +7,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import uvicorn
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["MCP_PATH", "PRM_PATH", "AdminLog", "AuthState", "Front"]
+__all__ = ["MCP_PATH", "PRM_PATH", "AdminLog", "AuthState", "Front", "log_routes", "serve"]
 
 MCP_PATH = "/mcp"
 PRM_PATH = "/.well-known/oauth-protected-resource"
@@ -184,3 +187,32 @@ class Front:
             return scope, send  # an unknown session: the SDK answers 404
         kept = [(name, value) for name, value in scope["headers"] if name.lower() != b"authorization"]
         return {**scope, "headers": [*kept, (b"authorization", owner.encode("latin-1"))]}, send
+
+
+def log_routes(log: AdminLog, health: dict[str, Any]) -> list[Route]:
+    """The admin routes every peer serves: `GET /admin/log`, `POST /admin/reset-log`, `GET /admin/health`."""
+
+    async def admin_log(request: Request) -> Response:
+        return JSONResponse(log.entries)
+
+    async def admin_reset_log(request: Request) -> Response:
+        log.entries.clear()
+        return JSONResponse({"ok": True})
+
+    async def admin_health(request: Request) -> Response:
+        return JSONResponse(health)
+
+    return [
+        Route("/admin/log", admin_log, methods=["GET"]),
+        Route("/admin/reset-log", admin_reset_log, methods=["POST"]),
+        Route("/admin/health", admin_health, methods=["GET"]),
+    ]
+
+
+def serve(app: ASGIApp, port: int, **options: Any) -> None:
+    """`app` on 127.0.0.1:`port` until the process is told to stop (uvicorn binds it itself: SO_REUSEADDR, so a
+    restart on the same port works, and TCP_NODELAY); `options` go to uvicorn (its TLS settings)."""
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=1, **options
+    )
+    uvicorn.Server(config).run()

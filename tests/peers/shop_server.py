@@ -44,7 +44,6 @@ import ssl
 from collections.abc import Callable
 from typing import Any
 
-import uvicorn
 from mcp.server.caching import CacheHint
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.mcpserver import MCPServer
@@ -63,7 +62,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, Router
 from starlette.types import ASGIApp
 
-from tests.peers.front import AdminLog, AuthState, Front
+from tests.peers.front import AdminLog, AuthState, Front, log_routes, serve
 
 __all__ = ["ShopState", "build_app", "main"]
 
@@ -289,16 +288,6 @@ def build_app(
         await announce(changed.get(str(body["kind"]), ResourcesListChanged()))
         return JSONResponse({"result": result})
 
-    async def admin_log(request: Request) -> Response:
-        return JSONResponse(log.entries)
-
-    async def admin_reset_log(request: Request) -> Response:
-        log.entries.clear()
-        return JSONResponse({"ok": True})
-
-    async def admin_health(request: Request) -> Response:
-        return JSONResponse({"ok": True, "era": era})
-
     def token_admin(change: Callable[[AuthState, str], None]) -> Callable[[Request], Any]:
         async def route(request: Request) -> Response:
             if auth_state is None:
@@ -322,9 +311,7 @@ def build_app(
             Route("/admin/notify", admin_notify, methods=["POST"]),
             Route("/admin/profile", admin_profile, methods=["POST"]),
             Route("/admin/add", admin_add, methods=["POST"]),
-            Route("/admin/log", admin_log, methods=["GET"]),
-            Route("/admin/reset-log", admin_reset_log, methods=["POST"]),
-            Route("/admin/health", admin_health, methods=["GET"]),
+            *log_routes(log, {"ok": True, "era": era}),
             Route("/admin/grant", admin_grant, methods=["POST"]),
             Route("/admin/revoke", admin_revoke, methods=["POST"]),
             Route("/admin/forbid", admin_forbid, methods=["POST"]),
@@ -358,16 +345,12 @@ def main(argv: list[str] | None = None) -> None:
         native=args.native,
         session_auth=args.session_auth,
     )
-    # uvicorn binds host/port itself: SO_REUSEADDR (restart on the same port) and TCP_NODELAY.
     tls: dict[str, Any] = {}
     if args.tls_cert:
         tls = {"ssl_certfile": args.tls_cert, "ssl_keyfile": args.tls_key}
         if args.tls_client_ca:
             tls.update(ssl_ca_certs=args.tls_client_ca, ssl_cert_reqs=ssl.CERT_REQUIRED)
-    config = uvicorn.Config(
-        app, host="127.0.0.1", port=args.port, log_level="warning", timeout_graceful_shutdown=1, **tls
-    )
-    uvicorn.Server(config).run()
+    serve(app, args.port, **tls)
 
 
 if __name__ == "__main__":
