@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any, TypeVar
+from typing import Any
 
 import aiohttp
 import pytest
@@ -29,8 +29,6 @@ from tests.kit import (
     serve_sidecar,
 )
 from tests.peers import Upstream, start_upstream
-
-T = TypeVar("T")
 
 PRICE = "catalog://price"
 PROFILE = "catalog://profile"

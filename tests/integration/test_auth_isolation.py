@@ -8,9 +8,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TypeVar
 
 import aiohttp
 import pytest
@@ -24,8 +23,6 @@ from tests.kit import (
     UPDATED,
     WAIT_S,
     ListenStream,
-    LoopThread,
-    Sidecar,
     context_of,
     eventually,
     loop_thread,
@@ -33,9 +30,8 @@ from tests.kit import (
     serve_sidecar,
     text_of,
 )
-from tests.peers import Upstream, start_upstream
-
-T = TypeVar("T")
+from tests.kit.loop_thread import World as ThreadWorld
+from tests.peers import start_upstream
 
 PRICE = "catalog://price"
 PROFILE = "catalog://profile"
@@ -63,22 +59,13 @@ steps = st.lists(
 )
 
 
-@dataclass
-class World:
+@dataclass(kw_only=True)
+class World(ThreadWorld):
     """One upstream, one sidecar and one listen stream per user ([PROFILE, PRICE]), on a loop in a thread."""
 
     era: str
-    thread: LoopThread
-    up: Upstream | None = None
-    sidecar: Sidecar | None = None
-    http: aiohttp.ClientSession | None = None
-    streams: dict[str, ListenStream] = field(default_factory=dict)
     versions: dict[str, int] = field(default_factory=lambda: dict.fromkeys(USERS, 1))
     price: int = 100
-    requests: int = 0
-
-    def run(self, make: Callable[[], Awaitable[T]], timeout_s: float = 60.0) -> T:
-        return self.thread.run(make, timeout_s)
 
     def _watch(self, uri: str, user: str) -> Watch:
         assert self.sidecar is not None
@@ -156,7 +143,7 @@ class World:
 @pytest.fixture(scope="module", params=["modern", "legacy"])
 def world(request: pytest.FixtureRequest) -> Iterator[World]:
     with loop_thread(f"auth-world-{request.param}") as thread:
-        yield from _world(World(request.param, thread))
+        yield from _world(World(era=request.param, thread=thread))
 
 
 def _world(world: World) -> Iterator[World]:

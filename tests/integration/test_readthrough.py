@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, TypeVar
+from typing import Any
 
 import aiohttp
 import pytest
@@ -34,8 +34,6 @@ from tests.kit import (
     text_of,
 )
 from tests.peers import Upstream, start_upstream
-
-T = TypeVar("T")
 
 PRICE = "catalog://price"
 PROFILE = "catalog://profile"

@@ -5,9 +5,9 @@ they read or were told of (hypothesis over one upstream and one sidecar kept on 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import aiohttp
 import pytest
@@ -16,16 +16,13 @@ from hypothesis import strategies as st
 
 from tests.kit import (
     ListenStream,
-    LoopThread,
-    Sidecar,
     loop_thread,
     read_resource,
     serve_sidecar,
     text_of,
 )
-from tests.peers import Upstream, start_upstream
-
-T = TypeVar("T")
+from tests.kit.loop_thread import World
+from tests.peers import start_upstream
 
 PROFILE = "catalog://profile"
 
@@ -48,23 +45,14 @@ actions = st.lists(
 )
 
 
-@dataclass
-class ProfileWorld:
+@dataclass(kw_only=True)
+class ProfileWorld(World):
     """One upstream and one sidecar for every example, on an event loop of their own in a thread."""
 
-    thread: LoopThread
-    up: Upstream | None = None
-    sidecar: Sidecar | None = None
-    http: aiohttp.ClientSession | None = None
-    streams: dict[str, ListenStream] = field(default_factory=dict)
     versions: dict[str, int] = field(default_factory=lambda: dict.fromkeys(USERS, 1))
     """Each user's current profile version at the upstream."""
     seen: dict[str, int] = field(default_factory=lambda: dict.fromkeys(USERS, 1))
     """The newest version each user has read through the sidecar."""
-    requests: int = 0
-
-    def run(self, make: Callable[[], Awaitable[T]], timeout_s: float = 60.0) -> T:
-        return self.thread.run(make, timeout_s)
 
     async def read(self, user: str) -> int:
         assert self.http is not None and self.sidecar is not None
@@ -107,7 +95,7 @@ class ProfileWorld:
 @pytest.fixture(scope="module")
 def profile_world() -> Iterator[ProfileWorld]:
     with loop_thread("profile-world") as thread:
-        yield from _profile_world(ProfileWorld(thread))
+        yield from _profile_world(ProfileWorld(thread=thread))
 
 
 def _profile_world(world: ProfileWorld) -> Iterator[ProfileWorld]:

@@ -5,7 +5,8 @@
 - `listen`: the one listen-stream client (`ListenStream`, `listening`, `Streams`, `all_updated`);
 - `metrics`: the one `/metrics` scrape (`scrape`, `parse`, `Scrape`);
 - `waiting`: the one waiting helper (`eventually`), for state with no event to await;
-- `loop_thread`: the one threaded-loop harness, for a world that lives across hypothesis examples;
+- `loop_thread`: the one threaded-loop harness (`loop_thread`, `World`), for a world that lives across hypothesis
+  examples;
 - `cli`: the one CLI-process helper (`cli`, `Cli`);
 - `serving`: the sidecar app served in the test's own process (`serve_sidecar`, `serve_config`).
 
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 from tests.kit.cli import Cli, cli, cli_env
 from tests.kit.listen import ListenStream, Streams, all_updated, listening
-from tests.kit.loop_thread import LoopThread, loop_thread
+from tests.kit.loop_thread import LoopThread, World, loop_thread
 from tests.kit.metrics import Sample, Scrape, parse, scrape
 from tests.kit.serving import Sidecar, context_of, make_config, serve_config, serve_sidecar, waits
 from tests.kit.sse import COMMENT, SseParser, parse_sse, sse_messages
@@ -55,6 +56,7 @@ __all__ = [
     "Sidecar",
     "SseParser",
     "Streams",
+    "World",
     "all_updated",
     "cli",
     "cli_env",

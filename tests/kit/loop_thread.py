@@ -16,9 +16,17 @@ import contextlib
 import threading
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import Future
-from typing import TypeVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, TypeVar
 
-__all__ = ["LoopThread", "loop_thread"]
+if TYPE_CHECKING:
+    import aiohttp
+
+    from tests.kit.listen import ListenStream
+    from tests.kit.serving import Sidecar
+    from tests.peers import Upstream
+
+__all__ = ["LoopThread", "World", "loop_thread"]
 
 T = TypeVar("T")
 
@@ -39,6 +47,23 @@ class LoopThread:
 
         future: Future[T] = asyncio.run_coroutine_threadsafe(bounded(), self.loop)
         return future.result(timeout_s + 5)
+
+
+@dataclass(kw_only=True)
+class World:
+    """What a property's world keeps across its examples: its loop thread, an upstream, a sidecar in front of it,
+    a client session, each user's listen stream, and a count of the requests made (for unique ids)."""
+
+    thread: LoopThread
+    up: Upstream | None = None
+    sidecar: Sidecar | None = None
+    http: aiohttp.ClientSession | None = None
+    streams: dict[str, ListenStream] = field(default_factory=dict)
+    requests: int = 0
+
+    def run(self, make: Callable[[], Awaitable[T]], timeout_s: float = 60.0) -> T:
+        """`make()` run to its end on the world's loop (see `LoopThread.run`)."""
+        return self.thread.run(make, timeout_s)
 
 
 async def _cancel_leftovers() -> None:
