@@ -125,15 +125,8 @@ async def test_an_owner_killed_after_seeing_a_change_and_before_telling_it_loses
     # The owner is started holding every change it sees before publishing it (a test seam), then killed there;
     # named so that rendezvous hashing keeps the key with it when the others' interest arrives.
     names = instances_where_first_polls(PRICE, 3)
-    config = sidecar_config(shop.url, free_port(), redis.url, **CACHED)
-    env = {"MCP_SIDECAR_TEST_HOLD_BEFORE_PUBLISH": "1", INSTANCE_ENV: names[0]}
-    owner = Replica("owner", tmp_path / "owner", config, env=env)
-    await owner.start()
     async with contextlib.AsyncExitStack() as stack:
-        stack.push_async_callback(owner.service.stop)
-        owner_stream = await ListenStream.connect(http, owner.url, "o", [PRICE])
-        stack.push_async_callback(owner_stream.aclose)
-        assert await _lease_owner([owner]) is owner
+        owner = await _holding_owner(stack, tmp_path, shop, redis, http, {INSTANCE_ENV: names[0]})
         survivors = await stack.enter_async_context(
             sidecar_replicas(tmp_path / "more", shop.url, redis.url, 2, instances=names[1:], **CACHED)
         )
@@ -154,6 +147,28 @@ async def test_an_owner_killed_after_seeing_a_change_and_before_telling_it_loses
         assert {await _price(http, replica.url) for replica in survivors} == {"price=177"}
 
 
+async def _holding_owner(
+    stack: contextlib.AsyncExitStack,
+    tmp_path: Path,
+    shop: Upstream,
+    redis: RedisServer,
+    http: aiohttp.ClientSession,
+    env: dict[str, str] | None = None,
+) -> Replica:
+    """A replica started holding every change it sees before publishing it (a test seam), listening to the price
+    and polling it (its owner); stopped with `stack`."""
+    config = sidecar_config(shop.url, free_port(), redis.url, **CACHED)
+    owner = Replica(
+        "owner", tmp_path / "owner", config, env={"MCP_SIDECAR_TEST_HOLD_BEFORE_PUBLISH": "1", **(env or {})}
+    )
+    await owner.start()
+    stack.push_async_callback(owner.service.stop)
+    owner_stream = await ListenStream.connect(http, owner.url, "o", [PRICE])
+    stack.push_async_callback(owner_stream.aclose)
+    assert await _lease_owner([owner]) is owner
+    return owner
+
+
 async def _logged(replica: Replica, message: str) -> bool:
     return any(str(line.get("msg", "")).startswith(message) for line in replica.log_lines())
 
@@ -164,14 +179,8 @@ async def test_a_new_owner_tells_no_change_its_clients_joined_after(
     # The owner sees a change and dies holding it; the others' clients joined after the change (their first
     # look saw it). The new owner polls at once and finds what its clients saw: nothing to tell; the next
     # change is told once.
-    config = sidecar_config(shop.url, free_port(), redis.url, **CACHED)
-    owner = Replica("owner", tmp_path / "owner", config, env={"MCP_SIDECAR_TEST_HOLD_BEFORE_PUBLISH": "1"})
-    await owner.start()
     async with contextlib.AsyncExitStack() as stack:
-        stack.push_async_callback(owner.service.stop)
-        owner_stream = await ListenStream.connect(http, owner.url, "o", [PRICE])
-        stack.push_async_callback(owner_stream.aclose)
-        assert await _lease_owner([owner]) is owner
+        owner = await _holding_owner(stack, tmp_path, shop, redis, http)
         await shop.set_price(130)
         await eventually(
             lambda: _logged(owner, "holding a change"), START_TIMEOUT_S, what="the owner saw the change and holds it"
