@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from sidecar.protocol.constants import NAMED_METHODS
 from sidecar.protocol.envelope import encode_header_value
-from tests.kit import META, PV, parse_sse
+from tests.kit import META, PV, SseParser, parse_sse
 from tests.kit.sync_process import Process, spawn, wait_http
 from tests.procs import free_port
 
@@ -176,12 +176,11 @@ def _post(port: int, body: bytes, hdrs: dict[str, str]) -> tuple[int, dict[str, 
         resp = conn.getresponse()
         got = {name.lower(): value for name, value in resp.getheaders()}
         if got.get("content-type", "").startswith("text/event-stream"):
-            lines = []
-            while True:
-                line = resp.readline(1 << 20)
-                if not line or (line.strip() == b"" and any(part.startswith(b"data:") for part in lines)):
-                    break
+            lines, parser = [], SseParser()
+            while line := resp.readline(1 << 20):  # up to the end of the first event (a listen stream goes on)
                 lines.append(line)
+                if isinstance(parser.feed(line.decode().rstrip("\r\n")), dict):
+                    break
             return resp.status, got, b"".join(lines)
         return resp.status, got, resp.read()
     finally:

@@ -8,7 +8,8 @@
 - `loop_thread`: the one threaded-loop harness (`loop_thread`, `World`), for a world that lives across hypothesis
   examples;
 - `cli`: the one CLI-process helper (`cli`, `Cli`);
-- `serving`: the sidecar app served in the test's own process (`serve_sidecar`, `serve_config`).
+- `serving`: the sidecar app served in the test's own process (`serve_sidecar`, `serve_config`);
+- `sync_process`: a server process driven without an event loop, for a hypothesis property (not re-exported).
 
 Everything is re-exported here: `from tests.kit import ListenStream, eventually, rpc`.
 """
