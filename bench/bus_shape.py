@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.unit.test_import_graph import underscore_imports
+from tests.repo.test_import_graph import underscore_imports
 
 SIDECAR = Path(__file__).resolve().parents[1] / "sidecar"
 

@@ -8,31 +8,28 @@ SIGTERM, SIGKILL after a bound.
                nginx_proxy(tmp_path, [r.port for r in replicas]) as lb:
         ...
 
-`require_binary` skips the calling test (with the reason) when redis-server or nginx is not installed.
+`require_binary` skips the calling test (with the reason) when redis-server or nginx is not installed. Redis
+itself (one server, or a Redis Cluster) is `tests.redis_nodes`, its names re-exported here.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import orjson
-import redis.asyncio as aioredis
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar.bus.layout import key_hash
 from sidecar.bus.ownership import rendezvous_owner
 from sidecar.changes import WatchKey
 from sidecar.observability.logs import INSTANCE_ENV
-from tests import prereqs
-from tests.helpers import headers, request
+from tests.kit import Scrape, parse
 from tests.procs import (
     START_TIMEOUT_S,
     OnLoopback,
@@ -41,15 +38,12 @@ from tests.procs import (
     http_answers,
     nginx_argv,
     nginx_preamble,
-    redis_answers,
-    redis_argv,
 )
+from tests.redis_nodes import RedisClusterNodes, RedisServer, redis_cluster, redis_server, require_binary
 
 __all__ = [
     "FAST_POLLING",
     "LEASE_MS",
-    "ListenStream",
-    "MetricsSnapshot",
     "Nginx",
     "RedisClusterNodes",
     "RedisServer",
@@ -62,13 +56,12 @@ __all__ = [
     "redis_server",
     "require_binary",
     "sidecar_config",
+    "sidecar_replica",
     "sidecar_replicas",
-    "wait_until",
     "write_config",
 ]
 
 _PROBE_TIMEOUT = aiohttp.ClientTimeout(total=2.0)
-_STREAM_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=None)
 
 LEASE_MS = 900
 """Short leases: a dead owner's key is taken over within about a second."""
@@ -78,238 +71,6 @@ FAST_POLLING = {
     "backoff_initial_ms": 100,
     "backoff_max_ms": 500,
 }
-UPDATED = "notifications/resources/updated"
-ACKNOWLEDGED = "notifications/subscriptions/acknowledged"
-
-
-def require_binary(name: str) -> str:
-    """The path of `name` (PATH or sbin); skips the test when absent (a failure under CI: `tests.prereqs`)."""
-    return prereqs.require_binary(name, needed_by="the scale-out tests")
-
-
-async def wait_until(
-    check: Callable[[], Awaitable[bool]], what: str, within_s: float = START_TIMEOUT_S, step: float = 0.05
-) -> None:
-    """Wait (bounded) for an outside observable: a gauge, a status body, a port that answers."""
-    try:
-        async with asyncio.timeout(within_s):
-            while True:
-                if await check():
-                    return
-                await asyncio.sleep(step)  # polling state that has no event to await, bounded
-    except TimeoutError:
-        raise AssertionError(f"not within {within_s} s: {what}") from None
-
-
-# -- redis-server ---------------------------------------------------------------------------------------------------
-
-
-class RedisServer:
-    """`redis-server` in the foreground, no persistence; `stop` then `start` restarts it on the same port, empty."""
-
-    def __init__(self, workdir: Path, port: int | None = None) -> None:
-        self.binary = require_binary("redis-server")
-        self.port = port or free_port()
-        self.workdir = workdir
-        workdir.mkdir(parents=True, exist_ok=True)
-        self.service: ServerProcess | None = None
-        self._starts = 0
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    async def ping(self) -> bool:
-        return await redis_answers(self.port)()
-
-    async def subscribers(self, channel: str) -> int:
-        """How many clients are subscribed to `channel` (PUBSUB NUMSUB)."""
-        async with aioredis.Redis(host="127.0.0.1", port=self.port, socket_timeout=2.0) as client:
-            [(_, count)] = await client.pubsub_numsub(channel)
-            return int(count)
-
-    async def start(self) -> None:
-        self._starts += 1
-        argv = redis_argv(self.binary, self.port, self.workdir)
-        self.service = ServerProcess(f"redis-server:{self.port}", argv, self.workdir / f"redis-{self._starts}.log")
-        await self.service.start(redis_answers(self.port), START_TIMEOUT_S)
-
-    async def stop(self) -> None:
-        if self.service is not None:
-            await self.service.stop()
-
-
-@contextlib.asynccontextmanager
-async def redis_server(tmp_path: Path) -> AsyncIterator[RedisServer]:
-    redis = RedisServer(tmp_path / "redis")
-    try:
-        await redis.start()
-        yield redis
-    finally:
-        await redis.stop()
-
-
-# -- a Redis Cluster: three masters with a replica each --------------------------------------------------------------
-
-CLUSTER_NODE_TIMEOUT_MS = 1000
-"""A dead master's replica is promoted about this long after the others stop hearing it."""
-
-
-class RedisClusterNodes:
-    """Six `redis-server --cluster-enabled yes` processes joined by `redis-cli --cluster create`: three masters,
-    one replica each. `kill_master` kills one (-9) and waits for its replica's promotion; `reshard` moves slots
-    (with their keys) between masters as `redis-cli --cluster reshard` does."""
-
-    def __init__(self, workdir: Path, masters: int = 3) -> None:
-        self.binary = require_binary("redis-server")
-        self.cli = prereqs.require_binary("redis-cli", package="redis-tools", needed_by="the Redis Cluster tests")
-        self.workdir = workdir
-        self.ports = [_cluster_port() for _ in range(masters * 2)]
-        self.masters_count = masters
-        self.services: dict[int, ServerProcess] = {}
-
-    @property
-    def url(self) -> str:
-        seeds = ",".join(f"127.0.0.1:{port}" for port in self.ports[: self.masters_count])
-        return f"redis+cluster://{seeds}"
-
-    async def start(self) -> None:
-        for port in self.ports:
-            home = self.workdir / str(port)
-            home.mkdir(parents=True, exist_ok=True)
-            argv = [
-                *redis_argv(self.binary, port, home),
-                *("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"),
-                *("--cluster-node-timeout", str(CLUSTER_NODE_TIMEOUT_MS)),
-                # A replica syncs at once and may be promoted however long ago it last heard its master.
-                *("--repl-diskless-sync-delay", "0", "--cluster-replica-validity-factor", "0"),
-            ]
-            service = ServerProcess(f"redis-cluster:{port}", argv, home / "redis.log")
-            self.services[port] = service
-        await asyncio.gather(*(s.start(redis_answers(p), START_TIMEOUT_S) for p, s in self.services.items()))
-        nodes = [f"127.0.0.1:{port}" for port in self.ports]
-        await self._cli("--cluster", "create", *nodes, "--cluster-replicas", "1", "--cluster-yes")
-        await wait_until(self._all_ok, "every node reports cluster_state:ok and knows all six")
-        await wait_until(self._replicas_synced, "every replica has synced with its master")
-
-    async def _cli(self, *args: str) -> str:
-        proc = await asyncio.create_subprocess_exec(
-            self.cli, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
-        )
-        out, _ = await proc.communicate()
-        text = out.decode(errors="replace")
-        assert proc.returncode == 0, f"redis-cli {' '.join(args)} failed:\n{text[-2000:]}"
-        return text
-
-    async def _client(self, port: int) -> aioredis.Redis:
-        return aioredis.Redis(host="127.0.0.1", port=port, socket_timeout=2.0)
-
-    async def _all_ok(self) -> bool:
-        for port, service in self.services.items():
-            if not service.running:
-                continue
-            try:
-                async with await self._client(port) as client:
-                    info = await client.execute_command("CLUSTER", "INFO")
-                    text = info.decode() if isinstance(info, bytes) else str(info)
-                    if "cluster_state:ok" not in text or f"cluster_known_nodes:{len(self.ports)}" not in text:
-                        return False
-            except (OSError, aioredis.RedisError):
-                return False
-        return True
-
-    async def _replicas_synced(self) -> bool:
-        synced = 0
-        for port in self.ports:
-            async with await self._client(port) as client:
-                info = await client.info("replication")
-            synced += info.get("role") == "slave" and info.get("master_link_status") == "up"
-        return synced == len(self.ports) - self.masters_count
-
-    async def masters(self) -> list[tuple[str, int, int]]:
-        """(node id, port, slots held) of every live master."""
-        port = self._live_port()
-        async with await self._client(port) as client:
-            raw = await client.execute_command("CLUSTER", "NODES")
-        text = raw.decode() if isinstance(raw, bytes) else str(raw)
-        found = []
-        for line in text.splitlines():
-            fields = line.split()
-            if "master" in fields[2] and "fail" not in fields[2]:
-                found.append((fields[0], int(fields[1].split(":")[1].split("@")[0]), _slot_count(fields[8:])))
-        return found
-
-    def _live_port(self) -> int:
-        for port, service in self.services.items():
-            if service.running:
-                return port
-        raise AssertionError("no cluster node is running")
-
-    async def kill_master(self, port: int) -> None:
-        """kill -9 the master on `port`; returns once its replica serves its slots (cluster_state:ok again)."""
-        await self.services[port].kill()
-
-        async def promoted() -> bool:
-            masters = await self.masters()
-            return len(masters) == self.masters_count and all(p != port for _, p, _ in masters) and await self._ok()
-
-        await wait_until(promoted, f"the replica of {port} is promoted", within_s=30)
-
-    async def _ok(self) -> bool:
-        for port, service in self.services.items():
-            if service.running:
-                async with await self._client(port) as client:
-                    info = await client.execute_command("CLUSTER", "INFO")
-                    text = info.decode() if isinstance(info, bytes) else str(info)
-                    if "cluster_state:ok" not in text:
-                        return False
-        return True
-
-    async def reshard(self, source: str, target: str, slots: int) -> None:
-        """Move `slots` slots and their keys from master `source` to master `target` (node ids)."""
-        port = self._live_port()
-        await self._cli("--cluster", "reshard", f"127.0.0.1:{port}", "--cluster-from", source,
-                        "--cluster-to", target, "--cluster-slots", str(slots), "--cluster-yes")  # fmt: skip
-
-    async def stop(self) -> None:
-        await asyncio.gather(*(service.stop() for service in self.services.values()))
-
-
-def _cluster_port() -> int:
-    """A free port whose cluster bus port (10,000 higher) is free too, so at most 55,535."""
-    while True:
-        port = free_port()
-        if port <= 55_535 and _bindable(port + 10_000):
-            return port
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
-
-
-def _slot_count(ranges: Sequence[str]) -> int:
-    count = 0
-    for item in ranges:
-        if item.startswith("["):
-            continue  # a slot being migrated or imported
-        first, _, last = item.partition("-")
-        count += int(last or first) - int(first) + 1
-    return count
-
-
-@contextlib.asynccontextmanager
-async def redis_cluster(tmp_path: Path) -> AsyncIterator[RedisClusterNodes]:
-    nodes = RedisClusterNodes(tmp_path / "redis-cluster")
-    try:
-        await nodes.start()
-        yield nodes
-    finally:
-        await nodes.stop()
 
 
 # -- sidecar replicas -----------------------------------------------------------------------------------------------
@@ -334,25 +95,6 @@ def sidecar_config(upstream_url: str, port: int, redis_url: str | None = None, *
 def write_config(path: Path, data: dict[str, Any]) -> Path:
     path.write_text(yaml.safe_dump(data), encoding="utf-8")
     return path
-
-
-class MetricsSnapshot:
-    """One scrape of /metrics: sample values by name (counters end in `_total`) and labels."""
-
-    def __init__(self, text: str) -> None:
-        self.samples: list[tuple[str, dict[str, str], float]] = [
-            (sample.name, sample.labels, sample.value)
-            for family in text_string_to_metric_families(text)
-            for sample in family.samples
-        ]
-
-    def value(self, name: str, **labels: str) -> float:
-        """The sum of the samples named `name` whose labels include `labels` (0 when there is none)."""
-        return sum(
-            value
-            for sample, have, value in self.samples
-            if sample == name and all(have.get(k) == v for k, v in labels.items())
-        )
 
 
 class Replica(OnLoopback):
@@ -395,10 +137,11 @@ class Replica(OnLoopback):
         body: dict[str, Any] = orjson.loads(text)
         return body
 
-    async def metrics(self) -> MetricsSnapshot:
+    async def metrics(self) -> Scrape:
+        """The admin listener's `/metrics`; ask it `total(...)` (a sum over label values, 0 when absent)."""
         status, text = await self._get("/metrics", admin=True)
         assert status == 200, text
-        return MetricsSnapshot(text)
+        return parse(text)
 
     async def is_ready(self) -> bool:
         with contextlib.suppress(aiohttp.ClientError, TimeoutError):
@@ -417,6 +160,17 @@ class Replica(OnLoopback):
                 if isinstance(entry, dict):
                     lines.append(entry)
         return lines
+
+
+@contextlib.asynccontextmanager
+async def sidecar_replica(tmp_path: Path, upstream_url: str, **sections: Any) -> AsyncIterator[Replica]:
+    """One `mcp-sidecar run` process in front of `upstream_url` (no bus), ready inside the block, stopped after."""
+    replica = Replica("sidecar", tmp_path / "sidecar", sidecar_config(upstream_url, free_port(), **sections))
+    try:
+        await replica.start()
+        yield replica
+    finally:
+        await replica.service.stop()
 
 
 @contextlib.asynccontextmanager
@@ -459,7 +213,7 @@ def instances_where_first_polls(uri: str, count: int) -> list[str]:
 
 async def leases_held(replicas: Sequence[Replica]) -> list[int]:
     """The keys each replica polls for the cluster (`mcp_sidecar_leases_held`), in order."""
-    return [int((await replica.metrics()).value("mcp_sidecar_leases_held")) for replica in replicas]
+    return [int((await replica.metrics()).total("mcp_sidecar_leases_held")) for replica in replicas]
 
 
 # -- nginx ----------------------------------------------------------------------------------------------------------
@@ -526,95 +280,3 @@ async def nginx_proxy(tmp_path: Path, backends: Sequence[int], read_timeout_s: i
         yield nginx
     finally:
         await nginx.service.stop()
-
-
-# -- listen streams -------------------------------------------------------------------------------------------------
-
-
-class ListenStream:
-    """One raw `subscriptions/listen` stream; frames and keep-alive comments are collected as they arrive."""
-
-    def __init__(self, response: aiohttp.ClientResponse, label: str) -> None:
-        self.response = response
-        self.label = label
-        self.frames: list[dict[str, Any]] = []
-        self.comment_times: list[float] = []
-        """Loop time of each keep-alive comment line."""
-        self.ended = False
-        self._arrived = asyncio.Event()
-        self._reader = asyncio.get_running_loop().create_task(self._read())
-
-    @classmethod
-    async def open(
-        cls, http: aiohttp.ClientSession, url: str, request_id: Any, uris: Sequence[str], within_s: float = 15.0
-    ) -> ListenStream:
-        """POST the listen request and wait (bounded) for its ack, the first frame."""
-        body = request("subscriptions/listen", {"notifications": {"resourceSubscriptions": list(uris)}}, request_id)
-        response = await http.post(url, json=body, headers=headers("subscriptions/listen"), timeout=_STREAM_TIMEOUT)
-        if response.status != 200:
-            text = await response.text()
-            response.release()
-            raise AssertionError(f"listen via {url} answered {response.status}: {text}")
-        stream = cls(response, f"{url}#{request_id}")
-        ack = await stream.wait_for(lambda frame: True, within_s)
-        assert ack.get("method") == ACKNOWLEDGED, f"{stream.label}: first frame is not the ack: {ack}"
-        assert ack["params"]["notifications"].get("resourceSubscriptions") == list(uris), ack
-        return stream
-
-    async def _read(self) -> None:
-        data: list[str] = []
-        loop = asyncio.get_running_loop()
-        try:
-            async for raw in self.response.content:
-                line = raw.decode().rstrip("\r\n")
-                if line.startswith(":"):
-                    self.comment_times.append(loop.time())
-                    self._arrived.set()
-                elif line.startswith("data:"):
-                    data.append(line[5:].lstrip(" "))
-                elif line == "" and data:
-                    self.frames.append(orjson.loads("\n".join(data)))
-                    data = []
-                    self._arrived.set()
-        except (aiohttp.ClientError, ConnectionError):
-            pass  # the server or the proxy went away: `ended` says so
-        finally:
-            self.ended = True
-            self._arrived.set()
-
-    def mark(self) -> int:
-        """A position in the frames: `wait_for(..., since=mark)` looks only at frames after it."""
-        return len(self.frames)
-
-    def updates(self, since: int = 0) -> list[dict[str, Any]]:
-        return [frame for frame in self.frames[since:] if frame.get("method") == UPDATED]
-
-    async def wait_for(
-        self, predicate: Callable[[dict[str, Any]], bool], within_s: float, since: int = 0
-    ) -> dict[str, Any]:
-        """The first frame after `since` matching `predicate`; fails when the stream ends or `within_s` passes."""
-        seen = since
-        try:
-            async with asyncio.timeout(within_s):
-                while True:
-                    for frame in self.frames[seen:]:
-                        if predicate(frame):
-                            return frame
-                    seen = len(self.frames)
-                    if self.ended:
-                        raise AssertionError(f"{self.label}: ended before the frame came; frames: {self.frames}")
-                    self._arrived.clear()
-                    await self._arrived.wait()
-        except TimeoutError:
-            raise AssertionError(f"{self.label}: no such frame within {within_s} s; frames: {self.frames}") from None
-
-    async def wait_update(self, uri: str, within_s: float, since: int = 0) -> dict[str, Any]:
-        return await self.wait_for(
-            lambda frame: frame.get("method") == UPDATED and frame["params"]["uri"] == uri, within_s, since
-        )
-
-    async def aclose(self) -> None:
-        self.response.close()
-        self._reader.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._reader

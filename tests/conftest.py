@@ -112,6 +112,13 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
         yield session
 
 
+@pytest.fixture
+async def wide_http() -> AsyncIterator[aiohttp.ClientSession]:
+    """A client session without a connection limit: every concurrent request gets its own connection."""
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        yield session
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--invariant",

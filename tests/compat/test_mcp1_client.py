@@ -28,7 +28,7 @@ from tests.compat.upstreams import (
     open_upstream,
     record_latency,
 )
-from tests.helpers import serve_sidecar
+from tests.kit import serve_sidecar
 from tests.peers.thirdparty import Mcp1Client, missing
 from tests.prereqs import needs
 

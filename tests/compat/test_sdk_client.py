@@ -29,7 +29,7 @@ from tests.compat.upstreams import (
     open_upstream,
     record_latency,
 )
-from tests.helpers import eventually, serve_sidecar
+from tests.kit import eventually, serve_sidecar
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -16,10 +16,10 @@ import pytest
 
 from sidecar.config import SidecarConfig
 from sidecar.config.shown import shown_config
-from tests.cli_process import EXIT_TIMEOUT_S, START_TIMEOUT_S
-from tests.cli_process import cli as _cli
-from tests.cli_process import cli_env as _env
-from tests.helpers import rpc
+from tests.kit import rpc
+from tests.kit.cli import EXIT_TIMEOUT_S, START_TIMEOUT_S
+from tests.kit.cli import cli as _cli
+from tests.kit.cli import cli_env as _env
 from tests.peers import Upstream
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -15,8 +15,8 @@ from collections.abc import Iterator
 import aiohttp
 import pytest
 
-from tests.cli_process import REPO_ROOT, START_TIMEOUT_S, cli, cli_env
-from tests.helpers import rpc
+from tests.kit import rpc
+from tests.kit.cli import REPO_ROOT, START_TIMEOUT_S, cli, cli_env
 from tests.peers import Upstream
 from tests.procs import free_port
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import serve_sidecar
+from tests.kit import serve_sidecar
 from tests.peers import Upstream, start_conformance_upstream
 from tests.prereqs import needs
 

@@ -17,8 +17,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.helpers import Sidecar, rpc, serve_sidecar
-from tests.observing import UPDATED, ListenStream
+from tests.kit import UPDATED, ListenStream, Sidecar, rpc, serve_sidecar
 from tests.peers import Upstream, start_upstream
 from tests.prereqs import require_binary
 from tests.procs import ServerProcess, free_port, http_answers

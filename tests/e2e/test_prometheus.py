@@ -21,8 +21,7 @@ import aiohttp
 import pytest
 import yaml
 
-from tests.helpers import Sidecar, rpc, serve_sidecar
-from tests.observing import ListenStream, scrape
+from tests.kit import ListenStream, Sidecar, eventually, rpc, scrape, serve_sidecar
 from tests.peers import Upstream
 from tests.prereqs import require_binary
 from tests.procs import ServerProcess, free_port, http_answers
@@ -104,15 +103,17 @@ class _Prometheus:
     async def wait_for(self, http: aiohttp.ClientSession, query: str, expected: str) -> list[dict[str, Any]]:
         """Query until the single result's value is `expected` (bounded); returns the result."""
         seen: Any = None
+
+        async def answered() -> bool:
+            nonlocal seen
+            seen = (await self.api(http, "query", query=query))["result"]
+            return len(seen) == 1 and seen[0]["value"][1] == expected
+
         try:
-            async with asyncio.timeout(QUERY_TIMEOUT_S):
-                while True:
-                    seen = (await self.api(http, "query", query=query))["result"]
-                    if len(seen) == 1 and seen[0]["value"][1] == expected:
-                        return list(seen)
-                    await asyncio.sleep(0.2)  # polling an outside observable, bounded
-        except TimeoutError:
+            await eventually(answered, QUERY_TIMEOUT_S, 0.2)
+        except AssertionError:
             pytest.fail(f"{query} never became {expected} (last: {seen}):\n{self.output()}")
+        return list(seen)
 
 
 def _config(tmp_path: Path, sidecar: Sidecar) -> Path:

@@ -21,8 +21,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.cluster import ListenStream, Replica, free_port, sidecar_config
-from tests.helpers import SUB_ID_KEY, eventually, rpc
+from tests.cluster import Replica, free_port, sidecar_config
+from tests.kit import SUB_ID_KEY, ListenStream, eventually, rpc
 from tests.peers.faulty import Fault, FaultyUpstream
 
 GRACE_S = 4.0
@@ -34,12 +34,6 @@ WAIT_S = 20.0
 async def up() -> AsyncIterator[FaultyUpstream]:
     async with FaultyUpstream(ttl_ms=300) as upstream:
         yield upstream
-
-
-@pytest.fixture
-async def wide_http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-        yield session
 
 
 def _replica(tmp_path: Path, up: FaultyUpstream) -> Replica:
@@ -70,7 +64,7 @@ async def test_sigterm_ends_every_stream_answers_every_request_and_exits_within_
         async with asyncio.timeout(120):
             streams = list(
                 await asyncio.gather(
-                    *(ListenStream.open(wide_http, replica.url, n, [f"slow://{n % 50}"]) for n in range(STREAMS))
+                    *(ListenStream.connect(wide_http, replica.url, n, [f"slow://{n % 50}"]) for n in range(STREAMS))
                 )
             )
         # From now on every poll takes a second: at the signal, polls are in flight.
@@ -129,7 +123,7 @@ async def test_after_kill_9_and_a_restart_clients_listen_again_and_read_current_
     await replica.start()
     uris = [f"data://{n}" for n in range(5)]
     try:
-        before = [await ListenStream.open(http, replica.url, f"before-{n}", [uri]) for n, uri in enumerate(uris)]
+        before = [await ListenStream.connect(http, replica.url, f"before-{n}", [uri]) for n, uri in enumerate(uris)]
         up.contents["data://0"] = "v2"
         await before[0].wait_update("data://0", WAIT_S)
 
@@ -142,7 +136,7 @@ async def test_after_kill_9_and_a_restart_clients_listen_again_and_read_current_
             up.contents[uri] = "changed while the sidecar was down"
 
         await replica.start()  # same port, a new process
-        after = [await ListenStream.open(http, replica.url, f"after-{n}", [uri]) for n, uri in enumerate(uris)]
+        after = [await ListenStream.connect(http, replica.url, f"after-{n}", [uri]) for n, uri in enumerate(uris)]
         try:
             for n, uri in enumerate(uris):
                 assert after[n].frames[0]["params"]["notifications"] == {"resourceSubscriptions": [uri]}

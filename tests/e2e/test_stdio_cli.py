@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import shlex
-import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Mapping
@@ -22,8 +20,7 @@ from mcp import Client
 from mcp.client.subscriptions import ResourceUpdated
 
 from sidecar.upstream.stdio.process import REACH_ENVIRONMENT
-from tests.helpers import eventually, rpc
-from tests.observing import scrape
+from tests.kit import Cli, cli, cli_env, eventually, rpc, scrape
 from tests.peers.stdio_notes_server import NOTE_URI
 from tests.peers.stdio_peers import (
     REPO_ROOT,
@@ -40,73 +37,27 @@ START_TIMEOUT_S = 30.0
 EXIT_TIMEOUT_S = 15.0
 
 
-class _Run:
-    """One `python -m sidecar.cli run ...` process; its stderr (JSON log lines) collected as it comes."""
-
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        self.proc = proc
-        self.stderr: list[str] = []
-        self._listening: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self._reader = asyncio.get_running_loop().create_task(self._read())
-
-    async def _read(self) -> None:
-        assert self.proc.stderr is not None
-        while line := await self.proc.stderr.readline():
-            text = line.decode(errors="replace").rstrip("\n")
-            self.stderr.append(text)
-            if '"mcp-sidecar listening"' in text and not self._listening.done():
-                self._listening.set_result(json.loads(text))
-        if not self._listening.done():
-            self._listening.set_exception(AssertionError("exited before listening:\n" + "\n".join(self.stderr)))
-
-    async def url(self) -> str:
-        async with asyncio.timeout(START_TIMEOUT_S):
-            url: str = (await asyncio.shield(self._listening))["url"]
-            return url
-
-    async def admin_url(self) -> str:
-        """The admin listener's base URL (/status, /metrics)."""
-        async with asyncio.timeout(START_TIMEOUT_S):
-            metrics_url: str = (await asyncio.shield(self._listening))["admin"]
-            return metrics_url.removesuffix("/metrics")
-
-    def records(self, message: str) -> list[dict[str, Any]]:
-        """The JSON log records so far whose message is `message`."""
-        found = []
-        for line in self.stderr:
-            with contextlib.suppress(ValueError):
-                record = json.loads(line)
-                if isinstance(record, dict) and record.get("msg") == message:
-                    found.append(record)
-        return found
-
-    async def stop(self) -> int:
-        self.proc.send_signal(signal.SIGTERM)
-        async with asyncio.timeout(EXIT_TIMEOUT_S):
-            code = await self.proc.wait()
-            await self._reader
-        return code
-
-
 @contextlib.asynccontextmanager
-async def _run(*args: str, environ: Mapping[str, str] | None = None) -> AsyncIterator[_Run]:
+async def _run(*args: str, environ: Mapping[str, str] | None = None) -> AsyncIterator[Cli]:
     """`mcp-sidecar run ARGS` with this environment (or `environ`), less any MCP_SIDECAR__ settings of its own."""
-    source = os.environ if environ is None else environ
-    env = {key: value for key, value in source.items() if not key.startswith("MCP_SIDECAR__")}
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "sidecar.cli", "run", *args, cwd=REPO_ROOT, env={**env, "PYTHONUNBUFFERED": "1"},
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    run = _Run(proc)
-    try:
+    env = cli_env(environ)
+    async with cli("run", *args, env=env, start_timeout_s=START_TIMEOUT_S, exit_timeout_s=EXIT_TIMEOUT_S) as run:
         yield run
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-        run._reader.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await run._reader
+
+
+async def _listening(run: Cli) -> dict[str, Any]:
+    return await run.wait_for_record("stderr", "mcp-sidecar listening")
+
+
+async def _url(run: Cli) -> str:
+    url: str = (await _listening(run))["url"]
+    return url
+
+
+async def _admin_url(run: Cli) -> str:
+    """The admin listener's base URL (/status, /metrics)."""
+    metrics_url: str = (await _listening(run))["admin"]
+    return metrics_url.removesuffix("/metrics")
 
 
 async def test_run_with_a_command_serves_both_eras_and_sigterm_leaves_no_process(tmp_path: Path) -> None:
@@ -114,7 +65,7 @@ async def test_run_with_a_command_serves_both_eras_and_sigterm_leaves_no_process
     note.write_text("first", encoding="utf-8")
     command = shlex.join(notes_command(note, read_ttl_ms=300))
     async with _run("--upstream", command, "--port", "0") as run:
-        url = await run.url()
+        url = await _url(run)
         async with Client(url, cache=None) as client:
             assert client.protocol_version == "2026-07-28"
             server_pid = int((await client.call_tool("server_pid")).content[0].text)  # type: ignore[union-attr]
@@ -126,9 +77,9 @@ async def test_run_with_a_command_serves_both_eras_and_sigterm_leaves_no_process
             assert legacy.protocol_version == "2025-11-25"
             assert (await legacy.read_resource(NOTE_URI)).contents[0].text == "second"  # type: ignore[union-attr]
         assert session_members(server_pid) == [server_pid]  # the child leads a session (and group) of its own
-        assert await run.stop() == 0, "\n".join(run.stderr)
+        assert await run.stop() == 0, run.output()
     assert live_processes([server_pid]) == []
-    assert not any("Traceback" in line for line in run.stderr)
+    assert not any("Traceback" in line for line in run.lines["stderr"])
 
 
 async def test_sigterm_reaches_every_process_of_a_wrapper_chain(tmp_path: Path, http: aiohttp.ClientSession) -> None:
@@ -136,25 +87,23 @@ async def test_sigterm_reaches_every_process_of_a_wrapper_chain(tmp_path: Path, 
     # sh (not exec'd) starts a python wrapper that ignores SIGTERM and forwards nothing, which starts the server.
     chain = shlex.join(toy_command("--wrapper", "--pid-file", str(pids))) + "; true"
     async with _run("--upstream", shlex.join(["sh", "-c", chain]), "--port", "0") as run:
-        url = await run.url()
+        url = await _url(run)
         status, reply = await rpc(http, url, "tools/call", {"name": "pid", "arguments": {}})
         assert status == 200, reply
         wrapper, server = (int(line) for line in pids.read_text().split())
         shell = session_of(server)  # sh leads the session (and the process group) the sidecar gave the child
         assert set(session_members(shell)) == {shell, wrapper, server}
-        assert await run.stop() == 0, "\n".join(run.stderr)
+        assert await run.stop() == 0, run.output()
     assert live_processes([shell, wrapper, server]) == []
 
 
 async def test_a_command_that_cannot_start_exits_1_saying_why() -> None:
     async with _run("--upstream", "/nonexistent/mcp-server --stdio", "--port", "0") as run:
-        async with asyncio.timeout(START_TIMEOUT_S):
-            assert await run.proc.wait() == 1
-            await run._reader
+        assert await run.exit_code() == 1
     assert any(
         "upstream.command: cannot start '/nonexistent/mcp-server': No such file or directory" in line
-        for line in run.stderr
-    ), run.stderr
+        for line in run.lines["stderr"]
+    ), run.lines["stderr"]
 
 
 PROXY_AND_CA = {
@@ -193,10 +142,10 @@ async def test_a_command_behind_a_proxy_gets_the_proxy_and_ca_variables_and_thos
     args = ("--upstream", command, "--config", config)
     more = ("--upstream-env", "REGISTRY_TOKEN", "--upstream-env", "LAUNCH_MODE=offline")
     async with _run(*args, *more, environ=environ) as run:
-        async with Client(await run.url(), cache=None) as client:
+        async with Client(await _url(run), cache=None) as client:
             assert "get_current_time" in [tool.name for tool in (await client.list_tools()).tools]
-        assert run.records("stdio server down") == []  # served at its first start
-        assert await run.stop() == 0, "\n".join(run.stderr)
+        assert run.records("stderr", "stdio server down") == []  # served at its first start
+        assert await run.stop() == 0, run.output()
 
 
 def _run_to_its_end(*args: str) -> subprocess.CompletedProcess[str]:
@@ -232,9 +181,9 @@ async def test_a_command_that_exits_before_its_handshake_is_logged_with_its_stde
     environ = _environ_without_proxy_or_ca(SSL_CERT_FILE="/etc/ssl/private-ca.pem", REGISTRY_TOKEN="t0ken")
     # REGISTRY_TOKEN is in the sidecar's environment but not named: the command does not get it.
     async with _run("--upstream", command, "--config", _config_file(tmp_path), environ=environ) as run:
-        admin = await run.admin_url()
-        await eventually(lambda: bool(run.records("stdio server down")), within_s=START_TIMEOUT_S)
-        down = run.records("stdio server down")[0]
+        admin = await _admin_url(run)
+        await eventually(lambda: bool(run.records("stderr", "stdio server down")), within_s=START_TIMEOUT_S)
+        down = run.records("stderr", "stdio server down")[0]
         assert down["before_handshake"] is True
         assert down["stderr_tail"] == [
             "launcher: resolving the server package",
@@ -247,7 +196,7 @@ async def test_a_command_that_exits_before_its_handshake_is_logged_with_its_stde
         async with http.get(f"{admin}/status") as resp:
             status = await resp.json()
         assert status["ready"] is False and "exited with code 2" in status["upstream"]["not_ready_reason"]
-        assert await run.stop() == 0, "\n".join(run.stderr)
+        assert await run.stop() == 0, run.output()
 
 
 async def test_a_command_that_fails_its_first_start_is_driven_in_its_own_era_after_the_restart(
@@ -257,7 +206,7 @@ async def test_a_command_that_fails_its_first_start_is_driven_in_its_own_era_aft
     note.write_text("first", encoding="utf-8")
     command = shlex.join(launcher_command(notes_command(note), fail_first=marker))
     async with _run("--upstream", command, "--config", _config_file(tmp_path)) as run:
-        admin = await run.admin_url()
+        admin = await _admin_url(run)
 
         async def status() -> dict[str, Any]:
             async with http.get(f"{admin}/status") as resp:
@@ -268,11 +217,11 @@ async def test_a_command_that_fails_its_first_start_is_driven_in_its_own_era_aft
             return (await status())["upstream"]["up"] is True
 
         await eventually(up, within_s=START_TIMEOUT_S)
-        assert marker.exists() and len(run.records("stdio server down")) == 1  # the first start did fail
+        assert marker.exists() and len(run.records("stderr", "stdio server down")) == 1  # the first start did fail
         assert (await status())["upstream"]["era"] == "2026-07-28"
         metrics = await scrape(http, admin)
         assert metrics.value("mcp_sidecar_upstream_era_info", era="2026-07-28") == 1
         assert metrics.value("mcp_sidecar_upstream_era_info", era="2025-11-25") == 0
-        async with Client(await run.url(), cache=None) as client:
+        async with Client(await _url(run), cache=None) as client:
             assert (await client.read_resource(NOTE_URI)).contents[0].text == "first"  # type: ignore[union-attr]
-        assert await run.stop() == 0, "\n".join(run.stderr)
+        assert await run.stop() == 0, run.output()

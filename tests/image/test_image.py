@@ -27,10 +27,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.cluster import ListenStream, MetricsSnapshot
-from tests.helpers import SUB_ID_KEY, rpc
-from tests.observing import ListenStream as ListsStream
-from tests.observing import listening
+from tests.kit import SUB_ID_KEY, ListenStream, listening, rpc, scrape
+from tests.kit import ListenStream as ListsStream
 from tests.peers import Upstream, start_upstream
 from tests.peers.stdio_peers import live_processes, session_members
 from tests.prereqs import require_binary, skip_missing
@@ -233,7 +231,7 @@ async def test_a_listen_is_acked_and_notified_of_a_change_and_metrics_are_on_the
         Container(IMAGE, tmp_path) as container,
         container.serving(config, {"MCP_SIDECAR__UPSTREAM__URL": up.url}) as sidecar,
     ):
-        stream = await ListenStream.open(http, sidecar.url, "image-1", [PRICE])
+        stream = await ListenStream.connect(http, sidecar.url, "image-1", [PRICE])
         try:
             since = stream.mark()
             await up.set_price(321)
@@ -241,12 +239,10 @@ async def test_a_listen_is_acked_and_notified_of_a_change_and_metrics_are_on_the
             assert update["params"]["_meta"][SUB_ID_KEY] == "image-1"
             status, reply = await rpc(http, sidecar.url, "resources/read", {"uri": PRICE})
             assert status == 200 and reply["result"]["contents"][0]["text"] == "price=321", reply
-            async with http.get(f"{sidecar.admin_url}/metrics") as resp:
-                assert resp.status == 200
-                metrics = MetricsSnapshot(await resp.text())
-            assert metrics.value("mcp_sidecar_listen_streams") == 1
-            assert metrics.value("mcp_sidecar_notifications_total", method="notifications/resources/updated") >= 1
-            assert metrics.value("mcp_sidecar_upstream_up") == 1
+            metrics = await scrape(http, sidecar.admin_url)
+            assert metrics.total("mcp_sidecar_listen_streams") == 1
+            assert metrics.total("mcp_sidecar_notifications_total", method="notifications/resources/updated") >= 1
+            assert metrics.total("mcp_sidecar_upstream_up") == 1
             async with http.get(f"http://127.0.0.1:{sidecar.port}/metrics") as resp:
                 assert resp.status == 404  # the client port does not serve them
         finally:
@@ -276,7 +272,7 @@ async def test_sigterm_ends_streams_with_their_result_frame_and_exits_0_within_t
         container.serving(config, {"MCP_SIDECAR__UPSTREAM__URL": up.url}) as sidecar,
     ):
         streams = {
-            request_id: await ListenStream.open(http, sidecar.url, request_id, [PRICE]) for request_id in (7, "l-2")
+            request_id: await ListenStream.connect(http, sidecar.url, request_id, [PRICE]) for request_id in (7, "l-2")
         }
         grace_s = sidecar.logged_config()["listen"]["shutdown_grace_s"]  # the shipped config's
         try:

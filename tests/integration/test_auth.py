@@ -12,51 +12,31 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import logging
-import threading
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from concurrent.futures import Future
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
-from sidecar.app import HUB, METRICS, REGISTRY
-from sidecar.identity import PUBLIC
-from sidecar.watch.poller import Watch
-from tests.helpers import SUB_ID_KEY, Sidecar, context_of, eventually, headers, request, rpc, serve_sidecar
-from tests.observing import UPDATED, ListenStream
+from sidecar.app import HUB, METRICS
+from tests.kit import (
+    SUB_ID_KEY,
+    ListenStream,
+    Sidecar,
+    headers,
+    request,
+    rpc,
+    serve_sidecar,
+)
 from tests.peers import Upstream, start_upstream
-
-T = TypeVar("T")
 
 PRICE = "catalog://price"
 PROFILE = "catalog://profile"
 WAIT_S = 15.0
 POLLING = {"min_interval_ms": 50, "default_interval_ms": 150, "max_interval_ms": 150, "linger_ms": 100}
 PUBLIC_URL = "https://mcp.example.com/mcp"
-TOKENS = ("tok-Alpha.9~+/=", "alice", "bob", "u1", "u2", "u3", "alice-again")
-"""Every token a test here sends: none may appear in any log record."""
 
-
-@pytest.fixture(autouse=True)
-def tokens_never_logged(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
-    """Every test runs with the sidecar logging at debug; no record (message, arguments, extra fields or
-    traceback) may contain a token or the Bearer scheme."""
-    caplog.set_level(logging.DEBUG)
-    yield
-    for record in caplog.records:
-        if not record.name.startswith("sidecar"):
-            continue
-        text = f"{record.getMessage()} {record.exc_text or ''} {vars(record)}"
-        for secret in (*TOKENS, "Bearer"):
-            assert secret not in text, f"{secret!r} logged by {record.name}: {record.getMessage()}"
+pytestmark = pytest.mark.usefixtures("tokens_never_logged")  # tests/integration/conftest.py
 
 
 @pytest.fixture
@@ -249,182 +229,3 @@ async def test_a_refused_poll_ends_that_contexts_streams_with_the_final_result_a
 
 
 # -- a property: nothing crosses authorization contexts ---------------------------------------------------
-
-USERS = ("u1", "u2", "u3")
-Step = tuple[str, str]
-"""("bump", user), ("price", ""), ("read", user) or ("read_all", "")."""
-
-steps = st.lists(
-    st.one_of(
-        st.tuples(st.just("bump"), st.sampled_from(USERS)),
-        st.just(("price", "")),
-        st.tuples(st.just("read"), st.sampled_from(USERS)),
-        st.just(("read_all", "")),
-    ),
-    min_size=1,
-    max_size=6,
-)
-
-
-class _Stream(ListenStream):
-    def pending(self) -> list[dict[str, Any]]:
-        """The frames that arrived and were not taken by `next` (emptying the queue)."""
-        frames = []
-        while not self._frames.empty():
-            frames.append(self._frames.get_nowait())
-        return frames
-
-
-@dataclass
-class World:
-    """One upstream, one sidecar and one listen stream per user ([PROFILE, PRICE]), on a loop in a thread."""
-
-    era: str
-    loop: asyncio.AbstractEventLoop
-    up: Upstream | None = None
-    sidecar: Sidecar | None = None
-    http: aiohttp.ClientSession | None = None
-    streams: dict[str, _Stream] = field(default_factory=dict)
-    versions: dict[str, int] = field(default_factory=lambda: dict.fromkeys(USERS, 1))
-    price: int = 100
-    requests: int = 0
-
-    def run(self, make: Callable[[], Awaitable[T]], timeout_s: float = 60.0) -> T:
-        async def bounded() -> T:
-            async with asyncio.timeout(timeout_s):
-                return await make()
-
-        future: Future[T] = asyncio.run_coroutine_threadsafe(bounded(), self.loop)
-        return future.result(timeout_s + 5)
-
-    def _watch(self, uri: str, user: str) -> Watch:
-        assert self.sidecar is not None
-        contexts = (context_of(self.sidecar, f"Bearer {user}"), PUBLIC)
-        registry = self.sidecar.app[REGISTRY]
-        (watch,) = [w for w in registry.watches() if w.key.uri == uri and w.key.context in contexts]
-        return watch
-
-    async def _polled_since(self, watch: Watch, since: float) -> None:
-        await eventually(lambda: (watch.last_poll_at or 0) > since, within_s=WAIT_S)
-
-    async def read(self, user: str) -> None:
-        assert self.http is not None and self.sidecar is not None
-        for uri in (PROFILE, PRICE):
-            self.requests += 1
-            status, reply = await rpc(
-                self.http, self.sidecar.url, "resources/read", {"uri": uri},
-                request_id=f"{user}-{self.requests}", extra_headers=_bearer(user),
-            )  # fmt: skip
-            assert status == 200, reply
-            text = reply["result"]["contents"][0]["text"]
-            if uri == PROFILE:
-                # Never another user's profile; never older than the last update this user was told of.
-                assert text == f"profile of {user} v{self.versions[user]}", (user, text, self.versions)
-            else:
-                assert text == f"price={self.price}", (user, text)
-
-    async def bump(self, user: str) -> None:
-        assert self.up is not None
-        started = time.time()
-        text = await self.up.bump_profile(user)
-        self.versions[user] += 1
-        assert text == f"profile of {user} v{self.versions[user]}"
-        frame = await self.streams[user].next()
-        assert frame["method"] == UPDATED and frame["params"]["uri"] == PROFILE, frame
-        # Everyone else's profile watch has looked since, and found nothing to tell its owner.
-        for other in USERS:
-            if other != user:
-                await self._polled_since(self._watch(PROFILE, other), started)
-        await self.expect_quiet()
-
-    async def change_price(self) -> None:
-        assert self.up is not None
-        self.price += 1
-        await self.up.set_price(self.price)
-        for user in USERS:
-            frame = await self.streams[user].next()
-            assert frame["method"] == UPDATED and frame["params"]["uri"] == PRICE, (user, frame)
-        await self.expect_quiet()
-
-    async def expect_quiet(self) -> None:
-        for user, stream in self.streams.items():
-            assert stream.pending() == [], f"{user}'s stream got frames nothing caused"
-
-    async def apply(self, plan: list[Step]) -> None:
-        for kind, user in plan:
-            if kind == "bump":
-                await self.bump(user)
-            elif kind == "price":
-                await self.change_price()
-            elif kind == "read":
-                await self.read(user)
-            else:
-                await asyncio.gather(*(self.read(name) for name in USERS))
-        self.check_watches()
-
-    def check_watches(self) -> None:
-        assert self.sidecar is not None
-        watches = list(self.sidecar.app[REGISTRY].watches())
-        profiles = sorted(w.key.context for w in watches if w.key.uri == PROFILE)
-        prices = sorted(w.key.context for w in watches if w.key.uri == PRICE)
-        assert profiles == sorted(context_of(self.sidecar, f"Bearer {user}") for user in USERS)
-        if self.era == "modern":
-            assert prices == [PUBLIC]  # public data: one watch, polled once for everyone
-        else:
-            assert prices == profiles  # unknown scope: one watch per context, polled with its own token
-
-
-@pytest.fixture(scope="module", params=["modern", "legacy"])
-def world(request: pytest.FixtureRequest) -> Iterator[World]:
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, name=f"auth-world-{request.param}", daemon=True)
-    thread.start()
-    world = World(request.param, loop)
-    stack = contextlib.AsyncExitStack()
-
-    async def setup() -> None:
-        up = await start_upstream(request.param, read_ttl_ms=600_000, list_ttl_ms=600_000)
-        world.up = await stack.enter_async_context(up)
-        # Legacy results carry no ttlMs: stamped with a long one, so the cache is on for unknown scope too.
-        cache = {"default_ttl_ms": 600_000}
-        world.sidecar = await stack.enter_async_context(serve_sidecar(world.up.url, polling=POLLING, cache=cache))
-        world.http = await stack.enter_async_context(aiohttp.ClientSession())
-        for user in USERS:
-            stream = _Stream(
-                world.http, world.sidecar.url, f"listen-{user}", [PROFILE, PRICE], authorization=f"Bearer {user}"
-            )
-            ack = await stream.open()
-            assert ack["params"]["notifications"]["resourceSubscriptions"] == [PROFILE, PRICE]
-            world.streams[user] = stream
-
-    async def teardown() -> None:
-        for stream in world.streams.values():
-            await stream.close()
-        await stack.aclose()
-        leftovers = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
-        for task in leftovers:
-            task.cancel()
-        await asyncio.gather(*leftovers, return_exceptions=True)
-
-    try:
-        world.run(setup)
-        yield world
-    finally:
-        try:
-            world.run(teardown)
-        finally:
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join(10)
-            loop.close()
-
-
-@pytest.mark.invariant(10)
-@settings(
-    max_examples=25,
-    deadline=None,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-)
-@given(plan=steps)
-def test_no_notification_cached_result_or_answer_crosses_authorization_contexts(world: World, plan: list[Step]) -> None:
-    world.run(lambda: world.apply(plan))

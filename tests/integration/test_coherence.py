@@ -20,8 +20,7 @@ import pytest
 from mcp import Client
 
 from sidecar.app import METRICS
-from tests.helpers import eventually, rpc, serve_sidecar, waits
-from tests.observing import ListenStream
+from tests.kit import ListenStream, eventually, rpc, serve_sidecar, waits
 from tests.peers import Upstream, start_upstream
 from tests.peers.faulty import Fault, FaultyUpstream
 

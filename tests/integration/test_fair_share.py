@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +25,8 @@ import pytest
 from bench.services import LoadClient, Service, start_fast_upstream, start_loadgen
 from bench.wrk import WrkStats, wrk_reads
 from sidecar.app import FAIR_SHARE
-from tests.cluster import ListenStream, MetricsSnapshot, Replica, free_port, nginx_proxy, sidecar_config
-from tests.helpers import eventually, headers, request, serve_sidecar
+from tests.cluster import Replica, nginx_proxy, sidecar_replica
+from tests.kit import ListenStream, Scrape, eventually, headers, request, serve_sidecar
 from tests.peers.faulty import Fault, FaultyUpstream
 from tests.prereqs import require_binary
 
@@ -39,32 +38,10 @@ UPSTREAM_READ_S = 0.2
 pytestmark = pytest.mark.invariant(20)
 
 
-@contextlib.asynccontextmanager
-async def _stack() -> AsyncIterator[contextlib.AsyncExitStack]:
-    async with contextlib.AsyncExitStack() as stack:
-        yield stack
-
-
-async def _sidecar(stack: contextlib.AsyncExitStack, tmp_path: Path, upstream: Service, **sections: Any) -> Replica:
-    replica = Replica("sidecar", tmp_path / "sidecar", sidecar_config(upstream.url, free_port(), **sections))
-    stack.push_async_callback(replica.service.stop)
-    await replica.start()
-    return replica
-
-
-def _refusals(metrics: MetricsSnapshot) -> dict[str, float]:
-    """Work refused by any limit, by limit (only those that refused something)."""
-    return {
-        labels.get("limit", ""): value
-        for name, labels, value in metrics.samples
-        if name == "mcp_sidecar_limit_rejections_total" and value
-    }
-
-
-def _waited(metrics: MetricsSnapshot) -> float:
+def _waited(metrics: Scrape) -> float:
     """Client requests that found no free slot and waited their turn (the histogram's count above 0 s)."""
-    count = metrics.value("mcp_sidecar_queue_wait_seconds_count", limit="upstream_requests")
-    at_once = metrics.value("mcp_sidecar_queue_wait_seconds_bucket", limit="upstream_requests", le="0.001")
+    count = metrics.total("mcp_sidecar_queue_wait_seconds_count", limit="upstream_requests")
+    at_once = metrics.total("mcp_sidecar_queue_wait_seconds_bucket", limit="upstream_requests", le="0.001")
     return count - at_once
 
 
@@ -76,9 +53,9 @@ async def _forward(load: LoadClient, url: str, concurrency: int, duration_s: flo
 
 async def test_512_anonymous_clients_from_one_address_are_all_served_and_throughput_holds(tmp_path: Path) -> None:
     require_binary("wrk", needed_by="the many-clients test (a load generator lighter than the proxy it loads)")
-    async with _stack() as stack:
+    async with contextlib.AsyncExitStack() as stack:
         upstream = await start_fast_upstream(stack, tmp_path)
-        sidecar = await _sidecar(stack, tmp_path, upstream)
+        sidecar = await stack.enter_async_context(sidecar_replica(tmp_path, upstream.url))
         # Interleaved, best of two at each level: one run of a few seconds on a shared machine can be off by half.
         tries: dict[int, list[WrkStats]] = {32: [], 512: []}
         for attempt in range(2):
@@ -90,7 +67,7 @@ async def test_512_anonymous_clients_from_one_address_are_all_served_and_through
         metrics = await sidecar.metrics()
     print(f"\n32 clients: {runs[32]}\n512 clients: {runs[512]}")
     assert failed == 0, tries
-    assert _refusals(metrics) == {}
+    assert metrics.nonzero("mcp_sidecar_limit_rejections_total", "limit") == {}
     # The load went past the fair share (else nothing here was tested): requests did wait their turn.
     assert _waited(metrics) > 0
     # Throughput holds as clients are added. The bound is loose on purpose: a collapse (refusing limits made it
@@ -130,9 +107,9 @@ async def test_a_polite_client_beside_a_greedy_one_waits_about_one_upstream_turn
 ) -> None:
     # With a token, the one it reads with beside the flood is new to the upstream: its first read is included.
     extra = {"Authorization": f"Bearer {token}"} if token else {}
-    async with _stack() as stack:
+    async with contextlib.AsyncExitStack() as stack:
         upstream = await start_fast_upstream(stack, tmp_path, read_delay_ms=UPSTREAM_READ_S * 1000)
-        sidecar = await _sidecar(stack, tmp_path, upstream)
+        sidecar = await stack.enter_async_context(sidecar_replica(tmp_path, upstream.url))
         load = await start_loadgen(stack, tmp_path)
         alone = asyncio.Event()
         alone.set()
@@ -152,7 +129,7 @@ async def test_a_polite_client_beside_a_greedy_one_waits_about_one_upstream_turn
         metrics = await sidecar.metrics()
     print(f"\npolite alone: max {unloaded_p99 * 1000:.0f} ms; beside the flood: {sorted(loaded)[-3:]} s; {flood}")
     assert flood["errors"] == 0, flood  # the greedy client waited, never refused: its queue stayed under its bound
-    assert _refusals(metrics) == {}
+    assert metrics.nonzero("mcp_sidecar_limit_rejections_total", "limit") == {}
     assert max(loaded) <= 3 * unloaded_p99 + UPSTREAM_READ_S, (loaded, unloaded)
 
 
@@ -218,7 +195,7 @@ async def test_invented_tokens_from_one_address_get_no_more_turns_than_another_a
 
 async def _wait_for_queue(sidecar: Replica) -> None:
     async def queued() -> bool:
-        return (await sidecar.metrics()).value("mcp_sidecar_queue_depth", limit="upstream_requests") >= 100
+        return (await sidecar.metrics()).total("mcp_sidecar_queue_depth", limit="upstream_requests") >= 100
 
     await eventually(queued, within_s=30, step=0.05)
 
@@ -249,9 +226,9 @@ def _process_figures(pid: int, sidecar: Replica, upstream: Service) -> tuple[int
 async def test_an_hour_of_churn_in_half_a_minute_refuses_nothing_and_leaves_nothing_behind(tmp_path: Path) -> None:
     """Rounds of 100 listen streams on 3 distinct new URIs each (300 first reads a round, past the client's
     200 a second), 100 reads, a change every stream hears of, every stream closed; from one anonymous client."""
-    async with _stack() as stack:
+    async with contextlib.AsyncExitStack() as stack:
         upstream = await start_fast_upstream(stack, tmp_path)
-        sidecar = await _sidecar(stack, tmp_path, upstream, polling={"linger_ms": 200})
+        sidecar = await stack.enter_async_context(sidecar_replica(tmp_path, upstream.url, polling={"linger_ms": 200}))
         pid = sidecar.service.pid
         http = await stack.enter_async_context(
             aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=60))
@@ -263,7 +240,7 @@ async def test_an_hour_of_churn_in_half_a_minute_refuses_nothing_and_leaves_noth
         while time.monotonic() - started < CHURN_S or rounds < 3:
             uris = [[f"churn://{rounds}/{n}/{k}" for k in range(3)] for n in range(100)]
             streams = await asyncio.gather(
-                *(ListenStream.open(http, sidecar.url, f"r{rounds}-{n}", uris[n], within_s=30) for n in range(100))
+                *(ListenStream.connect(http, sidecar.url, f"r{rounds}-{n}", uris[n], within_s=30) for n in range(100))
             )  # every ack lists all three URIs: `open` asserts it
             try:
                 answers = await asyncio.gather(*(_read(http, sidecar.url, uris[n][0]) for n in range(100)))
@@ -282,9 +259,9 @@ async def test_an_hour_of_churn_in_half_a_minute_refuses_nothing_and_leaves_noth
         metrics = await sidecar.metrics()
     assert baseline is not None
     print(f"\n{rounds} rounds in {time.monotonic() - started:.0f} s; (RSS, fds) after 2: {baseline}, end: {after}")
-    assert _refusals(metrics) == {}
+    assert metrics.nonzero("mcp_sidecar_limit_rejections_total", "limit") == {}
     # The first reads past the client's rate went through its fair share (beside its 100 reads a round).
-    slots = metrics.value("mcp_sidecar_queue_wait_seconds_count", limit="upstream_requests")
+    slots = metrics.total("mcp_sidecar_queue_wait_seconds_count", limit="upstream_requests")
     assert slots > 100 * rounds, slots
     assert after[1] <= baseline[1], "file descriptors left open"
     assert after[0] <= baseline[0] * 1.25 + 16 * 2**20, "memory grew with the rounds"
@@ -304,7 +281,7 @@ async def _settled(sidecar: Replica, pid: int, upstream: Service) -> tuple[int, 
     async def gone() -> bool:
         metrics = await sidecar.metrics()
         names = ("mcp_sidecar_listen_streams", "mcp_sidecar_watches", "mcp_sidecar_clients_active")
-        return all(metrics.value(name) == 0 for name in names)
+        return all(metrics.total(name) == 0 for name in names)
 
     await eventually(gone, within_s=30, step=0.05)
     return _process_figures(pid, sidecar, upstream)
@@ -370,11 +347,13 @@ async def test_a_first_read_waiting_in_another_clients_queue_is_never_joined(tmp
         waiting: asyncio.Future[Any] | None = None
         try:
             await eventually(lambda: sidecar.app[FAIR_SHARE].in_flight == 1)
-            warm = await ListenStream.open(greedy, sidecar.url, "warm", ["ok://warm"])  # spends its one token
+            warm = await ListenStream.connect(greedy, sidecar.url, "warm", ["ok://warm"])  # spends its one token
             await warm.aclose()
-            waiting = asyncio.ensure_future(ListenStream.open(greedy, sidecar.url, "g", ["ok://shared"], within_s=60))
+            waiting = asyncio.ensure_future(
+                ListenStream.connect(greedy, sidecar.url, "g", ["ok://shared"], within_s=60)
+            )
             await eventually(lambda: sidecar.app[FAIR_SHARE].queued == 1)  # its first read waits its turn
-            stream = await ListenStream.open(polite, sidecar.url, "p", ["ok://shared"], within_s=10)
+            stream = await ListenStream.connect(polite, sidecar.url, "p", ["ok://shared"], within_s=10)
             await stream.aclose()
             assert not waiting.done()
         finally:

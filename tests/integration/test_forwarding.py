@@ -8,7 +8,7 @@ import aiohttp
 import pytest
 from mcp import Client
 
-from tests.helpers import rpc, serve_sidecar
+from tests.kit import rpc, serve_sidecar
 from tests.peers import Upstream
 
 _STAMPED = {"resultType", "ttlMs", "cacheScope", "_meta"}

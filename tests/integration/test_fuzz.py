@@ -11,18 +11,14 @@ on its way (the sidecar reads only the headers), and a subscribed URI over `stre
 
 from __future__ import annotations
 
-import contextlib
 import http.client
 import json
 import socket
 import string
-import subprocess
 import sys
 import time
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,11 +28,10 @@ from hypothesis import strategies as st
 
 from sidecar.protocol.constants import NAMED_METHODS
 from sidecar.protocol.envelope import encode_header_value
-from tests.helpers import META, PV
-from tests.procs import child_env, free_port
+from tests.kit import META, PV, SseParser, parse_sse
+from tests.kit.sync_process import Process, spawn, wait_http
+from tests.procs import free_port
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-START_TIMEOUT_S = 20.0
 BODY_LIMIT = 4096
 MAX_URI_LENGTH = 256
 MAX_URIS = 8
@@ -46,79 +41,13 @@ ACK = "notifications/subscriptions/acknowledged"
 SHOP_URIS = ("catalog://price", "catalog://items/a1", "catalog://profile", "catalog://forbidden", "catalog://nope")
 
 
-def _wait_http(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args} exited with {proc.returncode}:\n{log.read_text(errors='replace')}")
-        with contextlib.suppress(OSError):
-            with urllib.request.urlopen(url, timeout=1) as resp:
-                if resp.status == 200:
-                    return
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{url} not ready:\n{log.read_text(errors='replace')}")
-        time.sleep(0.05)  # polling a port that has no event to await, bounded
-
-
-@dataclass
-class Process:
-    proc: subprocess.Popen[bytes]
-    port: int
-    log: Path
-    admin_port: int
-    baseline_rss: int = 0
-    """Resident memory after start-up and a warm-up of ordinary requests."""
-
-    @property
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def rss(self) -> int:
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-        raise AssertionError("no VmRSS")
-
-    def log_entries(self) -> list[dict[str, Any]]:
-        entries = []
-        for line in self.log.read_text(errors="replace").splitlines():
-            try:
-                entries.append(json.loads(line))
-            except ValueError:
-                entries.append({"level": "raw", "msg": line})  # not one of our JSON lines: a traceback, say
-        return entries
-
-    def metric(self, name: str) -> float:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.admin_port}/metrics", timeout=5) as resp:
-            for line in resp.read().decode().splitlines():
-                if line.startswith(name + " "):
-                    return float(line.split()[1])
-        raise AssertionError(f"{name} not exposed")
-
-
-@contextlib.contextmanager
-def _spawn(argv: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    # Synchronous, unlike tests.procs: hypothesis drives this module's property test from a plain function.
-    with log.open("ab") as out:
-        proc = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT, env=child_env())
-    try:
-        yield proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 @pytest.fixture(scope="module")
 def sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
     workdir = tmp_path_factory.mktemp("fuzz")
     upstream_port, port, admin_port = free_port(), free_port(), free_port()
     shop = [sys.executable, "-m", "tests.peers.shop_server", "--port", str(upstream_port), "--era", "modern"]
-    with _spawn(shop, workdir / "shop.log") as shop_proc:
-        _wait_http(f"http://127.0.0.1:{upstream_port}/admin/health", shop_proc, workdir / "shop.log")
+    with spawn(shop, workdir / "shop.log") as shop_proc:
+        wait_http(f"http://127.0.0.1:{upstream_port}/admin/health", shop_proc, workdir / "shop.log")
         config = {
             "upstream": {"url": f"http://127.0.0.1:{upstream_port}/mcp", "timeout_s": 5},
             "listen": {"port": port, "max_body_bytes": BODY_LIMIT, "shutdown_grace_s": 2},
@@ -130,8 +59,8 @@ def sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
         path = workdir / "sidecar.yaml"
         path.write_text(yaml.safe_dump(config), encoding="utf-8")
         log = workdir / "sidecar.log"
-        with _spawn([sys.executable, "-m", "sidecar.cli", "run", "--config", str(path)], log) as proc:
-            _wait_http(f"http://127.0.0.1:{port}/readyz", proc, log)
+        with spawn([sys.executable, "-m", "sidecar.cli", "run", "--config", str(path)], log) as proc:
+            wait_http(f"http://127.0.0.1:{port}/readyz", proc, log)
             process = Process(proc, port, log, admin_port)
             _warm_up(process)
             process.baseline_rss = process.rss()
@@ -247,12 +176,11 @@ def _post(port: int, body: bytes, hdrs: dict[str, str]) -> tuple[int, dict[str, 
         resp = conn.getresponse()
         got = {name.lower(): value for name, value in resp.getheaders()}
         if got.get("content-type", "").startswith("text/event-stream"):
-            lines = []
-            while True:
-                line = resp.readline(1 << 20)
-                if not line or (line.strip() == b"" and any(part.startswith(b"data:") for part in lines)):
-                    break
+            lines, parser = [], SseParser()
+            while line := resp.readline(1 << 20):  # up to the end of the first event (a listen stream goes on)
                 lines.append(line)
+                if isinstance(parser.feed(line.decode().rstrip("\r\n")), dict):
+                    break
             return resp.status, got, b"".join(lines)
         return resp.status, got, resp.read()
     finally:
@@ -260,8 +188,7 @@ def _post(port: int, body: bytes, hdrs: dict[str, str]) -> tuple[int, dict[str, 
 
 
 def _sse_data(raw: bytes) -> dict[str, Any]:
-    data = b"".join(line[5:].strip() for line in raw.splitlines() if line.startswith(b"data:"))
-    message: dict[str, Any] = json.loads(data)
+    (message,) = parse_sse(raw)
     return message
 
 

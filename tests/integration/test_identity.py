@@ -13,8 +13,16 @@ import aiohttp
 import pytest
 from multidict import CIMultiDict
 
-from tests.helpers import LEGACY_HEADERS, LEGACY_INITIALIZE, headers, request, rpc, serve_sidecar, sse_messages
-from tests.observing import ListenStream
+from tests.kit import (
+    LEGACY_HEADERS,
+    LEGACY_INITIALIZE,
+    ListenStream,
+    headers,
+    request,
+    rpc,
+    serve_sidecar,
+    sse_messages,
+)
 from tests.peers import start_upstream
 
 PROFILE = "catalog://profile"

@@ -15,8 +15,7 @@ from mcp import Client
 from sidecar.changes import WatchKey
 from sidecar.observability.naming import context_label
 from sidecar.protocol.constants import META_LEFT_OUT
-from tests.helpers import LEGACY_HEADERS, LEGACY_INITIALIZE, context_of, serve_sidecar
-from tests.observing import ListenStream, listening
+from tests.kit import LEGACY_HEADERS, LEGACY_INITIALIZE, ListenStream, context_of, listening, serve_sidecar
 from tests.peers import Upstream, start_bare_upstream, start_upstream
 
 PRICE = "catalog://price"

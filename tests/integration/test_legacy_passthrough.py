@@ -22,18 +22,11 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPDeprecationWarning
 from multidict import CIMultiDict
 
-from tests.helpers import serve_sidecar
+from tests.kit import LEGACY_HEADERS, LEGACY_INITIALIZE, parse_sse, serve_sidecar
 from tests.peers import Upstream
 
 LEGACY_PV = "2025-11-25"
 SESSION = "Mcp-Session-Id"
-_JSON = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
-_INITIALIZE = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {"protocolVersion": LEGACY_PV, "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}},
-}
 
 
 class _Wire:
@@ -64,12 +57,10 @@ async def _post(
     session: aiohttp.ClientSession, url: str, body: dict[str, Any], headers: dict[str, str]
 ) -> tuple[int, CIMultiDict[str], list[dict[str, Any]]]:
     """One raw POST; the JSON-RPC messages of the answer, whether it came as JSON or as SSE."""
-    async with session.post(url, json=body, headers={**_JSON, **headers}) as resp:
+    async with session.post(url, json=body, headers={**LEGACY_HEADERS, **headers}) as resp:
         text = await resp.text()
         if resp.content_type == "text/event-stream":
-            messages = [
-                json.loads(line[5:]) for line in text.splitlines() if line.startswith("data:") and line[5:].strip()
-            ]
+            messages = parse_sse(text)
         else:
             messages = [json.loads(text)] if text else []
         return resp.status, CIMultiDict(resp.headers), messages
@@ -124,7 +115,7 @@ async def test_each_legacy_client_rides_its_own_upstream_session_and_never_sees_
 async def test_a_deleted_legacy_session_is_gone(upstream: Upstream, http: aiohttp.ClientSession) -> None:
     read = {"jsonrpc": "2.0", "id": 2, "method": "resources/read", "params": {"uri": "catalog://price"}}
     async with serve_sidecar(upstream.url) as sidecar:
-        _, headers, _ = await _post(http, sidecar.url, _INITIALIZE, {})
+        _, headers, _ = await _post(http, sidecar.url, LEGACY_INITIALIZE, {})
         session = {SESSION: headers[SESSION], "MCP-Protocol-Version": LEGACY_PV}
         status, _, _ = await _post(http, sidecar.url, read, session)
         assert status == 200
@@ -142,7 +133,7 @@ async def test_legacy_answers_are_relayed_without_modern_stamping(
     answers = []
     async with serve_sidecar(upstream.url) as sidecar:
         for url in (sidecar.url, upstream.url):
-            status, headers, _ = await _post(http, url, _INITIALIZE, {})
+            status, headers, _ = await _post(http, url, LEGACY_INITIALIZE, {})
             assert status == 200
             session = {SESSION: headers[SESSION], "MCP-Protocol-Version": LEGACY_PV}
             status, _, messages = await _post(http, url, read, session)
@@ -172,7 +163,7 @@ async def test_a_legacy_clients_answer_to_an_upstream_request_is_relayed(
     # A 2025-11-25 client answers server requests (ping, sampling, elicitation) with a POSTed
     # JSON-RPC response on its session; the upstream takes it with 202.
     async with serve_sidecar(upstream.url) as sidecar:
-        status, headers, _ = await _post(http, sidecar.url, _INITIALIZE, {})
+        status, headers, _ = await _post(http, sidecar.url, LEGACY_INITIALIZE, {})
         session = {SESSION: headers[SESSION], "MCP-Protocol-Version": LEGACY_PV}
         answer = {"jsonrpc": "2.0", "id": "server-ping-1", "result": {}}
         status, _, messages = await _post(http, sidecar.url, answer, session)

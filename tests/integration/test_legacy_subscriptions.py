@@ -13,7 +13,15 @@ from mcp import Client, MCPError
 from mcp.shared.exceptions import MCPDeprecationWarning
 
 from sidecar.app import LEGACY, REGISTRY
-from tests.helpers import LEGACY_HEADERS, LEGACY_INITIALIZE, eventually, headers, request, serve_sidecar, sse_messages
+from tests.kit import (
+    LEGACY_HEADERS,
+    LEGACY_INITIALIZE,
+    eventually,
+    headers,
+    listen_request,
+    serve_sidecar,
+    sse_messages,
+)
 from tests.peers import Upstream, start_upstream
 
 FAST = {"min_interval_ms": 100, "default_interval_ms": 300, "linger_ms": 100}
@@ -89,7 +97,7 @@ async def test_a_legacy_session_and_a_listen_stream_share_one_watch(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", MCPDeprecationWarning)
             await client.subscribe_resource(PRICE)
-        body = request("subscriptions/listen", {"notifications": {"resourceSubscriptions": [PRICE]}}, "L")
+        body = listen_request([PRICE], "L")
         async with http.post(sidecar.url, json=body, headers=headers("subscriptions/listen")) as resp:
             frames = sse_messages(resp)
             assert (await anext(frames))["params"]["notifications"]["resourceSubscriptions"] == [PRICE]

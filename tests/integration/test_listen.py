@@ -12,7 +12,7 @@ from mcp import Client
 from mcp.client.subscriptions import ResourceUpdated
 
 from sidecar.app import HUB, METRICS, REGISTRY
-from tests.helpers import SUB_ID_KEY, Sidecar, eventually, headers, request, serve_sidecar, sse_messages
+from tests.kit import SUB_ID_KEY, Sidecar, eventually, headers, request, serve_sidecar, sse_messages
 from tests.peers import Upstream, start_upstream
 
 FAST = {
@@ -24,14 +24,10 @@ FAST = {
 }
 
 
-def _listen_body(request_id: Any, **notifications: Any) -> dict[str, Any]:
-    return request("subscriptions/listen", {"notifications": notifications}, request_id)
-
-
 async def _open(http: aiohttp.ClientSession, sidecar: Sidecar, request_id: Any, **notifications: Any) -> Any:
     return await http.post(
         sidecar.url,
-        json=_listen_body(request_id, **notifications),
+        json=request("subscriptions/listen", {"notifications": notifications}, request_id),  # as given
         headers=headers("subscriptions/listen"),
         timeout=aiohttp.ClientTimeout(total=None, sock_read=None),
     )

@@ -3,14 +3,13 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import pytest
 
-from tests.helpers import LEGACY_HEADERS, LEGACY_INITIALIZE, headers, request, serve_sidecar
+from tests.kit import LEGACY_HEADERS, LEGACY_INITIALIZE, headers, listen_request, serve_sidecar, sse_messages
 from tests.peers import Upstream, start_upstream
 from tests.peers.faulty import Fault, FaultyUpstream
 
@@ -23,13 +22,10 @@ async def _listen(
     http: aiohttp.ClientSession, url: str, uris: list[str], extra: dict[str, str] | None = None
 ) -> tuple[int, dict[str, str], Any]:
     """(status, headers, first JSON-RPC message) of a listen request."""
-    body = request("subscriptions/listen", {"notifications": {"resourceSubscriptions": uris}}, "l-1")
+    body = listen_request(uris, "l-1")
     async with http.post(url, json=body, headers=headers("subscriptions/listen", **(extra or {}))) as resp:
         if resp.content_type == "text/event-stream":
-            async for raw in resp.content:
-                line = raw.decode().strip()
-                if line.startswith("data:"):
-                    return resp.status, dict(resp.headers), json.loads(line[5:])
+            return resp.status, dict(resp.headers), await anext(sse_messages(resp))
         return resp.status, dict(resp.headers), await resp.json(content_type=None)
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.cli_process import REPO_ROOT, START_TIMEOUT_S, Cli, cli, cli_env
+from tests.kit.cli import REPO_ROOT, START_TIMEOUT_S, Cli, cli, cli_env
 
 UNREACHABLE = "http://127.0.0.1:9/mcp"
 """Nothing answers there: the sidecar starts (and logs) all the same, with no peer to start."""

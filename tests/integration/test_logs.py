@@ -3,12 +3,7 @@ neither a credential nor any resource content, even at debug level."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
-import os
-import signal
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -16,86 +11,17 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.helpers import rpc
-from tests.observing import UPDATED, ListenStream
+from tests.kit import UPDATED, ListenStream, cli, rpc
 from tests.peers import Upstream, start_upstream
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "s3cr3t-token"
 AUTHORIZATION = f"Bearer {TOKEN}"
 API_KEY = "k3y-s3cr3t"
 """A secret of the configuration (a header sent upstream): the configuration line must mask it."""
 PRICE = "catalog://price"
 PROFILE = "catalog://profile"
-START_TIMEOUT_S = 20.0
-EXIT_TIMEOUT_S = 15.0
 CONTENTS = ("price=100", "price=120", "profile of")
 """Resource texts the session reads or causes; none may reach a log line."""
-
-
-class _Process:
-    """`python -m sidecar.cli run --config FILE`, its stderr collected line by line."""
-
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        self.proc = proc
-        self.stderr: list[str] = []
-        self._arrived = asyncio.Condition()
-        assert proc.stderr is not None
-        self._reader = asyncio.get_running_loop().create_task(self._collect(proc.stderr))
-
-    async def _collect(self, stream: asyncio.StreamReader) -> None:
-        while line := await stream.readline():
-            async with self._arrived:
-                self.stderr.append(line.decode(errors="replace").rstrip("\n"))
-                self._arrived.notify_all()
-        async with self._arrived:
-            self._arrived.notify_all()
-
-    async def wait_for_msg(self, msg: str) -> dict[str, Any]:
-        """The first JSON line whose `msg` is `msg` (bounded; fails if the process exits first)."""
-        async with asyncio.timeout(START_TIMEOUT_S), self._arrived:
-            while True:
-                for line in self.stderr:
-                    with contextlib.suppress(ValueError):
-                        entry = json.loads(line)
-                        if isinstance(entry, dict) and entry.get("msg") == msg:
-                            return entry
-                if self._reader.done():
-                    pytest.fail(f"exited ({self.proc.returncode}) before logging {msg!r}:\n" + "\n".join(self.stderr))
-                await self._arrived.wait()
-
-    async def terminate(self) -> tuple[int, bytes]:
-        """SIGTERM, then the exit code and stdout (bounded)."""
-        self.proc.send_signal(signal.SIGTERM)
-        assert self.proc.stdout is not None
-        async with asyncio.timeout(EXIT_TIMEOUT_S):
-            stdout = await self.proc.stdout.read()
-            code = await self.proc.wait()
-            await self._reader
-        return code, stdout
-
-    async def aclose(self) -> None:
-        if self.proc.returncode is None:
-            self.proc.kill()
-            await self.proc.wait()
-        self._reader.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._reader
-
-
-@contextlib.asynccontextmanager
-async def _run_cli(config: Path) -> AsyncIterator[_Process]:
-    env = {key: value for key, value in os.environ.items() if not key.startswith("MCP_SIDECAR__")}
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "sidecar.cli", "run", "--config", str(config),
-        cwd=REPO_ROOT, env={**env, "PYTHONUNBUFFERED": "1", "MCP_SIDECAR__ADMIN__PORT": "0"},
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    process = _Process(proc)
-    try:
-        yield process
-    finally:
-        await process.aclose()
 
 
 def _config(tmp_path: Path, upstream: Upstream) -> Path:
@@ -120,8 +46,8 @@ async def test_logs_are_json_with_the_instance_and_never_show_tokens_or_contents
     tmp_path: Path, fast_upstream: Upstream, http: aiohttp.ClientSession
 ) -> None:
     auth = {"Authorization": AUTHORIZATION}
-    async with _run_cli(_config(tmp_path, fast_upstream)) as cli:
-        listening = await cli.wait_for_msg("mcp-sidecar listening")
+    async with cli("run", "--config", str(_config(tmp_path, fast_upstream)), exit_timeout_s=15.0) as sidecar:
+        listening = await sidecar.wait_for_record("stderr", "mcp-sidecar listening")
         url = listening["url"]
         assert listening["event_loop"] == "uvloop", "listen.event_loop: auto runs on uvloop on Linux"
         status, profile = await rpc(http, url, "resources/read", {"uri": PROFILE}, extra_headers=auth)
@@ -140,20 +66,20 @@ async def test_logs_are_json_with_the_instance_and_never_show_tokens_or_contents
             assert updated == {PRICE, PROFILE}
             assert (await leaving.next())["method"] == UPDATED
             await leaving.close()
-            await cli.wait_for_msg("listen stream ended")
-            code, stdout = await cli.terminate()
+            await sidecar.wait_for_record("stderr", "listen stream ended")
+            code = await sidecar.stop()
             # Graceful shutdown: the stream still open gets the complete result before the process exits.
             final = await staying.next()
             assert final["id"] == "staying" and final["result"]["resultType"] == "complete"
         finally:
             await leaving.close()
             await staying.close()
-        lines = cli.stderr
+        lines, stdout = sidecar.lines["stderr"], sidecar.lines["stdout"]
 
     everything = "\n".join(lines)
     assert code == 0, everything
     assert "Traceback" not in everything
-    assert stdout == b""
+    assert stdout == []
     for secret in (TOKEN, "Bearer", API_KEY, *CONTENTS):
         offending = [line for line in lines if secret in line]
         assert not offending, f"{secret!r} logged: {offending}"

@@ -12,8 +12,7 @@ import pytest
 
 from sidecar import __version__
 from sidecar.observability.metrics import Metrics
-from tests.helpers import Sidecar, eventually, rpc, serve_sidecar
-from tests.observing import UPDATED, WAIT_S, ListenStream, Scrape, scrape
+from tests.kit import UPDATED, WAIT_S, ListenStream, Scrape, Sidecar, eventually, rpc, scrape, serve_sidecar
 from tests.peers import Upstream, start_upstream
 
 PRICE = "catalog://price"

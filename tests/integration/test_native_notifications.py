@@ -14,8 +14,7 @@ import aiohttp
 import pytest
 
 from sidecar.app import METRICS, REGISTRY
-from tests.helpers import eventually, rpc, serve_sidecar
-from tests.observing import UPDATED, ListenStream
+from tests.kit import UPDATED, ListenStream, eventually, rpc, serve_sidecar
 from tests.peers import Upstream, start_upstream
 
 PRICE = "catalog://price"

@@ -11,7 +11,7 @@ import pytest
 from mcp import Client
 
 from sidecar.app import METRICS
-from tests.helpers import eventually, headers, request, serve_sidecar, sse_messages
+from tests.kit import eventually, headers, listen_request, serve_sidecar, sse_messages
 from tests.peers import start_upstream
 
 FAST = {"min_interval_ms": 100, "default_interval_ms": 300, "linger_ms": 100}
@@ -19,7 +19,7 @@ STAMPED, RAW = "catalog://stamped/report", "catalog://stamped/raw"
 
 
 async def _open(http: aiohttp.ClientSession, url: str, uris: list[str]) -> Any:
-    body = request("subscriptions/listen", {"notifications": {"resourceSubscriptions": uris}}, "budget")
+    body = listen_request(uris, "budget")
     return await http.post(
         url, json=body, headers=headers("subscriptions/listen"), timeout=aiohttp.ClientTimeout(total=None)
     )

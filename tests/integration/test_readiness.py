@@ -9,7 +9,7 @@ import aiohttp
 import pytest
 
 from sidecar.app import METRICS
-from tests.helpers import eventually, rpc, serve_sidecar
+from tests.kit import eventually, rpc, serve_sidecar
 from tests.peers.faulty import Fault, FaultyUpstream
 
 PROBES = frozenset({"server/discover", "initialize", "ping"})

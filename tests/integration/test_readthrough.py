@@ -10,30 +10,34 @@ string ids ("burst-17") tells the two apart without timing assumptions.
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from concurrent.futures import Future
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import aiohttp
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from sidecar.app import METRICS
 from sidecar.observability.metrics import Metrics
-from tests.helpers import SUB_ID_KEY, Sidecar, eventually, headers, request, rpc, serve_sidecar, sse_messages
+from tests.kit import (
+    ACK,
+    SUB_ID_KEY,
+    UPDATED,
+    ListenStream,
+    Sidecar,
+    eventually,
+    headers,
+    listen_request,
+    read_resource,
+    rpc,
+    serve_sidecar,
+    sse_messages,
+    text_of,
+)
 from tests.peers import Upstream, start_upstream
-
-T = TypeVar("T")
 
 PRICE = "catalog://price"
 PROFILE = "catalog://profile"
 READ = "resources/read"
-ACK = "notifications/subscriptions/acknowledged"
-UPDATED = "notifications/resources/updated"
 WAIT_S = 15.0
 """Upper bound for anything that should happen within a poll or two."""
 BURST_S = 60.0
@@ -44,28 +48,6 @@ FAST_POLLING = {"min_interval_ms": 100, "default_interval_ms": 300, "max_interva
 
 
 # -- helpers -------------------------------------------------------------------------------------------
-
-
-def _auth(token: str | None) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"} if token else {}
-
-
-async def _read(
-    http: aiohttp.ClientSession, sidecar: Sidecar, uri: str, request_id: Any, token: str | None = None
-) -> dict[str, Any]:
-    """One `resources/read` through the sidecar; returns the JSON-RPC response after checking its envelope."""
-    status, message = await rpc(
-        http, sidecar.url, READ, {"uri": uri}, request_id=request_id, extra_headers=_auth(token)
-    )
-    assert status == 200, message
-    assert message.get("id") == request_id, message
-    assert "result" in message, message
-    return message
-
-
-def _text(message: dict[str, Any]) -> str:
-    text: str = message["result"]["contents"][0]["text"]
-    return text
 
 
 async def _client_reads(up: Upstream, uri: str, id_prefix: str) -> int:
@@ -97,69 +79,6 @@ async def _open_connections(http: aiohttp.ClientSession, sidecar: Sidecar, count
     assert {status for status, _ in answers} == {200}
 
 
-@pytest.fixture
-async def wide_http() -> AsyncIterator[aiohttp.ClientSession]:
-    """A client session without a connection limit: every concurrent request gets its own connection."""
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-        yield session
-
-
-class Listen:
-    """One raw listen stream: `open` returns after the ack; a reader task queues every later frame."""
-
-    def __init__(self, http: aiohttp.ClientSession, sidecar: Sidecar, request_id: Any, uri: str, token: str | None):
-        self.request_id = request_id
-        self.frames: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        self._http = http
-        self._sidecar = sidecar
-        self._uri = uri
-        self._token = token
-        self._response: aiohttp.ClientResponse | None = None
-        self._reader: asyncio.Task[None] | None = None
-
-    async def open(self) -> None:
-        self._response = await self._http.post(
-            self._sidecar.url,
-            json=request(
-                "subscriptions/listen", {"notifications": {"resourceSubscriptions": [self._uri]}}, self.request_id
-            ),
-            headers=headers("subscriptions/listen", **_auth(self._token)),
-            timeout=aiohttp.ClientTimeout(total=None, sock_read=None),
-        )
-        assert self._response.status == 200, await self._response.text()
-        frames = sse_messages(self._response)
-        async with asyncio.timeout(WAIT_S):
-            ack = await anext(frames)
-        assert ack["method"] == ACK, ack
-        assert ack["params"]["notifications"]["resourceSubscriptions"] == [self._uri], ack
-        self._reader = asyncio.get_running_loop().create_task(self._pump(frames))
-
-    async def _pump(self, frames: AsyncIterator[dict[str, Any]]) -> None:
-        async for frame in frames:
-            await self.frames.put(frame)
-
-    async def next_update(self) -> dict[str, Any]:
-        async with asyncio.timeout(WAIT_S):
-            frame = await self.frames.get()
-        assert frame["method"] == UPDATED, frame
-        assert frame["params"]["uri"] == self._uri, frame
-        assert frame["params"]["_meta"][SUB_ID_KEY] == self.request_id, frame
-        return frame
-
-    def drain(self) -> list[dict[str, Any]]:
-        drained = []
-        while not self.frames.empty():
-            drained.append(self.frames.get_nowait())
-        return drained
-
-    async def close(self) -> None:
-        if self._reader is not None:
-            self._reader.cancel()
-            await asyncio.gather(self._reader, return_exceptions=True)
-        if self._response is not None:
-            self._response.close()
-
-
 # -- single flight ---------------------------------------------------------------------------------------
 
 
@@ -173,10 +92,12 @@ async def test_a_thousand_concurrent_reads_of_a_public_resource_reach_the_upstre
         await up.reset_log()
         started = time.monotonic()
         async with asyncio.timeout(BURST_S):
-            answers = await asyncio.gather(*(_read(wide_http, sidecar, PRICE, f"burst-{i}") for i in range(1000)))
+            answers = await asyncio.gather(
+                *(read_resource(wide_http, sidecar.url, PRICE, f"burst-{i}") for i in range(1000))
+            )
         print(f"\n1000 concurrent reads in {time.monotonic() - started:.2f} s")
         assert [answer["id"] for answer in answers] == [f"burst-{i}" for i in range(1000)]
-        assert {_text(answer) for answer in answers} == {"price=100"}
+        assert {text_of(answer) for answer in answers} == {"price=100"}
         assert await up.count(READ, PRICE) == 1
         assert await up.count(READ) == 1
         metrics = _metrics(sidecar)
@@ -192,10 +113,10 @@ async def test_five_hundred_concurrent_private_reads_per_context_are_one_upstrea
         tokens = ["a", "b"] * 500
         async with asyncio.timeout(BURST_S):
             answers = await asyncio.gather(
-                *(_read(wide_http, sidecar, PROFILE, f"p-{i}", token) for i, token in enumerate(tokens))
+                *(read_resource(wide_http, sidecar.url, PROFILE, f"p-{i}", token) for i, token in enumerate(tokens))
             )
         for token, answer in zip(tokens, answers, strict=True):
-            assert _text(answer) == f"profile of {token} v1"
+            assert text_of(answer) == f"profile of {token} v1"
             assert answer["result"]["cacheScope"] == "private"
         entries = [entry for entry in await up.log() if entry["method"] == READ]
         assert sorted(entry["authorization"] for entry in entries) == ["Bearer a", "Bearer b"]
@@ -224,7 +145,7 @@ async def test_after_a_change_notified_to_two_thousand_streams_their_simultaneou
             request_id = f"listen-{n}"
             async with wide_http.post(
                 sidecar.url,
-                json=request("subscriptions/listen", {"notifications": {"resourceSubscriptions": [PRICE]}}, request_id),
+                json=listen_request([PRICE], request_id),
                 headers=headers("subscriptions/listen"),
                 timeout=aiohttp.ClientTimeout(total=None, sock_read=None),
             ) as resp:
@@ -241,7 +162,7 @@ async def test_after_a_change_notified_to_two_thousand_streams_their_simultaneou
                 assert update["method"] == UPDATED and update["params"]["uri"] == PRICE, update
                 assert update["params"]["_meta"][SUB_ID_KEY] == request_id, update
                 # The re-read goes out while the stream is still open, as a real client's would.
-                return _text(await _read(wide_http, sidecar, PRICE, f"reread-{n}"))
+                return text_of(await read_resource(wide_http, sidecar.url, PRICE, f"reread-{n}"))
 
         polls = _metrics(sidecar).polls.labels("resource", "ok")
         started = time.monotonic()
@@ -252,7 +173,7 @@ async def test_after_a_change_notified_to_two_thousand_streams_their_simultaneou
             assert waiter in done, [task.exception() for task in done if task is not waiter]
             opened = time.monotonic()
             warm = await rpc(wide_http, sidecar.url, READ, {"uri": PRICE}, request_id="warm")
-            assert _text(warm[1]) == "price=100"  # the cache now holds the old price, for a minute
+            assert text_of(warm[1]) == "price=100"  # the cache now holds the old price, for a minute
             polls_before = _value(polls)
             changed.set()
             await up.set_price(107)
@@ -273,8 +194,8 @@ async def test_with_ttl_zero_every_sequential_read_reaches_the_upstream() -> Non
     async with aiohttp.ClientSession() as http:
         async with await start_upstream("modern", read_ttl_ms=0) as up, serve_sidecar(up.url) as sidecar:
             for i in range(20):
-                answer = await _read(http, sidecar, PRICE, f"seq-{i}")
-                assert _text(answer) == "price=100"
+                answer = await read_resource(http, sidecar.url, PRICE, f"seq-{i}")
+                assert text_of(answer) == "price=100"
                 assert not answer["result"].get("ttlMs")
             assert await _client_reads(up, PRICE, "seq-") == 20
             assert await up.count(READ) == 20
@@ -300,8 +221,8 @@ async def test_the_cache_stays_within_its_bounds_under_a_stream_of_distinct_uris
     ):
         metrics = _metrics(sidecar)
         for i in range(500):
-            answer = await _read(http, sidecar, f"catalog://items/sku-{i}", f"fill-{i}")
-            assert _text(answer) == f"item sku-{i} costs 100"
+            answer = await read_resource(http, sidecar.url, f"catalog://items/sku-{i}", f"fill-{i}")
+            assert text_of(answer) == f"item sku-{i} costs 100"
             assert _value(metrics.cache_bytes) <= max_bytes
         assert await _client_reads(up, "catalog://items/sku-499", "fill-") == 1
         assert _value(metrics.cache_evictions) > 0
@@ -309,13 +230,13 @@ async def test_the_cache_stays_within_its_bounds_under_a_stream_of_distinct_uris
         await up.reset_log()
 
         hits = _value(metrics.cache_hits)
-        recent = await _read(http, sidecar, "catalog://items/sku-499", "again-499")
-        assert _text(recent) == "item sku-499 costs 100"
+        recent = await read_resource(http, sidecar.url, "catalog://items/sku-499", "again-499")
+        assert text_of(recent) == "item sku-499 costs 100"
         assert _value(metrics.cache_hits) == hits + 1
         assert await up.count(READ) == 0, "the most recent sku should have been served from the cache"
 
-        oldest = await _read(http, sidecar, "catalog://items/sku-0", "again-0")
-        assert _text(oldest) == "item sku-0 costs 100"
+        oldest = await read_resource(http, sidecar.url, "catalog://items/sku-0", "again-0")
+        assert text_of(oldest) == "item sku-0 costs 100"
         assert await up.count(READ, "catalog://items/sku-0") == 1, "the oldest sku should have been evicted"
         assert _value(metrics.cache_bytes) <= max_bytes
 
@@ -327,12 +248,12 @@ async def test_an_entry_bound_of_fifty_keeps_exactly_the_fifty_most_recently_use
         serve_sidecar(up.url, cache={"max_entries": 50, "max_bytes": 1_000_000}) as sidecar,
     ):
         for i in range(100):
-            await _read(http, sidecar, f"catalog://items/sku-{i}", f"fill-{i}")
+            await read_resource(http, sidecar.url, f"catalog://items/sku-{i}", f"fill-{i}")
         await up.reset_log()
         for i in (99, 50):  # the newest and the oldest of the fifty kept
-            await _read(http, sidecar, f"catalog://items/sku-{i}", f"again-{i}")
+            await read_resource(http, sidecar.url, f"catalog://items/sku-{i}", f"again-{i}")
         assert await up.count(READ) == 0
-        await _read(http, sidecar, "catalog://items/sku-49", "again-49")  # the newest evicted one
+        await read_resource(http, sidecar.url, "catalog://items/sku-49", "again-49")  # the newest evicted one
         assert await up.count(READ, "catalog://items/sku-49") == 1
         assert _value(_metrics(sidecar).cache_evictions) == 51
 
@@ -346,22 +267,21 @@ async def test_a_public_change_empties_the_cache_before_the_notification_so_the_
         await start_upstream("modern", read_ttl_ms=60_000) as up,
         serve_sidecar(up.url, polling=FAST_POLLING) as sidecar,
     ):
-        listen = Listen(http, sidecar, "price-watch", PRICE, None)
-        await listen.open()
+        listen = await ListenStream.connect(http, sidecar.url, "price-watch", [PRICE])
         try:
-            first = await _read(http, sidecar, PRICE, "before-1")
-            again = await _read(http, sidecar, PRICE, "before-2")
-            assert _text(first) == _text(again) == "price=100"
+            first = await read_resource(http, sidecar.url, PRICE, "before-1")
+            again = await read_resource(http, sidecar.url, PRICE, "before-2")
+            assert text_of(first) == text_of(again) == "price=100"
             assert await _client_reads(up, PRICE, "before-") == 1, "the second read should come from the cache"
             assert again["result"]["ttlMs"] > 50_000  # without invalidation it would be served for a minute
 
             await up.set_price(120)
             await listen.next_update()
-            after = await _read(http, sidecar, PRICE, "after-1")
-            assert _text(after) == "price=120"
+            after = await read_resource(http, sidecar.url, PRICE, "after-1")
+            assert text_of(after) == "price=120"
             assert await _client_reads(up, PRICE, "after-") == 1
             # ... and the fresh answer is what the cache holds now.
-            assert _text(await _read(http, sidecar, PRICE, "after-2")) == "price=120"
+            assert text_of(await read_resource(http, sidecar.url, PRICE, "after-2")) == "price=120"
             assert await _client_reads(up, PRICE, "after-") == 1
         finally:
             await listen.close()
@@ -377,8 +297,7 @@ async def test_a_listen_stream_that_ended_leaves_no_task_behind() -> None:
         serve_sidecar(up.url, polling=FAST_POLLING) as sidecar,
     ):
         before = asyncio.all_tasks()
-        listen = Listen(http, sidecar, "short-lived", PRICE, None)
-        await listen.open()
+        listen = await ListenStream.connect(http, sidecar.url, "short-lived", [PRICE])
         await listen.close()
         await eventually(lambda: _value(_metrics(sidecar).listen_streams) == 0, within_s=WAIT_S)
         await asyncio.sleep(0)  # let any cancellation the stream's end started run
@@ -393,134 +312,3 @@ async def test_a_listen_stream_that_ended_leaves_no_task_behind() -> None:
 
 
 # -- private results: a property over interleaved users ------------------------------------------------
-
-USERS = ("u1", "u2", "u3", "u4")
-
-Action = tuple[str, str]
-"""("read", user), ("bump", user) or ("read_all", "")."""
-
-actions = st.lists(
-    st.one_of(
-        st.tuples(st.just("read"), st.sampled_from(USERS)),
-        st.tuples(st.just("bump"), st.sampled_from(USERS)),
-        st.just(("read_all", "")),
-    ),
-    min_size=1,
-    max_size=12,
-)
-
-
-@dataclass
-class ProfileWorld:
-    """One upstream and one sidecar for every example, on an event loop of their own in a thread."""
-
-    loop: asyncio.AbstractEventLoop
-    up: Upstream | None = None
-    sidecar: Sidecar | None = None
-    http: aiohttp.ClientSession | None = None
-    streams: dict[str, Listen] = field(default_factory=dict)
-    versions: dict[str, int] = field(default_factory=lambda: dict.fromkeys(USERS, 1))
-    """Each user's current profile version at the upstream."""
-    seen: dict[str, int] = field(default_factory=lambda: dict.fromkeys(USERS, 1))
-    """The newest version each user has read through the sidecar."""
-    requests: int = 0
-
-    def run(self, make: Callable[[], Awaitable[T]], timeout_s: float = 60.0) -> T:
-        async def bounded() -> T:
-            async with asyncio.timeout(timeout_s):
-                return await make()
-
-        future: Future[T] = asyncio.run_coroutine_threadsafe(bounded(), self.loop)
-        return future.result(timeout_s + 5)
-
-    async def read(self, user: str) -> int:
-        assert self.http is not None and self.sidecar is not None
-        self.requests += 1
-        text = _text(await _read(self.http, self.sidecar, PROFILE, f"{user}-{self.requests}", user))
-        owner, _, version = text.removeprefix("profile of ").rpartition(" v")
-        assert owner == user, f"{user} was given {text!r}"
-        return int(version)
-
-    async def check_read(self, user: str) -> None:
-        version = await self.read(user)
-        # Stale within its ttlMs is allowed without a change event; older than already seen, or newer than
-        # the upstream has, is not.
-        assert self.seen[user] <= version <= self.versions[user], (user, version, self.seen, self.versions)
-        self.seen[user] = version
-
-    async def bump(self, user: str) -> None:
-        assert self.up is not None
-        stream = self.streams[user]
-        leftover = stream.drain()
-        assert leftover == [], f"{user}'s stream had frames nobody caused: {leftover}"
-        text = await self.up.bump_profile(user)
-        self.versions[user] += 1
-        assert text == f"profile of {user} v{self.versions[user]}"
-        await stream.next_update()
-        version = await self.read(user)
-        assert version == self.versions[user], f"{user} read v{version} after the update for v{self.versions[user]}"
-        self.seen[user] = version
-
-    async def apply(self, steps: list[Action]) -> None:
-        for kind, user in steps:
-            if kind == "read":
-                await self.check_read(user)
-            elif kind == "bump":
-                await self.bump(user)
-            else:
-                await asyncio.gather(*(self.check_read(name) for name in USERS))
-
-
-@pytest.fixture(scope="module")
-def profile_world() -> Iterator[ProfileWorld]:
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, name="profile-world", daemon=True)
-    thread.start()
-    world = ProfileWorld(loop)
-    stack: list[Any] = []
-
-    async def setup() -> None:
-        up_cm = await start_upstream("modern", read_ttl_ms=600_000)
-        world.up = await up_cm.__aenter__()
-        stack.append(up_cm)
-        polling = {"min_interval_ms": 50, "default_interval_ms": 150, "max_interval_ms": 150, "linger_ms": 100}
-        sidecar_cm = serve_sidecar(world.up.url, polling=polling)
-        world.sidecar = await sidecar_cm.__aenter__()
-        stack.append(sidecar_cm)
-        world.http = aiohttp.ClientSession()
-        for user in USERS:
-            stream = Listen(world.http, world.sidecar, f"listen-{user}", PROFILE, user)
-            await stream.open()
-            world.streams[user] = stream
-
-    async def teardown() -> None:
-        for stream in world.streams.values():
-            await stream.close()
-        if world.http is not None:
-            await world.http.close()
-        for cm in reversed(stack):
-            await cm.__aexit__(None, None, None)
-        # What pytest-asyncio does for its own loops: nothing may be left pending when the loop closes.
-        leftovers = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
-        for task in leftovers:
-            task.cancel()
-        await asyncio.gather(*leftovers, return_exceptions=True)
-
-    try:
-        world.run(setup)
-        yield world
-    finally:
-        try:
-            world.run(teardown)
-        finally:
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join(10)
-            loop.close()
-
-
-@settings(max_examples=25, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
-@given(steps=actions)
-def test_a_private_result_reaches_only_its_own_context_and_is_fresh_after_its_update(
-    profile_world: ProfileWorld, steps: list[Action]
-) -> None:
-    profile_world.run(lambda: profile_world.apply(steps))

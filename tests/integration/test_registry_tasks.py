@@ -13,7 +13,7 @@ from typing import Any
 
 from sidecar.app import REGISTRY
 from sidecar.identity import ANONYMOUS_IDENTITY
-from tests.helpers import eventually, serve_sidecar
+from tests.kit import eventually, serve_sidecar
 from tests.procs import free_port
 
 

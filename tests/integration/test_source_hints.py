@@ -9,9 +9,7 @@ a real redis-server, where a hint sent to one replica is looked at by the replic
 
 from __future__ import annotations
 
-import asyncio
 import signal
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -20,12 +18,10 @@ import aiohttp
 import pytest
 
 from sidecar.app import METRICS
-from tests import cluster
 from tests.cluster import RedisServer, Replica, free_port, leases_held, sidecar_config, sidecar_replicas
-from tests.helpers import Sidecar, eventually, rpc, serve_sidecar
-from tests.observing import UPDATED, ListenStream
+from tests.kit import UPDATED, ListenStream, Sidecar, cli, eventually, listening, rpc, serve_sidecar
 from tests.peers import Upstream, start_upstream
-from tests.procs import REPO_ROOT, child_env
+from tests.procs import child_env
 
 PRICE = "catalog://price"
 A1, B2 = "catalog://items/a1", "catalog://items/b2"
@@ -71,8 +67,7 @@ async def test_a_change_at_the_source_reaches_a_listener_within_one_hint(
     shop: Upstream, sidecar: Sidecar, http: aiohttp.ClientSession
 ) -> None:
     stream = ListenStream(http, sidecar.url, "l-1", [PRICE])
-    await stream.open()
-    try:
+    async with listening(stream):
         await shop.set_price(150)  # at the source: nothing goes through the sidecar
         assert await _hint(http, sidecar, {"uris": [PRICE]}) == (202, {"hinted": 1})
         frame = await stream.next(within_s=WAIT_S)
@@ -80,16 +75,13 @@ async def test_a_change_at_the_source_reaches_a_listener_within_one_hint(
         status, message = await rpc(http, sidecar.url, "resources/read", {"uri": PRICE})
         assert status == 200 and message["result"]["contents"][0]["text"] == "price=150"
         assert sidecar.app[METRICS].watches_hinted._value.get() == 1
-    finally:
-        await stream.close()
 
 
 async def test_a_missing_or_wrong_token_polls_nothing(
     shop: Upstream, sidecar: Sidecar, http: aiohttp.ClientSession
 ) -> None:
     stream = ListenStream(http, sidecar.url, "l-2", [PRICE])
-    await stream.open()
-    try:
+    async with listening(stream):
         before = await shop.count("resources/read", PRICE)
         for token in (None, "wrong", TOKEN + "x", TOKEN[:-1]):
             status, body = await _hint(http, sidecar, {"uris": [PRICE]}, token=token)
@@ -103,8 +95,6 @@ async def test_a_missing_or_wrong_token_polls_nothing(
         assert await _hint(http, sidecar, {"uris": [PRICE]}) == (202, {"hinted": 1})
         await eventually(lambda: _reads_over(shop, PRICE, before), within_s=WAIT_S)
         assert await shop.count("resources/read", PRICE) == before + 1
-    finally:
-        await stream.close()
 
 
 async def _reads_over(shop: Upstream, uri: str, count: int) -> bool:
@@ -115,16 +105,13 @@ async def test_a_glob_hints_every_watch_it_matches(
     shop: Upstream, sidecar: Sidecar, http: aiohttp.ClientSession
 ) -> None:
     stream = ListenStream(http, sidecar.url, "l-3", [A1, B2, PRICE], toolsListChanged=True)
-    await stream.open()
-    try:
+    async with listening(stream):
         await shop.set_price(160)  # every item's text names the price
         await shop.add("tool", "late_tool")
         status, body = await _hint(http, sidecar, {"uris": ["catalog://items/*"], "lists": ["tools"]})
         assert (status, body) == (202, {"hinted": 3})  # two items and the tool list; not the price
         told = {(await stream.next(within_s=WAIT_S))["params"].get("uri", "tools") for _ in range(3)}
         assert told == {A1, B2, "tools"}
-    finally:
-        await stream.close()
 
 
 @pytest.mark.invariant(22)
@@ -132,8 +119,7 @@ async def test_a_hint_for_an_unchanged_resource_notifies_nobody(
     shop: Upstream, sidecar: Sidecar, http: aiohttp.ClientSession
 ) -> None:
     stream = ListenStream(http, sidecar.url, "l-4", [A1, PRICE])
-    await stream.open()
-    try:
+    async with listening(stream):
         before = await shop.count("resources/read", A1)
         assert await _hint(http, sidecar, {"uris": [A1]}) == (202, {"hinted": 1})  # nothing changed at A1
         await eventually(lambda: _reads_over(shop, A1, before), within_s=WAIT_S)  # the hint's look happened
@@ -141,8 +127,6 @@ async def test_a_hint_for_an_unchanged_resource_notifies_nobody(
         assert await _hint(http, sidecar, {"uris": [PRICE]}) == (202, {"hinted": 1})
         frame = await stream.next(within_s=WAIT_S)
         assert frame["params"]["uri"] == PRICE, "the false alarm never reached the client; the real change did"
-    finally:
-        await stream.close()
 
 
 @pytest.mark.parametrize(
@@ -208,8 +192,7 @@ async def test_a_burst_of_writes_costs_at_most_two_reads(shop: Upstream, http: a
     polling = {**TEN_MINUTES, "revalidate_debounce_ms": 3000}
     async with serve_sidecar(shop.url, polling=polling) as sidecar:
         stream = ListenStream(http, sidecar.url, "l-5", [PRICE])
-        await stream.open()
-        try:
+        async with listening(stream):
             before = await shop.count("resources/read", PRICE)
             for n in range(10):
                 status, message = await rpc(
@@ -218,8 +201,6 @@ async def test_a_burst_of_writes_costs_at_most_two_reads(shop: Upstream, http: a
                 assert status == 200 and "result" in message
             await eventually(lambda: _reads_over(shop, PRICE, before + 1), within_s=WAIT_S)  # the trailing look
             assert await shop.count("resources/read", PRICE) == before + 2
-        finally:
-            await stream.close()
 
 
 # -- as processes: the command, the token's rotation, replicas ------------------------------------------------
@@ -236,14 +217,15 @@ def _written(path: Path, text: str) -> Path:
 
 async def _cli_hint(admin_port: int, token_file: Path, *uris: str) -> tuple[int, str, str]:
     argv = ["hint", *uris, "--admin-url", f"http://127.0.0.1:{admin_port}", "--token-file", str(token_file)]
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "sidecar.cli", *argv, cwd=REPO_ROOT, env=child_env(),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    async with asyncio.timeout(30):
-        out, err = await proc.communicate()
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
+    code, out, err = await _cli_run(argv)
+    return code, "\n".join(out), "\n".join(err)
+
+
+async def _cli_run(argv: list[str]) -> tuple[int, list[str], list[str]]:
+    """`mcp-sidecar ARGV` to its end: the exit code and the lines it printed on stdout and on stderr."""
+    async with cli(*argv, env=child_env(), exit_timeout_s=30) as run:
+        code = await run.exit_code()
+    return code, run.lines["stdout"], run.lines["stderr"]
 
 
 async def test_mcp_sidecar_hint_reaches_a_listener_and_a_token_rotated_by_sighup_replaces_the_old(
@@ -252,7 +234,7 @@ async def test_mcp_sidecar_hint_reaches_a_listener_and_a_token_rotated_by_sighup
     config = sidecar_config(shop.url, free_port(), polling=TEN_MINUTES, hints={"token_file": str(token_file)})
     replica = Replica("sidecar", tmp_path / "sidecar", config)
     async with replica.service.serving(replica.is_ready):
-        stream = await cluster.ListenStream.open(http, replica.url, "p-1", [PRICE])
+        stream = await ListenStream.connect(http, replica.url, "p-1", [PRICE])
         try:
             await shop.set_price(190)
             code, out, err = await _cli_hint(replica.admin_port, token_file, PRICE)
@@ -288,7 +270,7 @@ async def test_a_hint_through_one_replica_is_looked_at_by_the_replica_that_polls
 ) -> None:
     hints = {"token_file": str(token_file)}
     async with sidecar_replicas(tmp_path, shop.url, redis.url, 2, polling=TEN_MINUTES, hints=hints) as (one, other):
-        stream = await cluster.ListenStream.open(http, other.url, "r-1", [PRICE])  # only `other` watches it
+        stream = await ListenStream.connect(http, other.url, "r-1", [PRICE])  # only `other` watches it
         try:
             # `other` takes the key's polling, and looks once as it does (its first read was the other look):
             # only after that look does the change below need the hint to be seen.
@@ -302,8 +284,8 @@ async def test_a_hint_through_one_replica_is_looked_at_by_the_replica_that_polls
             ) as resp:
                 assert (resp.status, await resp.json()) == (202, {"hinted": 0})  # `one` holds no watch of it
             await stream.wait_update(PRICE, WAIT_S)
-            assert (await other.metrics()).value("mcp_sidecar_watches_hinted_total") == 1
-            assert (await one.metrics()).value("mcp_sidecar_hints_received_total", outcome="accepted") == 1
+            assert (await other.metrics()).total("mcp_sidecar_watches_hinted_total") == 1
+            assert (await one.metrics()).total("mcp_sidecar_hints_received_total", outcome="accepted") == 1
         finally:
             await stream.aclose()
 
@@ -321,12 +303,7 @@ async def test_the_commands_mistakes_are_one_line_each_and_no_traceback(tmp_path
         ),
     ]
     for argv, wanted_code, wanted in cases:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "sidecar.cli", *argv, cwd=REPO_ROOT, env=child_env(),
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
-        async with asyncio.timeout(30):
-            out, err = await proc.communicate()
-        lines = err.decode().splitlines()
-        assert proc.returncode == wanted_code and out == b"", (argv, err)
+        code, out, lines = await _cli_run(argv)
+        err = "\n".join(lines)
+        assert code == wanted_code and out == [], (argv, err)
         assert len(lines) == 1 and lines[0].startswith("mcp-sidecar hint: ") and wanted in lines[0], (argv, err)

@@ -11,8 +11,7 @@ import pytest
 from sidecar import __version__
 from sidecar.app import REGISTRY
 from sidecar.observability.logs import INSTANCE_ID
-from tests.helpers import Sidecar, context_of, eventually, serve_sidecar
-from tests.observing import WAIT_S, ListenStream, listening
+from tests.kit import WAIT_S, ListenStream, Sidecar, context_of, eventually, listening, serve_sidecar
 from tests.peers import Upstream, start_upstream
 
 PRICE = "catalog://price"

@@ -26,8 +26,7 @@ from mcp.client.subscriptions import ResourceUpdated
 from sidecar.app import FAIR_SHARE, UPSTREAM, build_app
 from sidecar.upstream.stdio.client import StdioUpstream
 from sidecar.upstream.stdio.process import StdioStartError
-from tests.helpers import eventually, headers, request, rpc, sse_messages
-from tests.observing import WAIT_S, ListenStream, scrape
+from tests.kit import WAIT_S, ListenStream, eventually, headers, request, rpc, scrape, sse_messages
 from tests.peers.stdio_notes_server import NOTE_URI
 from tests.peers.stdio_peers import (
     live_processes,

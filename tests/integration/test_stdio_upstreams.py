@@ -23,8 +23,7 @@ from sidecar.app import METRICS, UPSTREAM
 from sidecar.config import CacheConfig
 from sidecar.upstream.base import NotificationSource
 from sidecar.upstream.stdio.client import StdioUpstream
-from tests.helpers import eventually, rpc
-from tests.observing import WAIT_S, ListenStream, scrape
+from tests.kit import WAIT_S, ListenStream, eventually, rpc, scrape
 from tests.peers.stdio_notes_server import NOTE_URI
 from tests.peers.stdio_peers import (
     everything_command,

@@ -23,8 +23,7 @@ import pytest
 
 from sidecar.app import HUB, METRICS, REGISTRY
 from sidecar.observability.metrics import Metrics
-from tests.helpers import META, PV, Sidecar, eventually, serve_sidecar
-from tests.observing import ListenStream
+from tests.kit import META, PV, ListenStream, Sidecar, eventually, serve_sidecar
 from tests.peers.faulty import FaultyUpstream
 
 STREAMS = int(os.environ.get("CHURN_STREAMS", "10000"))

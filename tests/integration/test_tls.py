@@ -25,10 +25,8 @@ from pydantic import ValidationError
 from sidecar.app import CONFIG, UPSTREAM
 from sidecar.config.tls import ListenerTLS
 from sidecar.tls import CertificateWatch, server_context
-from tests.cluster import ListenStream as RawListenStream
 from tests.cluster import Replica, free_port, sidecar_config
-from tests.helpers import eventually, make_config, rpc, serve_sidecar
-from tests.observing import ListenStream
+from tests.kit import ListenStream, eventually, make_config, rpc, serve_sidecar
 from tests.peers import PeerTLS, Upstream, start_upstream
 
 PRICE = "catalog://price"
@@ -217,7 +215,7 @@ async def test_a_rotated_listener_certificate_reaches_new_connections_on_sighup_
         context = pki.client_context()
         first = await _served_serial(replica.port, context)
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context)) as https:
-            stream = await RawListenStream.open(https, replica.url, "before", [PRICE])
+            stream = await ListenStream.connect(https, replica.url, "before", [PRICE])
             try:
                 pki.issue_server(certs)  # the files are replaced in place, as a mounted Secret is
                 await replica.service.signal(signal.SIGHUP)

@@ -20,8 +20,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 
 from tests.cluster import Replica, free_port, sidecar_config
-from tests.helpers import eventually, rpc, serve_sidecar
-from tests.observing import ListenStream
+from tests.kit import ListenStream, eventually, rpc, serve_sidecar
 from tests.peers import Upstream, start_upstream
 
 PRICE = "catalog://price"

@@ -21,26 +21,17 @@ import pytest
 
 from sidecar.app import METRICS, REGISTRY
 from sidecar.config import PollingConfig
-from tests.helpers import Sidecar, eventually, headers, request, rpc, serve_sidecar, waits
-from tests.observing import ListenStream
+from tests.kit import WAIT_S, ListenStream, Sidecar, eventually, headers, parse_sse, request, rpc, serve_sidecar, waits
 from tests.peers.faulty import Fault, FaultyUpstream
 
 LIMIT = 64 * 1024
 """upstream.max_response_bytes of every sidecar here."""
 TIMEOUT_S = 0.5
 """upstream.timeout_s: a hang is noticed within half a second."""
-POLLING = {
-    "default_interval_ms": 300,
-    "min_interval_ms": 100,
-    "max_interval_ms": 300,
-    "backoff_initial_ms": 200,
-    "backoff_max_ms": 1600,
-    "jitter": 0.1,
-    "linger_ms": 100,
-}
+POLLING = {"default_interval_ms": 300, "min_interval_ms": 100, "max_interval_ms": 300, "linger_ms": 100}
+POLLING |= {"backoff_initial_ms": 200, "backoff_max_ms": 1600, "jitter": 0.1}
 WINDOW_S = 4.0
 """How long a watch is watched failing; a healthy watch polls about 13 times in it, a storm 30 or more."""
-WAIT_S = 15.0
 UPSTREAM = {"timeout_s": TIMEOUT_S, "max_response_bytes": LIMIT}
 LEAKS = ("Traceback", "secret_internals", "hunter2", "10.0.0.7", "app-7.internal", "<html")
 """What the upstream's error page and headers show; none of it may reach a client."""
@@ -88,12 +79,7 @@ async def _read(http: aiohttp.ClientSession, sidecar: Sidecar, uri: str, request
     async with http.post(sidecar.url, json=body, headers=headers("resources/read", uri, **extra)) as resp:
         text = await resp.text()
         if resp.headers.get("Content-Type", "").startswith("text/event-stream"):
-            events = [event for event in re.split(r"\r?\n\r?\n", text) if event.strip()]
-            messages = [
-                json.loads("\n".join(line[5:].strip() for line in event.splitlines() if line.startswith("data:")))
-                for event in events
-            ]
-            return resp.status, messages[-1], text + str(dict(resp.headers))
+            return resp.status, parse_sse(text)[-1], text + str(dict(resp.headers))
         return resp.status, json.loads(text), text + str(dict(resp.headers))
 
 

@@ -24,7 +24,7 @@ import aiohttp
 import pytest
 
 from tests.cluster import Replica, sidecar_config
-from tests.helpers import eventually, rpc
+from tests.kit import eventually, rpc
 from tests.peers import Era, Upstream, start_upstream
 from tests.procs import REPO_ROOT, free_port, http_answers
 
@@ -60,7 +60,7 @@ async def _running(replica: Replica) -> AsyncIterator[Replica]:
 async def _sample(replica: Replica) -> tuple[bool, float]:
     """(/readyz said ready, mcp_sidecar_upstream_up), one after the other."""
     status, _ = await replica.readyz()
-    up = (await replica.metrics()).value("mcp_sidecar_upstream_up")
+    up = (await replica.metrics()).total("mcp_sidecar_upstream_up")
     return status == 200, up
 
 
@@ -94,7 +94,7 @@ def _assert_down_throughout(replica: Replica, ready: int, up: int, samples: list
 
 async def _recovers(replica: Replica) -> None:
     async def ready_and_up() -> bool:
-        return await replica.is_ready() and (await replica.metrics()).value("mcp_sidecar_upstream_up") == 1
+        return await replica.is_ready() and (await replica.metrics()).total("mcp_sidecar_upstream_up") == 1
 
     await eventually(ready_and_up, within_s=WAIT_S, step=SAMPLE_PACE_S)
 
@@ -210,6 +210,6 @@ async def test_start_up_says_the_upstream_is_unreachable_and_why_then_reachable_
             reachable = await _line(replica, "upstream reachable")
             assert reachable["era"] == "2026-07-28" and reachable["push"] is False, reachable
             assert [entry["msg"] for entry in _start_lines(replica)] == ["upstream unreachable", "upstream reachable"]
-            assert (await replica.metrics()).value("mcp_sidecar_upstream_up") == 1
+            assert (await replica.metrics()).total("mcp_sidecar_upstream_up") == 1
     finally:
         await upstream.stop()

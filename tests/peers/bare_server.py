@@ -17,16 +17,13 @@ import argparse
 from typing import Any
 
 import mcp_types as types
-import uvicorn
 from mcp.server.caching import CacheHint
 from mcp.server.lowlevel import Server
 from mcp.shared.exceptions import MCPError
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route, Router
+from starlette.routing import Router
 from starlette.types import ASGIApp
 
-from tests.peers.shop_server import AdminLog, _Front
+from tests.peers.front import AdminLog, Front, log_routes, serve
 
 __all__ = ["NOTE_URI", "build_app", "main"]
 
@@ -79,24 +76,12 @@ def build_app(era: str, *, read_ttl_ms: int = 1000, list_ttl_ms: int = 1000) -> 
         on_call_tool=call_tool,
     )
 
-    async def admin_log(request: Request) -> Response:
-        return JSONResponse(log.entries)
-
-    async def admin_reset_log(request: Request) -> Response:
-        log.entries.clear()
-        return JSONResponse({"ok": True})
-
-    async def admin_health(request: Request) -> Response:
-        return JSONResponse({"ok": True, "era": era})
-
     admin = Router(
         routes=[
-            Route("/admin/log", admin_log, methods=["GET"]),
-            Route("/admin/reset-log", admin_reset_log, methods=["POST"]),
-            Route("/admin/health", admin_health, methods=["GET"]),
+            *log_routes(log, {"ok": True, "era": era}),
         ]
     )
-    return _Front(server.streamable_http_app(), admin, log, legacy=era == "legacy")
+    return Front(server.streamable_http_app(), admin, log, legacy=era == "legacy")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -107,8 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--list-ttl-ms", type=int, default=1000)
     args = parser.parse_args(argv)
     app = build_app(args.era, read_ttl_ms=args.read_ttl_ms, list_ttl_ms=args.list_ttl_ms)
-    config = uvicorn.Config(app, host="127.0.0.1", port=args.port, log_level="warning", timeout_graceful_shutdown=1)
-    uvicorn.Server(config).run()
+    serve(app, args.port)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import itertools
 import json
 import socket
@@ -35,92 +34,23 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Literal
 
+from tests.peers.faults import HTML_BODY, Fault, Rule, Seen
+from tests.peers.raw_http import (
+    Closed,
+    RawRequest,
+    error_message,
+    read_request,
+    response_head,
+    result_message,
+    write_response,
+)
+
 __all__ = ["Fault", "FaultyUpstream", "Rule", "Seen"]
 
 Era = Literal["modern", "legacy"]
 
 MODERN = "2026-07-28"
 LEGACY = "2025-11-25"
-HTML_BODY = (
-    b"<html><body><h1>Internal Server Error</h1><pre>Traceback (most recent call last):\n"
-    b'  File "/srv/app/secret_internals.py", line 42, in handler\n'
-    b"    db.connect(password='hunter2')\nConnectionError: database on 10.0.0.7 is down</pre></body></html>"
-)
-"""What an HTML error page of a crashing upstream shows: none of it may reach a client."""
-
-
-class Fault(enum.Enum):
-    RESET_MID_BODY = "reset-mid-body"
-    """Headers promising 4096 bytes of JSON, 100 of them, then a TCP reset."""
-    HANG = "hang"
-    """The request is read and never answered (until the upstream stops)."""
-    HTML_500 = "html-500"
-    HTML_502 = "html-502"
-    NOT_JSON = "not-json"
-    """200 with ``Content-Type: application/json`` and an HTML body."""
-    TRUNCATED_SSE = "truncated-sse"
-    """200 ``text/event-stream`` (chunked): a progress event, half of the next event, then the connection closes."""
-    OVERSIZED_JSON = "oversized-json"
-    """200 with a well-formed JSON-RPC answer of ``oversize_bytes``, chunked (no Content-Length to refuse early)."""
-    OVERSIZED_SSE = "oversized-sse"
-    """The same answer as one SSE event."""
-    DRIP = "drip"
-    """200 with a whole, valid answer's Content-Length, its body sent one byte every 0.1 s (a slow-loris upstream)."""
-    CLOSED_WHEN_REUSED = "closed-when-reused"
-    """On a connection that already served a request: read the request, close without a byte (a server's idle
-    timeout crossing the next request on a kept-alive connection). The first request on a connection is served."""
-    SESSION_404 = "session-404"
-    """Legacy era: every request on a session is answered 404, as if the upstream forgot the session at once."""
-
-
-@dataclass(frozen=True)
-class Rule:
-    """Which requests a fault hits: all of `methods` (default: reads) whose URI and token match, when given."""
-
-    fault: Fault
-    uri: str | None = None
-    token: str | None = None
-    methods: frozenset[str] | None = frozenset({"resources/read"})
-
-    def matches(self, method: str | None, uri: str | None, token: str | None) -> bool:
-        return (
-            (self.methods is None or method in self.methods)
-            and (self.uri is None or uri == self.uri)
-            and (self.token is None or token == self.token)
-        )
-
-
-@dataclass
-class Seen:
-    """One JSON-RPC message that reached the upstream."""
-
-    method: str | None
-    id: Any
-    uri: str | None
-    authorization: str | None
-    session: str | None
-    arrived: float
-    """Loop time when the whole request had arrived."""
-    fault: Fault | None = None
-    done: float | None = None
-    """Loop time when the answer was written (None: never answered)."""
-
-    @property
-    def by_sidecar(self) -> bool:
-        """A request the sidecar made on its own (poll, baseline, probe): its ids are ``sidecar-N``."""
-        return isinstance(self.id, str) and self.id.startswith("sidecar-")
-
-
-@dataclass
-class _Request:
-    method: str
-    path: str
-    headers: dict[str, str]
-    body: bytes
-
-
-class _Closed(Exception):
-    """The fault ended the connection on purpose."""
 
 
 @dataclass
@@ -223,27 +153,27 @@ class FaultyUpstream:
         self._writers.add(writer)
         try:
             for served in itertools.count():
-                request = await _read_request(reader)
+                request = await read_request(reader)
                 if request is None:
                     return
                 await self._serve(request, writer, reused=served > 0)
-        except (_Closed, ConnectionError, asyncio.IncompleteReadError):
+        except (Closed, ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
             self._handlers.discard(task)
             self._writers.discard(writer)
             writer.transport.abort()
 
-    async def _serve(self, request: _Request, writer: asyncio.StreamWriter, *, reused: bool) -> None:
+    async def _serve(self, request: RawRequest, writer: asyncio.StreamWriter, *, reused: bool) -> None:
         if request.method != "POST" or request.path.rstrip("/") != "/mcp":
-            await _write(writer, 405, {"Allow": "POST"}, b"")
+            await write_response(writer, 405, {"Allow": "POST"}, b"")
             return
         try:
             message = json.loads(request.body)
         except ValueError:
             message = None
         if not isinstance(message, dict):
-            await _write(writer, 400, {"Content-Type": "application/json"}, b'{"error": "not a JSON object"}')
+            await write_response(writer, 400, {"Content-Type": "application/json"}, b'{"error": "not a JSON object"}')
             return
         params = message.get("params") if isinstance(message.get("params"), dict) else {}
         uri = params.get("uri") if isinstance(params.get("uri"), str) else None
@@ -262,7 +192,7 @@ class FaultyUpstream:
             seen.done = loop.time()
             return
         if "id" not in message:
-            await _write(writer, 202, {}, b"")
+            await write_response(writer, 202, {}, b"")
             seen.done = loop.time()
             return
         status, extra, answer = await self._answer(message, method, params, uri, token, request.headers)
@@ -290,18 +220,18 @@ class FaultyUpstream:
                     "capabilities": {"resources": {}, "tools": {}},
                     "serverInfo": {"name": "faulty", "version": "0"},
                 }
-                return 200, extra, _result(request_id, result)
+                return 200, extra, result_message(request_id, result)
             if method == "server/discover" or headers.get("mcp-protocol-version") not in (None, LEGACY):
-                return 400, extra, _error(None, -32600, "Bad Request: Unsupported protocol version")
+                return 400, extra, error_message(None, -32600, "Bad Request: Unsupported protocol version")
             session = headers.get("mcp-session-id")
             if session is None or session not in self._sessions:
-                return 404, extra, _error(request_id, -32600, "Session not found")
+                return 404, extra, error_message(request_id, -32600, "Session not found")
         result = await self._result(method, params, uri, token)
         if result is None:
-            return 200, extra, _error(request_id, -32601, "Method not found")
+            return 200, extra, error_message(request_id, -32601, "Method not found")
         if self.era == "modern":
             result.setdefault("resultType", "complete")
-        return 200, extra, _result(request_id, result)
+        return 200, extra, result_message(request_id, result)
 
     async def _result(
         self, method: str | None, params: dict[str, Any], uri: str | None, token: str | None
@@ -350,54 +280,56 @@ class FaultyUpstream:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(seconds):
                 await self._release.wait()
-                raise _Closed
+                raise Closed
 
     async def _reply(self, writer: asyncio.StreamWriter, status: int, extra: dict[str, str], answer: Any) -> None:
         body = json.dumps(answer).encode()
         if self.sse and status == 200:
             event = b"event: message\r\ndata: " + body + b"\r\n\r\n"
-            await _write(writer, 200, {**extra, "Content-Type": "text/event-stream"}, event)
+            await write_response(writer, 200, {**extra, "Content-Type": "text/event-stream"}, event)
         else:
-            await _write(writer, status, {**extra, "Content-Type": "application/json"}, body)
+            await write_response(writer, status, {**extra, "Content-Type": "application/json"}, body)
 
     async def _inject(self, fault: Fault, message: dict[str, Any], writer: asyncio.StreamWriter) -> None:
         request_id = message.get("id")
         if fault is Fault.RESET_MID_BODY:
-            writer.write(_head(200, {"Content-Type": "application/json", "Content-Length": "4096"}))
+            writer.write(response_head(200, {"Content-Type": "application/json", "Content-Length": "4096"}))
             partial = b'{"jsonrpc": "2.0", "id": ' + json.dumps(request_id).encode() + b', "result": {"con'
             writer.write(partial + b" " * 60)
             await writer.drain()
             sock = writer.get_extra_info("socket")
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = RST
-            raise _Closed
+            raise Closed
         if fault is Fault.CLOSED_WHEN_REUSED:
-            raise _Closed
+            raise Closed
         if fault is Fault.HANG:
             await self._pause(None)
         if fault in (Fault.HTML_500, Fault.HTML_502):
             status = 500 if fault is Fault.HTML_500 else 502
-            await _write(writer, status, {"Content-Type": "text/html", "X-Backend": "app-7.internal"}, HTML_BODY)
+            await write_response(
+                writer, status, {"Content-Type": "text/html", "X-Backend": "app-7.internal"}, HTML_BODY
+            )
             return
         if fault is Fault.NOT_JSON:
-            await _write(writer, 200, {"Content-Type": "application/json"}, HTML_BODY)
+            await write_response(writer, 200, {"Content-Type": "application/json"}, HTML_BODY)
             return
         if fault is Fault.TRUNCATED_SSE:
-            writer.write(_head(200, {"Content-Type": "text/event-stream", "Transfer-Encoding": "chunked"}))
+            writer.write(response_head(200, {"Content-Type": "text/event-stream", "Transfer-Encoding": "chunked"}))
             progress = {"jsonrpc": "2.0", "method": "notifications/progress", "params": {"progress": 1}}
             first = b"event: message\r\ndata: " + json.dumps(progress).encode() + b"\r\n\r\n"
             half = b'event: message\r\ndata: {"jsonrpc": "2.0", "id": ' + json.dumps(request_id).encode() + b', "res'
             for chunk in (first, half):
                 writer.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
             await writer.drain()
-            raise _Closed  # no terminating chunk: the body is cut short
+            raise Closed  # no terminating chunk: the body is cut short
         if fault in (Fault.OVERSIZED_JSON, Fault.OVERSIZED_SSE):
             text = "x" * self.oversize_bytes
-            body = json.dumps(_result(request_id, {"contents": [{"uri": "big://", "text": text}]})).encode()
+            body = json.dumps(result_message(request_id, {"contents": [{"uri": "big://", "text": text}]})).encode()
             sse = fault is Fault.OVERSIZED_SSE
             if sse:
                 body = b"event: message\r\ndata: " + body + b"\r\n\r\n"
             content_type = "text/event-stream" if sse else "application/json"
-            writer.write(_head(200, {"Content-Type": content_type, "Transfer-Encoding": "chunked"}))
+            writer.write(response_head(200, {"Content-Type": content_type, "Transfer-Encoding": "chunked"}))
             for start in range(0, len(body), 16384):
                 chunk = body[start : start + 16384]
                 writer.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
@@ -406,64 +338,14 @@ class FaultyUpstream:
             await writer.drain()
             return
         if fault is Fault.SESSION_404:
-            await _write(writer, 404, {"Content-Type": "application/json"}, b'{"error": "session not found"}')
+            await write_response(writer, 404, {"Content-Type": "application/json"}, b'{"error": "session not found"}')
             return
         if fault is Fault.DRIP:
-            body = json.dumps(_result(request_id, {"contents": [{"uri": "drip://", "text": "slow"}]})).encode()
-            writer.write(_head(200, {"Content-Type": "application/json", "Content-Length": str(len(body))}))
+            body = json.dumps(result_message(request_id, {"contents": [{"uri": "drip://", "text": "slow"}]})).encode()
+            writer.write(response_head(200, {"Content-Type": "application/json", "Content-Length": str(len(body))}))
             for byte in body:
                 writer.write(bytes([byte]))
                 await writer.drain()
                 await self._pause(0.1)
             return
         raise AssertionError(f"unhandled fault {fault}")
-
-
-async def _read_request(reader: asyncio.StreamReader) -> _Request | None:
-    try:
-        head = await reader.readuntil(b"\r\n\r\n")
-    except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
-        return None
-    line, *lines = head.decode("latin-1").split("\r\n")
-    method, path, _ = line.split(" ", 2)
-    headers: dict[str, str] = {}
-    for header in lines:
-        if header:
-            name, _, value = header.partition(":")
-            headers[name.strip().lower()] = value.strip()
-    if headers.get("transfer-encoding", "").lower() == "chunked":
-        body = b""
-        while True:
-            size = int((await reader.readuntil(b"\r\n")).strip().split(b";")[0], 16)
-            chunk = await reader.readexactly(size + 2)
-            if size == 0:
-                break
-            body += chunk[:-2]
-    else:
-        length = int(headers.get("content-length", "0"))
-        body = await reader.readexactly(length) if length else b""
-    return _Request(method, path, headers, body)
-
-
-_REASONS = {200: "OK", 202: "Accepted", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed"}
-_REASONS.update({500: "Internal Server Error", 502: "Bad Gateway"})
-
-
-def _head(status: int, headers: dict[str, str]) -> bytes:
-    lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}"]
-    lines += [f"{name}: {value}" for name, value in headers.items()]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-
-
-async def _write(writer: asyncio.StreamWriter, status: int, headers: dict[str, str], body: bytes) -> None:
-    writer.write(_head(status, {**headers, "Content-Length": str(len(body))}) + body)
-    with contextlib.suppress(ConnectionError):
-        await writer.drain()
-
-
-def _result(request_id: Any, result: dict[str, Any]) -> dict[str, Any]:
-    return {"jsonrpc": "2.0", "id": request_id, "result": result}
-
-
-def _error(request_id: Any, code: int, message: str) -> dict[str, Any]:
-    return {"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}}

@@ -41,11 +41,9 @@ import contextvars
 import json
 import logging
 import ssl
-import time
 from collections.abc import Callable
 from typing import Any
 
-import uvicorn
 from mcp.server.caching import CacheHint
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.mcpserver import MCPServer
@@ -59,18 +57,17 @@ from mcp.server.subscriptions import (
     ToolsListChanged,
 )
 from mcp.types import Completion, CompletionArgument, CompletionContext, PromptReference, ResourceTemplateReference
-from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, Router
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp
 
-__all__ = ["AdminLog", "ShopState", "build_app", "main"]
+from tests.peers.front import AdminLog, AuthState, Front, log_routes, serve
+
+__all__ = ["ShopState", "build_app", "main"]
 
 logger = logging.getLogger(__name__)
 
-MCP_PATH = "/mcp"
-PRM_PATH = "/.well-known/oauth-protected-resource"
 ANONYMOUS = "anonymous"
 PUBLIC_URI_PREFIXES = ("catalog://price", "catalog://items/", "catalog://extra/", "catalog://t/")
 """``resources/read`` of these URIs is ``cacheScope: public``; every other read is private."""
@@ -94,201 +91,11 @@ class ShopState:
         return self.profile_versions[token]
 
 
-class AdminLog:
-    """Every JSON-RPC message POSTed to /mcp, in arrival order (rejected ones included), with the upstream's own
-    times (`time.monotonic()`, one clock for every process of the machine): `at` when it had arrived, `done` when
-    its answer's last byte was handed on (None until then), so a test can count reads over the time that passed."""
-
-    def __init__(self) -> None:
-        self.entries: list[dict[str, Any]] = []
-
-    def record(self, message: Any, headers: dict[str, str]) -> dict[str, Any] | None:
-        if not isinstance(message, dict):
-            return None
-        params = message.get("params")
-        params = params if isinstance(params, dict) else {}
-        self.entries.append(
-            {
-                "at": time.monotonic(),
-                "done": None,
-                "method": message.get("method"),
-                "id": message.get("id"),
-                "uri": params.get("uri"),
-                "name": params.get("name"),
-                "authorization": headers.get("authorization"),
-                "session": headers.get("mcp-session-id"),
-                "protocol_version": headers.get("mcp-protocol-version"),
-                "traceparent": headers.get("traceparent"),
-                "meta_traceparent": (params.get("_meta") or {}).get("traceparent"),
-            }
-        )
-        return self.entries[-1]
-
-
 def _token(authorization: str | None) -> str:
     """The caller's token: the Authorization value without a ``Bearer`` prefix."""
     if not authorization:
         return ANONYMOUS
     return authorization.removeprefix("Bearer ").strip() or ANONYMOUS
-
-
-class AuthState:
-    """The tokens an ``--auth`` server accepts, and the metadata it publishes about itself."""
-
-    def __init__(self, port: int) -> None:
-        self.base_url = f"http://127.0.0.1:{port}"
-        self.granted: set[str] = set()
-        self.forbidden: set[str] = set()
-
-    @property
-    def metadata_url(self) -> str:
-        return f"{self.base_url}{PRM_PATH}{MCP_PATH}"
-
-    def metadata(self) -> dict[str, Any]:
-        return {
-            "resource": f"{self.base_url}{MCP_PATH}",
-            "authorization_servers": [f"{self.base_url}/oauth"],
-            "bearer_methods_supported": ["header"],
-            "scopes_supported": ["shop"],
-        }
-
-    def refusal(self, authorization: str | None) -> Response | None:
-        """None for a granted token; otherwise the 401 or 403 an OAuth-protected MCP server answers."""
-        token = authorization.removeprefix("Bearer ").strip() if authorization else None
-        if token is None or token not in self.granted:
-            challenge = f'Bearer resource_metadata="{self.metadata_url}"'
-            body = {"error": "invalid_token", "error_description": "missing, unknown or revoked token"}
-            return JSONResponse(body, status_code=401, headers={"WWW-Authenticate": challenge})
-        if token in self.forbidden:
-            challenge = f'Bearer error="insufficient_scope", scope="shop", resource_metadata="{self.metadata_url}"'
-            body = {"error": "insufficient_scope", "error_description": "the token lacks the shop scope"}
-            return JSONResponse(body, status_code=403, headers={"WWW-Authenticate": challenge})
-        return None
-
-
-class _Front:
-    """ASGI front: /admin/* to the admin router; /mcp is logged, auth-checked (--auth), era-guarded (legacy),
-    then replayed."""
-
-    def __init__(
-        self,
-        app: ASGIApp,
-        admin: ASGIApp,
-        log: AdminLog,
-        *,
-        legacy: bool,
-        auth: AuthState | None = None,
-        session_auth: bool = False,
-    ) -> None:
-        self.app = app
-        self.admin = admin
-        self.log = log
-        self.legacy = legacy
-        self.auth = auth
-        self.session_auth = session_auth
-        self.session_owners: dict[str, str] = {}
-        """--session-auth: session id -> the Authorization it was opened with."""
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/admin/"):
-            await self.admin(scope, receive, send)
-            return
-        if self.auth is not None and scope["type"] == "http" and scope["path"] in (PRM_PATH, PRM_PATH + MCP_PATH):
-            await JSONResponse(self.auth.metadata())(scope, receive, send)
-            return
-        if scope["type"] != "http" or scope["path"].rstrip("/") != MCP_PATH:
-            await self.app(scope, receive, send)
-            return
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        body = b""
-        if scope["method"] == "POST":
-            more = True
-            while more:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    return
-                body += message.get("body", b"")
-                more = message.get("more_body", False)
-            try:
-                payload = json.loads(body)
-            except ValueError:
-                payload = None
-            recorded = [
-                self.log.record(item, headers) for item in (payload if isinstance(payload, list) else [payload])
-            ]
-            send = _answered(send, [entry for entry in recorded if entry is not None])
-        if self.auth is not None:
-            refusal = self.auth.refusal(headers.get("authorization"))
-            if refusal is not None:
-                await refusal(scope, receive, send)
-                return
-        if self.session_auth:
-            owned = self._session_owner(scope, headers, send)
-            if owned is None:
-                challenge = {"WWW-Authenticate": "Bearer"}
-                await JSONResponse({"error": "invalid_token"}, status_code=401, headers=challenge)(scope, receive, send)
-                return
-            scope, send = owned
-        version = headers.get("mcp-protocol-version")
-        if self.legacy and version is not None and version not in HANDSHAKE_PROTOCOL_VERSIONS:
-            supported = ", ".join(HANDSHAKE_PROTOCOL_VERSIONS)
-            error = {
-                "jsonrpc": "2.0",
-                "id": None,
-                "error": {
-                    "code": -32600,
-                    "message": f"Bad Request: Unsupported protocol version: {version}. Supported versions: {supported}",
-                },
-            }
-            await JSONResponse(error, status_code=400)(scope, receive, send)
-            return
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
-
-    def _session_owner(self, scope: Scope, headers: dict[str, str], send: Send) -> tuple[Scope, Send] | None:
-        """--session-auth: a session is opened with a token (None: refused without one) and is its owner's from
-        then on, whatever Authorization later requests carry or lack, as a server that authenticates once."""
-        session = headers.get("mcp-session-id")
-        if session is None:
-            owner = headers.get("authorization")
-            if not owner:
-                return None
-
-            async def remember(message: Message) -> None:
-                if message["type"] == "http.response.start":
-                    for name, value in message.get("headers", []):
-                        if name.decode("latin-1").lower() == "mcp-session-id":
-                            self.session_owners[value.decode("latin-1")] = owner
-                await send(message)
-
-            return scope, remember
-        owner = self.session_owners.get(session)
-        if owner is None:
-            return scope, send  # an unknown session: the SDK answers 404
-        kept = [(name, value) for name, value in scope["headers"] if name.lower() != b"authorization"]
-        return {**scope, "headers": [*kept, (b"authorization", owner.encode("latin-1"))]}, send
-
-
-def _answered(send: Send, entries: list[dict[str, Any]]) -> Send:
-    """`send`, stamping `done` on the log entries of a request once its answer's body has ended."""
-    if not entries:
-        return send
-
-    async def stamping(message: Message) -> None:
-        await send(message)
-        if message["type"] == "http.response.body" and not message.get("more_body", False):
-            for entry in entries:
-                entry["done"] = time.monotonic()
-
-    return stamping
 
 
 def build_app(
@@ -481,16 +288,6 @@ def build_app(
         await announce(changed.get(str(body["kind"]), ResourcesListChanged()))
         return JSONResponse({"result": result})
 
-    async def admin_log(request: Request) -> Response:
-        return JSONResponse(log.entries)
-
-    async def admin_reset_log(request: Request) -> Response:
-        log.entries.clear()
-        return JSONResponse({"ok": True})
-
-    async def admin_health(request: Request) -> Response:
-        return JSONResponse({"ok": True, "era": era})
-
     def token_admin(change: Callable[[AuthState, str], None]) -> Callable[[Request], Any]:
         async def route(request: Request) -> Response:
             if auth_state is None:
@@ -514,15 +311,13 @@ def build_app(
             Route("/admin/notify", admin_notify, methods=["POST"]),
             Route("/admin/profile", admin_profile, methods=["POST"]),
             Route("/admin/add", admin_add, methods=["POST"]),
-            Route("/admin/log", admin_log, methods=["GET"]),
-            Route("/admin/reset-log", admin_reset_log, methods=["POST"]),
-            Route("/admin/health", admin_health, methods=["GET"]),
+            *log_routes(log, {"ok": True, "era": era}),
             Route("/admin/grant", admin_grant, methods=["POST"]),
             Route("/admin/revoke", admin_revoke, methods=["POST"]),
             Route("/admin/forbid", admin_forbid, methods=["POST"]),
         ]
     )
-    front = _Front(
+    front = Front(
         mcp.streamable_http_app(), admin, log, legacy=era == "legacy", auth=auth_state, session_auth=session_auth
     )
     return front
@@ -550,16 +345,12 @@ def main(argv: list[str] | None = None) -> None:
         native=args.native,
         session_auth=args.session_auth,
     )
-    # uvicorn binds host/port itself: SO_REUSEADDR (restart on the same port) and TCP_NODELAY.
     tls: dict[str, Any] = {}
     if args.tls_cert:
         tls = {"ssl_certfile": args.tls_cert, "ssl_keyfile": args.tls_key}
         if args.tls_client_ca:
             tls.update(ssl_ca_certs=args.tls_client_ca, ssl_cert_reqs=ssl.CERT_REQUIRED)
-    config = uvicorn.Config(
-        app, host="127.0.0.1", port=args.port, log_level="warning", timeout_graceful_shutdown=1, **tls
-    )
-    uvicorn.Server(config).run()
+    serve(app, args.port, **tls)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from sidecar.config import SidecarConfig
-from tests.helpers import Sidecar, serve_config
+from tests.kit import Sidecar, serve_config
 from tests.prereqs import skip_missing
 
 __all__ = [

@@ -12,6 +12,7 @@ import pytest
 
 from sidecar.demo import upstream as upstream_module
 from sidecar.demo.upstream import DemoUpstream
+from tests.kit import eventually
 
 SESSION = "Mcp-Session-Id"
 BASIC = "catalog://plans/basic"
@@ -142,10 +143,13 @@ async def test_ticker_changes_the_basic_price_and_logs_it(
     try:
         sid = await _initialize(http, server.url)
         text = "price=100"
-        async with asyncio.timeout(5):
-            while text == "price=100":
-                text = await _basic_price_text(http, server, sid)
-                await asyncio.sleep(0.01)
+
+        async def moved() -> bool:
+            nonlocal text
+            text = await _basic_price_text(http, server, sid)
+            return text != "price=100"
+
+        await eventually(moved, 5, 0.01, what="the demo's price moves on its own")
     finally:
         await server.aclose()
     assert int(text.removeprefix("price=")) > 100

@@ -23,7 +23,6 @@ from sidecar.bus.layout import Layout
 from sidecar.config.sections import DEFAULT_JITTER
 from tests.cluster import (
     FAST_POLLING,
-    ListenStream,
     RedisServer,
     Replica,
     free_port,
@@ -31,10 +30,10 @@ from tests.cluster import (
     leases_held,
     sidecar_config,
     sidecar_replicas,
-    wait_until,
 )
-from tests.helpers import rpc
-from tests.peers import Upstream, start_upstream
+from tests.kit import ListenStream, eventually, rpc
+from tests.peers import Upstream
+from tests.procs import START_TIMEOUT_S
 
 UPDATED = "notifications/resources/updated"
 KEYS = 300
@@ -49,12 +48,6 @@ WINDOW_S = 5.0
 WITHIN_S = 20.0
 MAX_SHARE = 1.5
 """Busiest replica's polls over the mean share (the issue's bound; rendezvous gives about 1.1 at 300 keys)."""
-
-
-@pytest.fixture
-async def shop() -> AsyncIterator[Upstream]:
-    async with await start_upstream("modern", read_ttl_ms=READ_TTL_MS) as up:
-        yield up
 
 
 @pytest.fixture
@@ -73,7 +66,7 @@ async def _balanced(replicas: Sequence[Replica]) -> list[int]:
         return sum(held) == KEYS
 
     try:
-        await wait_until(settled, f"the {KEYS} keys are polled by exactly one replica each", WITHIN_S)
+        await eventually(settled, WITHIN_S, what=f"the {KEYS} keys are polled by exactly one replica each")
     except AssertionError as exc:
         raise AssertionError(f"{exc}; polls per replica: {held}") from None
     return held
@@ -93,7 +86,7 @@ async def _all_told(streams: Sequence[ListenStream], marks: Sequence[int]) -> No
             for stream, mark in zip(streams, marks, strict=True)
         )
 
-    await wait_until(everyone, "every stream was told of every item's change", WITHIN_S)
+    await eventually(everyone, WITHIN_S, what="every stream was told of every item's change")
 
 
 def _told_once(stream: ListenStream, since: int, until: int | None = None) -> None:
@@ -115,7 +108,7 @@ async def _reads_by_uri(shop: Upstream) -> dict[str, list[float]]:
 
 
 async def _open(http: aiohttp.ClientSession, replica: Replica, label: str) -> ListenStream:
-    return await ListenStream.open(http, replica.url, label, URIS, within_s=WITHIN_S)
+    return await ListenStream.connect(http, replica.url, label, URIS, within_s=WITHIN_S)
 
 
 @pytest.mark.invariant(8)
@@ -170,7 +163,7 @@ async def test_three_replicas_share_the_polls_evenly_cost_redis_little_at_rest_a
                 held = await leases_held(replicas)
                 return sum(held) == KEYS and min(held) > 0 and max(held) <= MAX_SHARE * KEYS / len(replicas)
 
-            await wait_until(spread_again, "the keys spread over the restarted replica too", WITHIN_S)
+            await eventually(spread_again, WITHIN_S, what="the keys spread over the restarted replica too")
             held_after = await leases_held(replicas)
             after_second = {name: stream.mark() for name, stream in streams.items()}
             await shop.set_price(103)
@@ -201,7 +194,7 @@ def _quiet_name() -> str:
 
 
 async def _received(replica: Replica) -> float:
-    return (await replica.metrics()).value("mcp_sidecar_bus_messages_received_total")
+    return (await replica.metrics()).total("mcp_sidecar_bus_messages_received_total")
 
 
 async def test_a_replica_with_no_stream_on_a_key_receives_no_bus_message_for_it(
@@ -212,8 +205,8 @@ async def test_a_replica_with_no_stream_on_a_key_receives_no_bus_message_for_it(
     quiet_uri = f"catalog://extra/{name}"
     channel = Layout().channel(Layout().bucket("resource", PRICE))
     async with sidecar_replicas(tmp_path, shop.url, redis.url, 3) as (owner, elsewhere, also):
-        price_streams = [await ListenStream.open(http, r.url, r.name, [PRICE]) for r in (owner, also)]
-        quiet = await ListenStream.open(http, elsewhere.url, "quiet", [quiet_uri])
+        price_streams = [await ListenStream.connect(http, r.url, r.name, [PRICE]) for r in (owner, also)]
+        quiet = await ListenStream.connect(http, elsewhere.url, "quiet", [quiet_uri])
         try:
             # Only the two replicas with price streams listen to its bucket (one that listened to every bucket
             # would make three).
@@ -230,7 +223,7 @@ async def test_a_replica_with_no_stream_on_a_key_receives_no_bus_message_for_it(
                 now = [await _received(r) for r in (owner, also)]
                 return any(after > before for after, before in zip(now, listening_before, strict=True))
 
-            await wait_until(counted, "a price stream's replica counted the change it received")
+            await eventually(counted, START_TIMEOUT_S, what="a price stream's replica counted the change it received")
             # ...and the replica whose streams are elsewhere received nothing at all.
             assert await _received(elsewhere) == quiet_before
             assert quiet.updates() == []
@@ -254,16 +247,16 @@ async def test_a_stream_older_than_max_age_ends_with_the_complete_result_and_its
     try:
         loop = asyncio.get_running_loop()
         opened_at = loop.time()
-        stream = await ListenStream.open(http, sidecar.url, "old", [PRICE])
+        stream = await ListenStream.connect(http, sidecar.url, "old", [PRICE])
         final = await stream.wait_for(lambda frame: "result" in frame, within_s=MAX_AGE_S * 5)
         lived = loop.time() - opened_at
         assert final["result"]["resultType"] == "complete", final
         assert final["result"]["_meta"]["io.modelcontextprotocol/subscriptionId"] == "old"
         assert MAX_AGE_S * 0.85 <= lived <= MAX_AGE_S * 3, f"ended after {lived:.2f} s"
-        ended = (await sidecar.metrics()).value("mcp_sidecar_streams_ended_total", reason="max_age")
+        ended = (await sidecar.metrics()).total("mcp_sidecar_streams_ended_total", reason="max_age")
         assert ended == 1
         await stream.aclose()
-        again = await ListenStream.open(http, sidecar.url, "new", [PRICE])  # and the client listens again
+        again = await ListenStream.connect(http, sidecar.url, "new", [PRICE])  # and the client listens again
         # A write through the sidecar: polled at once, well within the new stream's own second of life.
         status, _ = await rpc(http, sidecar.url, "tools/call", {"name": "set_price", "arguments": {"value": 222}})
         assert status == 200
@@ -284,13 +277,13 @@ async def test_a_replica_stopped_with_sigterm_hands_its_keys_over_at_once(
     async with sidecar_replicas(
         tmp_path, shop.url, redis.url, 2, instances=[leaving, staying], bus={"lease_ms": HANDOFF_LEASE_MS}
     ) as (first, second):
-        streams = [await ListenStream.open(http, replica.url, replica.name, [PRICE]) for replica in (first, second)]
+        streams = [await ListenStream.connect(http, replica.url, replica.name, [PRICE]) for replica in (first, second)]
         try:
 
             async def first_polls() -> bool:
                 return await leases_held([first, second]) == [1, 0]
 
-            await wait_until(first_polls, "the replica named to win the key polls it", WITHIN_S)
+            await eventually(first_polls, WITHIN_S, what="the replica named to win the key polls it")
             loop = asyncio.get_running_loop()
             stopped_at = loop.time()
             await first.service.signal(signal.SIGTERM)
@@ -298,7 +291,7 @@ async def test_a_replica_stopped_with_sigterm_hands_its_keys_over_at_once(
             async def second_polls() -> bool:
                 return (await leases_held([second])) == [1]
 
-            await wait_until(second_polls, "the staying replica polls the key", HANDOFF_LEASE_MS / 1000 * 2)
+            await eventually(second_polls, HANDOFF_LEASE_MS / 1000 * 2, what="the staying replica polls the key")
             handed_in = loop.time() - stopped_at
             assert handed_in < HANDOFF_LEASE_MS / 1000 / 2, f"taken over {handed_in:.2f} s after SIGTERM"
             assert await first.service.wait() == 0, first.service.log_tail()

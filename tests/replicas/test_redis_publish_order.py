@@ -16,7 +16,7 @@ import redis.asyncio as aioredis
 
 from sidecar.app import METRICS
 from tests.cluster import LEASE_MS, RedisServer
-from tests.helpers import eventually, headers, request, serve_sidecar
+from tests.kit import eventually, headers, listen_request, serve_sidecar
 from tests.peers import start_upstream
 
 PRICE = "catalog://price"
@@ -34,7 +34,7 @@ async def test_a_change_reaches_local_streams_only_after_redis_has_taken_it(redi
         aioredis.Redis(host="127.0.0.1", port=redis.port) as admin,
     ):
         metrics = sidecar.app[METRICS]
-        body = request("subscriptions/listen", {"notifications": {"resourceSubscriptions": [PRICE]}}, "l")
+        body = listen_request([PRICE], "l")
         timeout = aiohttp.ClientTimeout(total=None, sock_read=None)
         async with http.post(sidecar.url, json=body, headers=headers("subscriptions/listen"), timeout=timeout) as resp:
             lines: list[bytes] = []

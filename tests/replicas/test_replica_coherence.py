@@ -16,7 +16,6 @@ import pytest
 
 from sidecar.observability.logs import INSTANCE_ENV
 from tests.cluster import (
-    ListenStream,
     RedisServer,
     Replica,
     free_port,
@@ -24,21 +23,18 @@ from tests.cluster import (
     nginx_proxy,
     sidecar_config,
     sidecar_replicas,
-    wait_until,
 )
-from tests.helpers import rpc
-from tests.peers import Upstream, start_upstream
+from tests.kit import ListenStream, eventually, rpc
+from tests.peers import Upstream
+from tests.procs import START_TIMEOUT_S
 
 PRICE = "catalog://price"
 WITHIN_S = 10.0
 CACHED = {"polling": {"min_interval_ms": 100, "default_interval_ms": 300, "max_interval_ms": 300}}
 """Polls every 300 ms while the upstream's ttlMs (a minute) keeps each replica's cached answer."""
 
-
-@pytest.fixture
-async def shop() -> AsyncIterator[Upstream]:
-    async with await start_upstream("modern", read_ttl_ms=60_000) as up:
-        yield up
+READ_TTL_MS = 60_000
+"""Reads are cached a minute: only a change the watch sees refreshes them (the `shop` fixture's ttlMs)."""
 
 
 @pytest.fixture
@@ -64,7 +60,7 @@ async def _price(http: aiohttp.ClientSession, url: str) -> str:
 async def test_after_a_notification_every_replica_serves_the_new_value(
     shop: Upstream, replicas: list[Replica], http: aiohttp.ClientSession
 ) -> None:
-    stream = await ListenStream.open(http, replicas[0].url, "l", [PRICE])
+    stream = await ListenStream.connect(http, replicas[0].url, "l", [PRICE])
     try:
         previous = "price=100"
         for price in range(150, 160):
@@ -87,7 +83,7 @@ async def test_a_listener_on_one_replica_reads_fresh_from_another_that_cached_be
     first, second = replicas[0], replicas[1]
     assert await _price(http, first.url) == "price=100"  # cached on the first; nobody watches yet
     await shop.set_price(140)
-    stream = await ListenStream.open(http, second.url, "b", [PRICE])  # its first look sees 140
+    stream = await ListenStream.connect(http, second.url, "b", [PRICE])  # its first look sees 140
     try:
         assert await _price(http, first.url) == "price=140"
     finally:
@@ -100,11 +96,11 @@ async def test_through_nginx_a_client_that_read_and_left_listens_again_and_reads
 ) -> None:
     async with nginx_proxy(tmp_path, [replica.port for replica in replicas]) as lb:
         await shop.set_price(120)
-        stream = await ListenStream.open(http, lb.url, "l-1", [PRICE])
+        stream = await ListenStream.connect(http, lb.url, "l-1", [PRICE])
         assert {await _price(http, lb.url) for _ in replicas} == {"price=120"}
         await stream.aclose()
         await shop.set_price(140)
-        stream = await ListenStream.open(http, lb.url, "l-2", [PRICE])
+        stream = await ListenStream.connect(http, lb.url, "l-2", [PRICE])
         try:
             assert {await _price(http, lb.url) for _ in range(6)} == {"price=140"}
         finally:
@@ -113,12 +109,12 @@ async def test_through_nginx_a_client_that_read_and_left_listens_again_and_reads
 
 async def _lease_owner(replicas: list[Replica]) -> Replica:
     async def one() -> bool:
-        held = [(await replica.metrics()).value("mcp_sidecar_leases_held") for replica in replicas]
+        held = [(await replica.metrics()).total("mcp_sidecar_leases_held") for replica in replicas]
         return held.count(1) == 1
 
-    await wait_until(one, "exactly one replica holds the lease")
+    await eventually(one, START_TIMEOUT_S, what="exactly one replica holds the lease")
     for replica in replicas:
-        if (await replica.metrics()).value("mcp_sidecar_leases_held") == 1:
+        if (await replica.metrics()).total("mcp_sidecar_leases_held") == 1:
             return replica
     raise AssertionError("the lease holder went away")
 
@@ -129,31 +125,48 @@ async def test_an_owner_killed_after_seeing_a_change_and_before_telling_it_loses
     # The owner is started holding every change it sees before publishing it (a test seam), then killed there;
     # named so that rendezvous hashing keeps the key with it when the others' interest arrives.
     names = instances_where_first_polls(PRICE, 3)
-    config = sidecar_config(shop.url, free_port(), redis.url, **CACHED)
-    env = {"MCP_SIDECAR_TEST_HOLD_BEFORE_PUBLISH": "1", INSTANCE_ENV: names[0]}
-    owner = Replica("owner", tmp_path / "owner", config, env=env)
-    await owner.start()
     async with contextlib.AsyncExitStack() as stack:
-        stack.push_async_callback(owner.service.stop)
-        owner_stream = await ListenStream.open(http, owner.url, "o", [PRICE])
-        stack.push_async_callback(owner_stream.aclose)
-        assert await _lease_owner([owner]) is owner
+        owner = await _holding_owner(stack, tmp_path, shop, redis, http, {INSTANCE_ENV: names[0]})
         survivors = await stack.enter_async_context(
             sidecar_replicas(tmp_path / "more", shop.url, redis.url, 2, instances=names[1:], **CACHED)
         )
-        streams = [await ListenStream.open(http, replica.url, replica.name, [PRICE]) for replica in survivors]
+        streams = [await ListenStream.connect(http, replica.url, replica.name, [PRICE]) for replica in survivors]
         for stream in streams:
             stack.push_async_callback(stream.aclose)
 
         await shop.set_price(177)
-        await wait_until(
-            lambda: _logged(owner, "holding a change before publishing it"), "the owner saw the change and holds it"
+        await eventually(
+            lambda: _logged(owner, "holding a change before publishing it"),
+            START_TIMEOUT_S,
+            what="the owner saw the change and holds it",
         )
         await owner.service.kill()  # kill -9 between seeing and telling
         for stream in streams:  # a survivor takes the lease, polls at once, and tells the change
             update = await stream.wait_update(PRICE, WITHIN_S)
             assert update["params"]["uri"] == PRICE
         assert {await _price(http, replica.url) for replica in survivors} == {"price=177"}
+
+
+async def _holding_owner(
+    stack: contextlib.AsyncExitStack,
+    tmp_path: Path,
+    shop: Upstream,
+    redis: RedisServer,
+    http: aiohttp.ClientSession,
+    env: dict[str, str] | None = None,
+) -> Replica:
+    """A replica started holding every change it sees before publishing it (a test seam), listening to the price
+    and polling it (its owner); stopped with `stack`."""
+    config = sidecar_config(shop.url, free_port(), redis.url, **CACHED)
+    owner = Replica(
+        "owner", tmp_path / "owner", config, env={"MCP_SIDECAR_TEST_HOLD_BEFORE_PUBLISH": "1", **(env or {})}
+    )
+    await owner.start()
+    stack.push_async_callback(owner.service.stop)
+    owner_stream = await ListenStream.connect(http, owner.url, "o", [PRICE])
+    stack.push_async_callback(owner_stream.aclose)
+    assert await _lease_owner([owner]) is owner
+    return owner
 
 
 async def _logged(replica: Replica, message: str) -> bool:
@@ -166,30 +179,26 @@ async def test_a_new_owner_tells_no_change_its_clients_joined_after(
     # The owner sees a change and dies holding it; the others' clients joined after the change (their first
     # look saw it). The new owner polls at once and finds what its clients saw: nothing to tell; the next
     # change is told once.
-    config = sidecar_config(shop.url, free_port(), redis.url, **CACHED)
-    owner = Replica("owner", tmp_path / "owner", config, env={"MCP_SIDECAR_TEST_HOLD_BEFORE_PUBLISH": "1"})
-    await owner.start()
     async with contextlib.AsyncExitStack() as stack:
-        stack.push_async_callback(owner.service.stop)
-        owner_stream = await ListenStream.open(http, owner.url, "o", [PRICE])
-        stack.push_async_callback(owner_stream.aclose)
-        assert await _lease_owner([owner]) is owner
+        owner = await _holding_owner(stack, tmp_path, shop, redis, http)
         await shop.set_price(130)
-        await wait_until(lambda: _logged(owner, "holding a change"), "the owner saw the change and holds it")
+        await eventually(
+            lambda: _logged(owner, "holding a change"), START_TIMEOUT_S, what="the owner saw the change and holds it"
+        )
         more = sidecar_replicas(tmp_path / "more", shop.url, redis.url, 2, **CACHED)
         others = await stack.enter_async_context(more)
-        streams = [await ListenStream.open(http, replica.url, replica.name, [PRICE]) for replica in others]
+        streams = [await ListenStream.connect(http, replica.url, replica.name, [PRICE]) for replica in others]
         for stream in streams:
             stack.push_async_callback(stream.aclose)
         await owner.service.kill()
         new_owner = await _lease_owner(others)
-        polled = (await new_owner.metrics()).value("mcp_sidecar_polls_total", kind="resource", outcome="ok")
+        polled = (await new_owner.metrics()).total("mcp_sidecar_polls_total", kind="resource", outcome="ok")
 
         async def polled_since() -> bool:
-            now = (await new_owner.metrics()).value("mcp_sidecar_polls_total", kind="resource", outcome="ok")
+            now = (await new_owner.metrics()).total("mcp_sidecar_polls_total", kind="resource", outcome="ok")
             return now > polled
 
-        await wait_until(polled_since, "the new owner polled")
+        await eventually(polled_since, START_TIMEOUT_S, what="the new owner polled")
         await shop.set_price(131)
         for stream in streams:
             await stream.wait_update(PRICE, WITHIN_S)

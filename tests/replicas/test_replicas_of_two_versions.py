@@ -13,24 +13,15 @@ import io
 import shutil
 import subprocess
 import tarfile
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
 import pytest
 
 from sidecar.observability.logs import INSTANCE_ENV
-from tests.cluster import (
-    ListenStream,
-    RedisServer,
-    Replica,
-    free_port,
-    instances_where_first_polls,
-    leases_held,
-    sidecar_config,
-    wait_until,
-)
-from tests.peers import Upstream, start_upstream
+from tests.cluster import RedisServer, Replica, free_port, instances_where_first_polls, leases_held, sidecar_config
+from tests.kit import ListenStream, eventually
+from tests.peers import Upstream
 from tests.prereqs import skip_missing
 from tests.procs import REPO_ROOT
 
@@ -38,12 +29,6 @@ PREVIOUS = "ee71d8eebe9cf09fad9e1f945708314cfe02472f"
 """The last commit whose Redis bus was one class cut into an inheritance chain (`RedisCluster`)."""
 URI = "catalog://price"
 NOTIFY_WITHIN_S = 10.0
-
-
-@pytest.fixture
-async def shop() -> AsyncIterator[Upstream]:
-    async with await start_upstream("modern", read_ttl_ms=300) as up:
-        yield up
 
 
 @pytest.fixture(scope="module")
@@ -86,12 +71,12 @@ async def test_a_replica_of_each_version_agree_on_the_poller_and_a_change_reache
     try:
         for replica in replicas:
             await replica.start()
-        streams = [await ListenStream.open(http, replica.url, replica.name, [URI]) for replica in replicas]
+        streams = [await ListenStream.connect(http, replica.url, replica.name, [URI]) for replica in replicas]
 
         async def one_poller() -> bool:
             return await leases_held(replicas) == [1, 0]
 
-        await wait_until(one_poller, f"the {poller} version's replica alone polls the key", NOTIFY_WITHIN_S)
+        await eventually(one_poller, NOTIFY_WITHIN_S, what=f"the {poller} version's replica alone polls the key")
         marks = [stream.mark() for stream in streams]
         await shop.set_price(150)
         for stream, mark in zip(streams, marks, strict=True):

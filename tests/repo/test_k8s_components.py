@@ -3,7 +3,7 @@ sidecar: monitors scrape the admin port the configuration serves and select the 
 the alerts file's rules, probes ask the MCP listener (over HTTPS with the tls component), the replicas' Redis
 URL comes from a Secret, and their disruption budget and spread select the pods.
 
-    python3 -m tests.unit.test_k8s_components    # rewrites prometheusrule.yaml from config/prometheus/alerts.yml
+    python3 -m tests.repo.test_k8s_components    # rewrites prometheusrule.yaml from config/prometheus/alerts.yml
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ K8S = CONFIG / "k8s"
 COMPONENTS = K8S / "components"
 RULE = COMPONENTS / "monitoring" / "prometheusrule.yaml"
 _RULE_HEADER = (
-    "# config/prometheus/alerts.yml as a PrometheusRule (tests/unit/test_k8s_components.py keeps the two the same;\n"
-    "# regenerate with: python3 -m tests.unit.test_k8s_components).\n"
+    "# config/prometheus/alerts.yml as a PrometheusRule (tests/repo/test_k8s_components.py keeps the two the same;\n"
+    "# regenerate with: python3 -m tests.repo.test_k8s_components).\n"
 )
 
 Manifests = dict[tuple[str, str], dict[str, Any]]

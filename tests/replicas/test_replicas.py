@@ -1,5 +1,6 @@
-"""Scale-out on Redis, as operators run it: replica processes behind nginx, `run --workers N`, and the config
-checks that guard both. Real redis-server, nginx, sidecar processes and SDK upstream (see tests/cluster.py).
+"""Scale-out on Redis, as operators run it: replica processes behind nginx (`run --workers N` is test_workers.py,
+the config checks that guard both test_scale_out_config.py). Real redis-server, nginx, sidecar processes and SDK
+upstream (see tests/cluster.py).
 
 Design §4: a change detected anywhere reaches streams everywhere (pub/sub); exactly one replica polls a key at a
 time (a lease, renewed at a third of its life); a dead owner's key is taken over within one lease period; Redis
@@ -9,34 +10,24 @@ down means local polling (degraded) and coordination resumes when it returns.
 from __future__ import annotations
 
 import asyncio
-import re
-import signal
-import sys
-import tomllib
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import Any
 
-import aiohttp
 import pytest
 
 from sidecar.bus.layout import Layout, key_hash
 from sidecar.bus.ownership import rendezvous_owner
 from sidecar.changes import WatchKey
 from tests.cluster import (
-    ListenStream,
     Nginx,
     RedisServer,
     Replica,
-    free_port,
     nginx_proxy,
-    sidecar_config,
     sidecar_replicas,
-    wait_until,
-    write_config,
 )
-from tests.helpers import eventually
-from tests.peers import Upstream, start_upstream
+from tests.kit import ListenStream, Streams, all_updated, eventually
+from tests.peers import Upstream
+from tests.procs import START_TIMEOUT_S
 
 URI = "catalog://price"
 READ_TTL_MS = 300
@@ -47,12 +38,6 @@ NGINX_READ_TIMEOUT_S = 5
 POLLS_PER_WINDOW = 20
 REDIS_OUTAGE_S = 8.0
 """Long enough for every replica's bus reader to back off to its longest reconnect delays."""
-
-
-@pytest.fixture
-async def shop() -> AsyncIterator[Upstream]:
-    async with await start_upstream("modern", read_ttl_ms=READ_TTL_MS) as up:
-        yield up
 
 
 @pytest.fixture
@@ -67,44 +52,15 @@ async def lb(tmp_path: Path, replicas: list[Replica]) -> AsyncIterator[Nginx]:
         yield nginx
 
 
-class Streams:
-    """Opens listen streams and closes every one of them at teardown."""
-
-    def __init__(self, http: aiohttp.ClientSession) -> None:
-        self.http = http
-        self.opened: list[ListenStream] = []
-
-    async def open(self, url: str, request_id: Any, uris: Sequence[str] = (URI,)) -> ListenStream:
-        stream = await ListenStream.open(self.http, url, request_id, uris)
-        self.opened.append(stream)
-        return stream
-
-    async def open_many(self, url: str, prefix: str, count: int) -> list[ListenStream]:
-        return list(await asyncio.gather(*(self.open(url, f"{prefix}-{n}") for n in range(count))))
-
-    async def aclose(self) -> None:
-        await asyncio.gather(*(stream.aclose() for stream in self.opened))
-
-
-@pytest.fixture
-async def streams() -> AsyncIterator[Streams]:
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
-        opened = Streams(http)
-        try:
-            yield opened
-        finally:
-            await opened.aclose()
-
-
 # -- helpers ----------------------------------------------------------------------------------------------------------
 
 
 async def _gauge(replica: Replica, name: str) -> float:
-    return (await replica.metrics()).value(name)
+    return (await replica.metrics()).total(name)
 
 
 async def _polls(replica: Replica) -> float:
-    return (await replica.metrics()).value("mcp_sidecar_polls_total", kind="resource", outcome="ok")
+    return (await replica.metrics()).total("mcp_sidecar_polls_total", kind="resource", outcome="ok")
 
 
 async def _lease_holders(replicas: Sequence[Replica]) -> list[Replica]:
@@ -121,7 +77,7 @@ async def _sole_lease_holder(replicas: Sequence[Replica], within_s: float = NOTI
         holders = await _lease_holders(replicas)
         return len(holders) == 1
 
-    await wait_until(exactly_one, "exactly one replica holds the lease (mcp_sidecar_leases_held 1)", within_s)
+    await eventually(exactly_one, within_s, what="exactly one replica holds the lease (mcp_sidecar_leases_held 1)")
     return holders[0]
 
 
@@ -137,7 +93,7 @@ async def _settled_lease_holder(replicas: Sequence[Replica], within_s: float = N
     async def settled() -> bool:
         return await _lease_holders(replicas) == [rightful]
 
-    await wait_until(settled, f"{rightful.name} alone holds the lease (mcp_sidecar_leases_held 1)", within_s)
+    await eventually(settled, within_s, what=f"{rightful.name} alone holds the lease (mcp_sidecar_leases_held 1)")
     return rightful
 
 
@@ -149,15 +105,8 @@ async def _reads_during_polls(shop: Upstream, clock: Replica, polls: int) -> int
     async def advanced() -> bool:
         return await _polls(clock) >= start + polls
 
-    await wait_until(advanced, f"{clock.name} polled {polls} times", within_s=polls * READ_TTL_MS / 1000 * 3 + 10)
+    await eventually(advanced, polls * READ_TTL_MS / 1000 * 3 + 10, what=f"{clock.name} polled {polls} times")
     return await shop.count("resources/read", URI)
-
-
-async def _all_updated(streams: Sequence[ListenStream], marks: Sequence[int] | None = None) -> None:
-    marks = marks if marks is not None else [0] * len(streams)
-    await asyncio.gather(
-        *(stream.wait_update(URI, NOTIFY_WITHIN_S, since=mark) for stream, mark in zip(streams, marks, strict=True))
-    )
 
 
 def _logs(replicas: Sequence[Replica]) -> str:
@@ -197,7 +146,7 @@ async def test_thirty_streams_over_three_replicas_cost_the_upstream_one_poller_a
     everyone = [solo, *spread]
     assert not any(stream.updates() for stream in everyone), "an update before any change"
     await shop.set_price(150)
-    await _all_updated(everyone)
+    await all_updated(everyone, URI, NOTIFY_WITHIN_S)
 
 
 # -- 2. nginx: keep-alives beat proxy_read_timeout, nothing is held in its buffers -------------------------------------
@@ -243,7 +192,7 @@ async def test_when_the_lease_owner_is_killed_a_survivor_takes_over_and_the_next
     await shop.set_price(175)
 
     survivor_streams = [stream for replica in survivors for stream in by_replica[replica.name]]
-    await _all_updated(survivor_streams)
+    await all_updated(survivor_streams, URI, NOTIFY_WITHIN_S)
     # The key's new owner is a survivor. Waited for, not read at the update: a survivor that lost Redis for a
     # moment under load polls on its own meanwhile (degraded), and the change can reach the streams that way first.
     gained: list[Replica] = []
@@ -253,12 +202,12 @@ async def test_when_the_lease_owner_is_killed_a_survivor_takes_over_and_the_next
         gained = [replica for replica in survivors if await _acquisitions(replica) > acquired[replica.name]]
         return bool(gained)
 
-    await wait_until(taken_over, f"a survivor acquires the lease ({acquired})", NOTIFY_WITHIN_S)
+    await eventually(taken_over, NOTIFY_WITHIN_S, what=f"a survivor acquires the lease ({acquired})")
     assert await _sole_lease_holder(survivors) in gained
 
 
 async def _acquisitions(replica: Replica) -> float:
-    return (await replica.metrics()).value("mcp_sidecar_lease_acquisitions_total")
+    return (await replica.metrics()).total("mcp_sidecar_lease_acquisitions_total")
 
 
 # -- 4. Redis goes away and comes back ---------------------------------------------------------------------------------
@@ -284,16 +233,20 @@ async def _redis_restart_with_streams_open(
 
     await redis.stop()
     for replica in replicas:
-        await wait_until(lambda r=replica: _degraded(r), f"{replica.name} reports degraded on /readyz")
+        await eventually(
+            lambda r=replica: _degraded(r), START_TIMEOUT_S, what=f"{replica.name} reports degraded on /readyz"
+        )
     polled = [await _polls(replica) for replica in replicas]
     await shop.set_price(111)
-    await _all_updated(everyone)  # every replica polls on its own while Redis is down
+    await all_updated(everyone, URI, NOTIFY_WITHIN_S)  # every replica polls on its own while Redis is down
     for replica, before in zip(replicas, polled, strict=True):
         assert await _polls(replica) > before, f"{replica.name} did not poll while Redis was down"
 
     await redis.start()  # same port, empty
     for replica in replicas:
-        await wait_until(lambda r=replica: _coordinated(r), f"{replica.name} coordinated again (redis_up 1)")
+        await eventually(
+            lambda r=replica: _coordinated(r), START_TIMEOUT_S, what=f"{replica.name} coordinated again (redis_up 1)"
+        )
     await _sole_lease_holder(replicas)
     return everyone
 
@@ -305,7 +258,7 @@ async def test_while_redis_is_down_every_replica_polls_locally_and_after_it_retu
     # Coordination holds: the single holder stays the single holder.
     owner = await _sole_lease_holder(replicas)
     start = await _polls(owner)
-    await wait_until(lambda: _polls_advanced(owner, start + 5), f"{owner.name} keeps polling")
+    await eventually(lambda: _polls_advanced(owner, start + 5), START_TIMEOUT_S, what=f"{owner.name} keeps polling")
     assert await _lease_holders(replicas) == [owner]
 
 
@@ -322,7 +275,9 @@ async def test_after_a_redis_outage_coordinating_replicas_listen_again_and_the_f
     await asyncio.sleep(REDIS_OUTAGE_S)  # the scenario: a Redis restart or failover that takes some seconds
     await redis.start()
     for replica in replicas:
-        await wait_until(lambda r=replica: _coordinated(r), f"{replica.name} coordinated again (redis_up 1)")
+        await eventually(
+            lambda r=replica: _coordinated(r), START_TIMEOUT_S, what=f"{replica.name} coordinated again (redis_up 1)"
+        )
     await _sole_lease_holder(replicas)
 
     # Every replica that coordinates again (polls only what it owns) must hear the others' changes again.
@@ -346,160 +301,7 @@ async def test_after_a_redis_outage_coordinating_replicas_listen_again_and_the_f
 # -- 5. --workers: one process tree, one port --------------------------------------------------------------------------
 
 
-async def _instance_streams(sidecar: Replica, tries: int = 40) -> dict[str, int]:
-    """Open stream count per worker instance, from /status over fresh connections (the kernel picks the worker)."""
-    seen: dict[str, int] = {}
-    for _ in range(tries):
-        status = await sidecar.status()
-        seen[status["instance"]] = status["counts"]["streams"]
-        if len(seen) >= 2:
-            break
-    return seen
-
-
-MAX_WORKER_STREAMS = 64
-"""Streams opened at most while waiting for both workers to hold one (2**-63 odds of all on one by chance)."""
-
-
-def _listening_instances(sidecar: Replica) -> set[str]:
-    """The instance ids that logged "mcp-sidecar listening" (one per worker process)."""
-    return {entry["instance"] for entry in sidecar.log_lines() if entry.get("msg") == "mcp-sidecar listening"}
-
-
-def _listening(sidecar: Replica, count: int) -> Callable[[], Awaitable[bool]]:
-    async def check() -> bool:
-        return len(_listening_instances(sidecar)) >= count
-
-    return check
-
-
-def _children(pid: int) -> list[int]:
-    text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
-    return [int(child) for child in text.split()]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state != "Z"
-
-
-async def test_two_workers_on_one_port_share_changes_and_stop_together_on_sigterm(
-    tmp_path: Path, shop: Upstream, redis: RedisServer, streams: Streams
-) -> None:
-    config = sidecar_config(shop.url, free_port(), redis.url)
-    sidecar = Replica("workers", tmp_path / "workers", config, extra_args=["--workers", "2"])
-    try:
-        await sidecar.start()
-        workers = _children(sidecar.service.pid)
-        assert len(workers) == 2, workers
-        # /readyz was answered by whichever worker listened first; until the other listens too, every connection
-        # lands on the first. Wait for both to say so rather than count on connections spreading meanwhile.
-        await wait_until(_listening(sidecar, 2), "both workers logged that they listen")
-
-        # Streams until both workers hold some: each stream is its own connection, which the kernel hands to one
-        # of the two sockets on the port by a hash of its addresses, so a few batches do. The bound only turns a
-        # port that never spreads into a failure instead of a hang.
-        opened: list[ListenStream] = []
-        per_instance: dict[str, int] = {}
-        while not (len(per_instance) == 2 and all(per_instance.values())):
-            assert len(opened) < MAX_WORKER_STREAMS, f"{len(opened)} streams, all on one worker: {per_instance}"
-            opened += await streams.open_many(sidecar.url, f"w{len(opened)}", 4)
-            per_instance = await _instance_streams(sidecar)
-        assert _listening_instances(sidecar) == set(per_instance), per_instance
-
-        await shop.set_price(160)
-        await _all_updated(opened)  # detected by the lease holder, delivered by both workers
-
-        await sidecar.service.signal(signal.SIGTERM)
-        assert await sidecar.service.wait() == 0, sidecar.service.log_tail()
-        await wait_until(_none_alive(workers), "both workers exited after SIGTERM to the parent", within_s=5)
-        for stream in opened:  # graceful: each stream ended with the complete result
-            final = await stream.wait_for(lambda frame: "result" in frame, NOTIFY_WITHIN_S)
-            assert final["result"]["resultType"] == "complete"
-    finally:
-        await sidecar.service.stop()
-    assert "Traceback" not in sidecar.service.log_text()
-
-
-def _none_alive(pids: Sequence[int]) -> Callable[[], Awaitable[bool]]:
-    async def check() -> bool:
-        return not any(_alive(pid) for pid in pids)
-
-    return check
-
-
 # -- 6. the config checks that guard scale-out -------------------------------------------------------------------------
 
 
-async def _run_to_exit(tmp_path: Path, config: dict[str, Any], *args: str) -> tuple[int, str]:
-    path = write_config(tmp_path / "sidecar.yaml", config)
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "sidecar.cli", "run", "--config", str(path), *args,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-    )  # fmt: skip
-    try:
-        async with asyncio.timeout(20):
-            out, _ = await proc.communicate()
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(errors="replace")
-
-
-async def test_workers_with_the_memory_bus_exit_1_naming_bus_backend(tmp_path: Path) -> None:
-    config = sidecar_config("http://127.0.0.1:9/mcp", free_port(), bus={"backend": "memory"})
-    code, output = await _run_to_exit(tmp_path, config, "--workers", "2")
-    assert code == 1, output
-    assert "bus.backend" in output and "redis" in output, output
-    assert "Traceback" not in output
-
-
-async def test_unreachable_redis_at_start_exits_1_saying_so(tmp_path: Path, shop: Upstream) -> None:
-    nobody = f"redis://127.0.0.1:{free_port()}/0"
-    code, output = await _run_to_exit(tmp_path, sidecar_config(shop.url, free_port(), nobody))
-    assert code == 1, output
-    assert "cannot reach Redis at bus.redis_url" in output and "bus.fallback: local" in output, output
-    assert "Traceback" not in output
-
-
-async def test_a_redis_url_of_an_unknown_scheme_exits_1_naming_bus_redis_url(tmp_path: Path) -> None:
-    config = sidecar_config("http://127.0.0.1:9/mcp", free_port(), "http://:secret-pw@127.0.0.1:6379/0")
-    code, output = await _run_to_exit(tmp_path, config)
-    assert code == 1, output
-    assert "bus.redis_url" in output and "unknown scheme" in output, output
-    assert "Traceback" not in output and "secret-pw" not in output
-
-
-async def test_unreachable_redis_with_local_fallback_starts_degraded(tmp_path: Path, shop: Upstream) -> None:
-    nobody = f"redis://127.0.0.1:{free_port()}/0"
-    config = sidecar_config(shop.url, free_port(), nobody, bus={"fallback": "local"})
-    sidecar = Replica("fallback", tmp_path / "fallback", config)
-    try:
-        await sidecar.start()
-        status, body = await sidecar.readyz()
-        assert status == 200 and "degraded" in body, body
-        assert await _gauge(sidecar, "mcp_sidecar_redis_up") == 0
-        async with aiohttp.ClientSession() as http:  # and it works, on its own
-            stream = await ListenStream.open(http, sidecar.url, "alone", [URI])
-            try:
-                await shop.set_price(190)
-                await stream.wait_update(URI, NOTIFY_WITHIN_S)
-            finally:
-                await stream.aclose()
-    finally:
-        assert await sidecar.service.stop() == 0, sidecar.service.log_tail()
-
-
 # -- packaging ------------------------------------------------------------------------------------------------------
-
-
-def test_the_redis_client_the_app_imports_is_installed_by_the_test_command() -> None:
-    project = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"]
-    # The README's test command installs the package with its `test` extra (and .ci/run also `dev`).
-    installed = [*project["dependencies"], *project["optional-dependencies"]["test"]]
-    assert any(re.match(r"redis\b", requirement) for requirement in installed), installed

@@ -14,7 +14,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from tests.cluster import LEASE_MS, RedisServer
-from tests.helpers import headers, request, serve_sidecar, sse_messages
+from tests.kit import headers, listen_request, serve_sidecar, sse_messages
 from tests.peers import start_upstream
 
 PRICE = "catalog://price"
@@ -35,7 +35,7 @@ async def test_a_watch_waiting_on_a_stalled_redis_for_its_first_publish_is_ackno
         aiohttp.ClientSession() as http,
         aioredis.Redis(host="127.0.0.1", port=redis.port) as admin,
     ):
-        body = request("subscriptions/listen", {"notifications": {"resourceSubscriptions": [PRICE]}}, "slow")
+        body = listen_request([PRICE], "slow")
         timeout = aiohttp.ClientTimeout(total=None, sock_read=None)
         await admin.execute_command("CLIENT", "PAUSE", STALL_MS, "WRITE")  # type: ignore[no-untyped-call]
         try:

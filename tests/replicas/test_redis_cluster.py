@@ -15,27 +15,15 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.cluster import (
-    ListenStream,
-    RedisClusterNodes,
-    leases_held,
-    redis_cluster,
-    sidecar_replicas,
-    wait_until,
-)
-from tests.peers import Upstream, start_upstream
+from tests.cluster import RedisClusterNodes, leases_held, redis_cluster, sidecar_replicas
+from tests.kit import ListenStream, eventually
+from tests.peers import Upstream
 
 UPDATED = "notifications/resources/updated"
 URIS = ["catalog://price", *(f"catalog://items/{n}" for n in range(24))]
 """Every one changes with the price; spread over the cluster's slots by their buckets."""
 WITHIN_S = 20.0
 RESHARD_SLOTS = 3000
-
-
-@pytest.fixture
-async def shop() -> AsyncIterator[Upstream]:
-    async with await start_upstream("modern", read_ttl_ms=300) as up:
-        yield up
 
 
 @pytest.fixture
@@ -79,7 +67,7 @@ class _Changes:
             )
 
         try:
-            await wait_until(everyone, f"every stream told of change {len(self.windows)}", WITHIN_S)
+            await eventually(everyone, WITHIN_S, what=f"every stream told of change {len(self.windows)}")
         except AssertionError as exc:
             missing = {
                 stream.label: sorted(set(URIS) - {frame["params"]["uri"] for frame in stream.updates(mark)})
@@ -106,13 +94,13 @@ async def test_on_redis_cluster_a_change_is_told_exactly_once_through_a_slot_mig
     tmp_path: Path, shop: Upstream, nodes: RedisClusterNodes, http: aiohttp.ClientSession
 ) -> None:
     async with sidecar_replicas(tmp_path, shop.url, nodes.url, 2) as replicas:
-        streams = [await ListenStream.open(http, replica.url, replica.name, URIS) for replica in replicas]
+        streams = [await ListenStream.connect(http, replica.url, replica.name, URIS) for replica in replicas]
         try:
 
             async def one_poller_each() -> bool:
                 return sum(await leases_held(replicas)) == len(URIS)
 
-            await wait_until(one_poller_each, "every key has exactly one poller across the replicas", WITHIN_S)
+            await eventually(one_poller_each, WITHIN_S, what="every key has exactly one poller across the replicas")
             changes = _Changes(shop, streams)
             await changes.one()
 
@@ -125,7 +113,7 @@ async def test_on_redis_cluster_a_change_is_told_exactly_once_through_a_slot_mig
                 await changes.one()
             await migration
             await changes.one()
-            await wait_until(one_poller_each, "one poller per key after the slot migration", WITHIN_S)
+            await eventually(one_poller_each, WITHIN_S, what="one poller per key after the slot migration")
 
             # A master dies while changes go on: its replica is promoted, the clients follow. At least once.
             _, victim, _ = (await nodes.masters())[0]
@@ -134,7 +122,7 @@ async def test_on_redis_cluster_a_change_is_told_exactly_once_through_a_slot_mig
                 await changes.one(failing_over=True)
             await failover
             await changes.one(failing_over=True)  # the clients may still be moving to the promoted replica
-            await wait_until(one_poller_each, "one poller per key again after the failover", WITHIN_S)
+            await eventually(one_poller_each, WITHIN_S, what="one poller per key again after the failover")
             await changes.one(failing_over=True)  # closes the last window checked
             changes.assert_each_told_once()
             print(f"\n{len(changes.windows)} changes, each told once to each of {len(streams)} streams")
