@@ -20,6 +20,7 @@ from sidecar.observability.tracing import MAX_LINKS
 from sidecar.protocol.errors import UpstreamBadResponse, UpstreamError, UpstreamHTTPError, UpstreamUnavailable
 from sidecar.watch import poller
 from sidecar.watch.clock import LOOP_CLOCK, Clock, Timer
+from sidecar.watch.engine.polls import LogLimiter
 from sidecar.watch.observe import Observation
 from sidecar.watch.poller import ObservationListener, Reader, Sink, Watch
 from sidecar.watch.schedule import Schedule
@@ -300,7 +301,7 @@ async def test_a_poll_that_waits_for_max_concurrency_reports_the_wait_and_one_th
 async def test_a_refused_credential_is_reported_to_the_registry_and_not_logged_as_an_outage(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(poller, "_error_log_limiter", poller._RateLimiter(10.0))  # a fresh one-line-per-10-s
+    monkeypatch.setattr(poller, "_error_log_limiter", LogLimiter(10.0))  # a fresh one-line-per-10-s
     refused = UpstreamHTTPError("test", 401, "Unauthorized")
     reported: list[tuple[Watch, UpstreamHTTPError]] = []
 
@@ -326,7 +327,7 @@ async def test_a_refused_credential_is_reported_to_the_registry_and_not_logged_a
 async def test_a_failing_poll_logs_one_line_per_failure_streak_and_one_per_ten_seconds_for_all_watches(
     failure: UpstreamError, level: int, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(poller, "_error_log_limiter", poller._RateLimiter(10.0))
+    monkeypatch.setattr(poller, "_error_log_limiter", LogLimiter(10.0))
 
     async def read(_: Watch) -> Observation | None:
         raise failure
@@ -381,15 +382,9 @@ async def test_a_poll_span_links_the_writes_that_hinted_it_and_names_the_uri_onl
     )
 
 
-def test_failure_lines_are_allowed_one_per_interval_from_the_first_one_on_even_right_after_boot(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    now = [0.0]  # the monotonic clock starts near 0 at boot
-    monkeypatch.setattr(time, "monotonic", lambda: now[0])  # what the limiter reads; no event loop runs here
-    limiter = poller._RateLimiter(10.0)
-    allowed = []
-    for now[0] in (0.0, 9.999, 10.0, 15.0, 19.999, 20.0):
-        allowed.append(limiter.allow())
+def test_failure_lines_are_allowed_one_per_interval_from_the_first_one_on_even_right_after_boot() -> None:
+    limiter = LogLimiter(10.0)  # the monotonic clock starts near 0 at boot
+    allowed = [limiter.allow(now) for now in (0.0, 9.999, 10.0, 15.0, 19.999, 20.0)]
     assert allowed == [True, False, True, False, False, True]
 
 
