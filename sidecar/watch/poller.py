@@ -20,7 +20,7 @@ from sidecar.observability.metrics import Metrics
 from sidecar.observability.tracing import MAX_LINKS, tracing
 from sidecar.protocol.errors import UpstreamError, UpstreamHTTPError
 from sidecar.watch.budget import ReadBudget
-from sidecar.watch.clock import LOOP_CLOCK, Clock, Timer, sleep
+from sidecar.watch.clock import LOOP_CLOCK, Clock, Timer
 from sidecar.watch.engine.commands import CancelTimer, SetTimer
 from sidecar.watch.engine.events import TimerFired
 from sidecar.watch.engine.polls import (
@@ -34,6 +34,7 @@ from sidecar.watch.engine.polls import (
     PollEvent,
     PollPlan,
     Recover,
+    Slotted,
     Stop,
     Tighten,
     Waited,
@@ -259,9 +260,10 @@ class Watch:
 
     async def _cycle(self, poll: Poll) -> None:
         try:
-            if self._coordinator.may_poll(self.key):
-                if self._reads is not None:
-                    await self._read_slot(poll.hinted)
+            if poll.slotted or self._coordinator.may_poll(self.key):
+                if self._reads is not None and not poll.slotted:
+                    if self._wait_for_slot(poll.hinted):
+                        return  # its slot's timer polls
                 await self.poll_once(poll.due)
             else:
                 self._feed(Looked(self._clock.now(), None))  # another replica holds the lease; look again later
@@ -272,14 +274,17 @@ class Watch:
             self._task = None
         self._feed(Finished())
 
-    async def _read_slot(self, hinted: bool) -> None:
-        # Every poll takes a slot of the read budget, hinted ones too (invariant 21); over it, it waits its slot.
+    def _wait_for_slot(self, hinted: bool) -> bool:
+        # Every poll takes a slot of the read budget, hinted ones too (invariant 21); over it, it waits its slot:
+        # a timer of the plan's, not a sleep.
         assert self._reads is not None
         now = self._clock.now()
         slot = self._reads.slot(now, hinted=hinted)
-        if slot > now:
-            self._metrics.queue_wait.labels("read_budget").observe(slot - now)
-            await sleep(self._clock, slot - now)
+        if slot <= now:
+            return False
+        self._metrics.queue_wait.labels("read_budget").observe(slot - now)
+        self._feed(Slotted(slot))
+        return True
 
     async def poll_once(self, due: float) -> None:
         links, self._links = self._links, []

@@ -5,7 +5,8 @@ exponential backoff while it fails, a hinted poll soon (never sooner than min_in
 than a backoff allows, within the budget of hinted polls), one retry per failure streak once the upstream is
 back. Like the registry's engine it never awaits and reads no clock: each event comes with the time it happened,
 and its timers are commands (`SetTimer`, `CancelTimer`) the driver (`sidecar.watch.poller.Watch`) arms, feeding
-`TimerFired` back; a fired timer asks for a `Poll`, whose look the driver reports as `Looked` and `Finished`.
+`TimerFired` back; a fired timer asks for a `Poll`, whose look the driver reports as `Looked` and `Finished`
+(or, when the read budget has no slot free yet, as `Slotted`: a timer for the slot, and the poll then).
 Nothing happens between two of its steps, so a hint can never find the poll half-started.
 """
 
@@ -31,6 +32,7 @@ __all__ = [
     "PollEvent",
     "PollPlan",
     "Recover",
+    "Slotted",
     "Stop",
     "Tighten",
     "Waited",
@@ -67,6 +69,13 @@ class Looked:
 
 
 @dataclass(frozen=True, slots=True)
+class Slotted:
+    """The poll took a slot of the read budget at `slot`, later than now: it runs then (still in flight until)."""
+
+    slot: float
+
+
+@dataclass(frozen=True, slots=True)
 class Finished:
     """The poll is over (its change, if any, published): the next one is armed."""
 
@@ -76,15 +85,17 @@ class Stop:
     """The watch ends: nothing is armed again."""
 
 
-PollEvent = Begin | Hint | Recover | Tighten | TimerFired | Looked | Finished | Stop
+PollEvent = Begin | Hint | Recover | Tighten | TimerFired | Slotted | Looked | Finished | Stop
 
 
 @dataclass(frozen=True, slots=True)
 class Poll:
-    """Poll now; it was due at `due` (a `hinted` poll, or a regular one). Answered by Looked, then Finished."""
+    """Poll now; it was due at `due` (a `hinted` poll, or a regular one), and is `slotted` when it waited for its
+    slot of the read budget already. Answered by Looked, then Finished (or Slotted)."""
 
     due: float
     hinted: bool
+    slotted: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +129,7 @@ class PollPlan:
         "_interval",
         "_recovery_retried",
         "_schedule",
+        "_slotted",
         "_timer",
         "_timer_when",
         "errors",
@@ -147,6 +159,8 @@ class PollPlan:
         self._hinted = False
         """A hint came while a poll was in flight (which may predate the write): one more after it."""
         self._recovery_retried = False
+        self._slotted = False
+        """The armed timer is the slot of the read budget a poll waits for (the poll in flight meanwhile)."""
 
     def handle(self, event: PollEvent, now: float) -> list[PollCommand]:
         """What `event`, which happened at `now`, asks for."""
@@ -168,7 +182,12 @@ class PollPlan:
             if event.timer == self._timer:
                 self._timer = None
                 self.polling = True
-                commands.append(Poll(self._due, self._due_hinted))
+                commands.append(Poll(self._due, self._due_hinted, self._slotted))
+                self._slotted = False
+        elif isinstance(event, Slotted):
+            # Its due time and kind stay the poll's (its lag counts from when it was due, not from its slot).
+            self._slotted = True
+            self._set(event.slot, commands)
         elif isinstance(event, Looked):
             self.last_start = event.started
             if event.ok:
@@ -189,7 +208,7 @@ class PollPlan:
     def tightenable(self) -> bool:
         """Whether a shorter interval would move its next poll: a regular one is armed (not a backoff's, not a
         hinted one)."""
-        return self._timer is not None and not self.errors and not self._due_hinted
+        return self._timer is not None and not self.polling and not self.errors and not self._due_hinted
 
     def _tighten(self, now: float, commands: list[PollCommand]) -> None:
         if self.tightenable:
@@ -238,9 +257,12 @@ class PollPlan:
         self._cancel(commands)
         self._due = due
         self._due_hinted = hinted
+        self._set(due, commands)
+
+    def _set(self, when: float, commands: list[PollCommand]) -> None:
         self._ids += 1
-        self._timer, self._timer_when = self._ids, due
-        commands.append(SetTimer(self._ids, due))
+        self._timer, self._timer_when = self._ids, when
+        commands.append(SetTimer(self._ids, when))
 
     def _cancel(self, commands: list[PollCommand]) -> None:
         if self._timer is not None:

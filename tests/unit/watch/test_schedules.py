@@ -23,6 +23,7 @@ from sidecar.watch.engine.polls import (
     PollEvent,
     PollPlan,
     Recover,
+    Slotted,
     Stop,
     Tighten,
     Waited,
@@ -281,3 +282,21 @@ def test_a_shorter_interval_from_the_read_budget_moves_a_regular_poll_only() -> 
     assert _polled(play, 3, 0.9, ok=False) == [SetTimer(4, 1.9)]
     interval[0] = 0.1
     play.at(1.0).step(Tighten())  # a backoff is not shortened
+
+
+@pytest.mark.invariant(21)
+def test_a_poll_waiting_for_its_slot_of_the_read_budget_is_in_flight_until_it_runs_then() -> None:
+    play = _book()
+    play.step(Begin(), SetTimer(1, 2.0))
+    play.at(2.0).step(TimerFired(1), Poll(2.0, False))
+    play.step(Slotted(2.5), SetTimer(2, 2.5))
+    play.step(Hint())  # the poll to come may predate the write: one more after it
+    play.step(Tighten())  # the slot is not the interval's to move
+    play.at(2.5).step(TimerFired(2), Poll(2.0, False, slotted=True))  # due when it was due: its lag counts from then
+    play.step(Looked(2.5, True))
+    play.step(Finished(), Interval(2.0), SetTimer(3, 4.5), CancelTimer(3), SetTimer(4, _at(2.75 + HINT_SPREAD_S)))
+    waiting = _book()
+    waiting.step(Begin(), SetTimer(1, 2.0))
+    waiting.at(2.0).step(TimerFired(1), Poll(2.0, False))
+    waiting.step(Slotted(2.5), SetTimer(2, 2.5))
+    waiting.step(Stop(), CancelTimer(2))
