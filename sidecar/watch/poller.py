@@ -20,7 +20,25 @@ from sidecar.observability.metrics import Metrics
 from sidecar.observability.tracing import MAX_LINKS, tracing
 from sidecar.protocol.errors import UpstreamError, UpstreamHTTPError
 from sidecar.watch.budget import ReadBudget
-from sidecar.watch.clock import LOOP_CLOCK, Clock, Timer, sleep
+from sidecar.watch.clock import LOOP_CLOCK, Clock, Timer
+from sidecar.watch.engine.commands import CancelTimer, SetTimer
+from sidecar.watch.engine.events import TimerFired
+from sidecar.watch.engine.polls import (
+    Begin,
+    Finished,
+    Hint,
+    Interval,
+    LogLimiter,
+    Looked,
+    Poll,
+    PollEvent,
+    PollPlan,
+    Recover,
+    Slotted,
+    Stop,
+    Tighten,
+    Waited,
+)
 from sidecar.watch.observe import Observation
 from sidecar.watch.schedule import HintBudget, Schedule
 from sidecar.watch.tickets import Latest, Tickets
@@ -50,28 +68,14 @@ async def _hold() -> None:
 
 
 _ERROR_LOG_INTERVAL_S = 10.0
-
-
-class _RateLimiter:
-    """Allows one event per interval."""
-
-    def __init__(self, interval_s: float) -> None:
-        self._interval_s = interval_s
-        self._last = -interval_s
-
-    def allow(self) -> bool:
-        now = time.monotonic()
-        if now - self._last >= self._interval_s:
-            self._last = now
-            return True
-        return False
-
-
-_error_log_limiter = _RateLimiter(_ERROR_LOG_INTERVAL_S)
+_error_log_limiter = LogLimiter(_ERROR_LOG_INTERVAL_S)
 
 
 class Watch:
-    """A polled key: its last fingerprint, generation and schedule state.
+    """A polled key: its last fingerprint and generation, and the driver of its poll schedule.
+
+    When it polls is its `PollPlan`'s (`sidecar.watch.engine.polls`), which never awaits; the watch arms the plan's
+    timers on the clock, runs the polls it asks for and reports how each went.
 
     Ticket rule (invariant 7, kept by `sidecar.watch.tickets`): its polls are ticketed as they start,
     and an observation is applied only if its look is newer than every look applied so far, so a slow poll, a
@@ -105,7 +109,6 @@ class Watch:
         self.generation = 0
         """Its changes as this process counts them (its own and those adopted): the generation its events carry on a
         bus of one process (the Redis bus numbers a key's changes by its stored state instead)."""
-        self.consecutive_errors = 0
         self.last_poll_at: float | None = None
         self.last_change_at: float | None = None
         self.native = False
@@ -123,19 +126,13 @@ class Watch:
         self._metrics = metrics
         self._on_auth_failure = on_auth_failure
         self._observed = observed
-        self._budget = budget
         self._reads = reads if reads is not None and reads.enabled else None
         self._clock = clock
         self._coordinator: PollCoordinator = coordinator or LocalCoordinator()
-        self._last_start = self._clock.now()
-        self._due = self._last_start
-        self._due_hinted = False
+        self._plan = PollPlan(schedule, interval=lambda: self.interval_s, budget=budget, started=clock.now())
         self._timer: Timer | None = None
+        self._timer_id = 0
         self._task: asyncio.Task[None] | None = None
-        self._polling = False
-        self._hinted = False
-        self._recovery_retried = False
-        self._stopped = False
         self._links: list[Link] = []
         """Traced writes whose hints the next poll answers (tracing on only)."""
         self._poll_ok = metrics.polls.labels(key.kind, "ok")
@@ -147,6 +144,10 @@ class Watch:
     def refs(self) -> int:
         """How many streams hold it."""
         return self._holders(self.key)
+
+    @property
+    def consecutive_errors(self) -> int:
+        return self._plan.errors
 
     @property
     def wanted_ms(self) -> float:
@@ -204,115 +205,86 @@ class Watch:
             self.generation += 1
 
     def hint(self, links: Sequence[Link] = ()) -> None:
-        """Poll soon, but never sooner than min_interval_ms after the last poll, and never sooner than a backoff
-        allows; hints coalesce into at most one extra poll. `links`: the traced writes that asked for it, which
+        """Poll soon (when, the plan says: never sooner than min_interval_ms after the last poll, nor than a backoff
+        allows; hints coalesce into at most one extra poll). `links`: the traced writes that asked for it, which
         the next poll's span links to."""
         if links and len(self._links) < MAX_LINKS:
             self._links.extend(links[: MAX_LINKS - len(self._links)])
-        if self.consecutive_errors:
-            return  # backing off: the next poll is already as early as the failing upstream should see it
-        self._poll_soon()
-
-    def _poll_soon(self) -> None:
-        if self._stopped:
-            return
-        if self._polling:
-            self._hinted = True  # the poll in flight may predate the write: one more after it
-            return
-        self._arm_hinted(self._timer.when() if self._timer is not None else None)
-
-    def _arm_hinted(self, scheduled: float | None) -> None:
-        # A hinted poll: not sooner than min_interval_ms after the last one, jittered (a burst of hints across
-        # many watches, or the recovery after an outage, must not fire them all in one instant), and within the
-        # upstream's budget of hinted polls. A regular poll already due sooner is left alone.
-        now, floor = self._clock.now(), self._last_start + self._schedule.min_interval_s
-        due = max(floor, now) + self._schedule.hint_jitter_s(now, waits=floor > now)
-        if scheduled is not None and scheduled <= due:
-            return
-        slot = self._budget.slot(due) if self._budget is not None else due
-        if slot > due:
-            self._metrics.queue_wait.labels("hinted_polls").observe(slot - due)  # deferred, never dropped
-        if scheduled is None or slot < scheduled:
-            self._arm(slot, hinted=True)
+        self._feed(Hint())
 
     def tighten(self) -> None:
         """The read budget gave this key a shorter interval: its next poll comes that much after its last."""
-        if self._timer is not None and not self.consecutive_errors and not self._due_hinted:
-            due = max(self._last_start + self.interval_s, self._clock.now())
-            if due < self._timer.when():
-                self._arm(due)
+        if self._plan.tightenable:
+            self._feed(Tighten())
 
     def recover(self) -> None:
-        """The upstream answers again: a failing watch retries now instead of waiting out its backoff, but once
-        per failure streak. (When only this key fails while other requests succeed, the upstream "recovers"
-        after every failure of it; a retry each time would poll it every min_interval_ms: a storm.)"""
-        if self.consecutive_errors and not self._recovery_retried:
-            self._recovery_retried = True
-            self._poll_soon()
+        """The upstream answers again: a failing watch retries now instead of waiting out its backoff (once per
+        failure streak)."""
+        self._feed(Recover())
 
     def start(self) -> None:
         """Schedule the first poll one interval after the baseline (which was just read)."""
-        self._arm(self._last_start + self.interval_s)
+        self._feed(Begin())
 
     async def stop(self) -> None:
-        self._stopped = True
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._feed(Stop())
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
-    def _arm(self, due: float, *, hinted: bool = False) -> None:
-        # An idle watch is one timer entry, not a sleeping task: thousands of watches stay cheap.
-        if self._timer is not None:
-            self._timer.cancel()
-        self._due = due
-        self._due_hinted = hinted
-        self._timer = self._clock.call_at(due, self._fire)
+    # -- the plan's commands, carried out --------------------------------------------------------------------
+
+    def _feed(self, event: PollEvent) -> None:
+        for command in self._plan.handle(event, self._clock.now()):
+            if isinstance(command, SetTimer):
+                # An idle watch is one timer entry, not a sleeping task: thousands of watches stay cheap.
+                self._timer_id = command.timer
+                self._timer = self._clock.call_at(command.when, self._fire)
+            elif isinstance(command, CancelTimer):
+                if self._timer is not None and command.timer == self._timer_id:
+                    self._timer.cancel()
+                    self._timer = None
+            elif isinstance(command, Poll):
+                self._task = asyncio.get_running_loop().create_task(self._cycle(command))
+            elif isinstance(command, Waited):
+                self._metrics.queue_wait.labels(command.limit).observe(command.seconds)
+            elif isinstance(command, Interval):
+                self._metrics.poll_interval.observe(command.seconds)
 
     def _fire(self) -> None:
         self._timer = None
-        # In flight from now, not from the task's first step a loop turn later: a hint in between must find it.
-        self._polling = True
-        self._task = asyncio.get_running_loop().create_task(self._cycle())
+        # In flight from now (the plan's Poll), not from the task's first step a loop turn later.
+        self._feed(TimerFired(self._timer_id))
 
-    async def _cycle(self) -> None:
+    async def _cycle(self, poll: Poll) -> None:
         try:
-            if self._coordinator.may_poll(self.key):
-                if self._reads is not None:
-                    await self._read_slot()
-                await self.poll_once(self._due)
+            if poll.slotted or self._coordinator.may_poll(self.key):
+                if self._reads is not None and not poll.slotted:
+                    if self._wait_for_slot(poll.hinted):
+                        return  # its slot's timer polls
+                await self.poll_once(poll.due)
             else:
-                self._last_start = self._clock.now()  # another replica holds the lease; look again later
+                self._feed(Looked(self._clock.now(), None))  # another replica holds the lease; look again later
         except Exception:  # boundary: a bug in one poll must not stop this watch for good
             logger.exception("poll crashed", extra={"watch": self.key.short_hash, "kind": self.key.kind})
-            self.consecutive_errors += 1
+            self._feed(Looked(self._plan.last_start, False))
         finally:
-            self._polling = False
             self._task = None
-        if self._stopped:
-            return
-        if self.consecutive_errors:
-            delay = self._schedule.backoff_s(self.consecutive_errors)
-        else:
-            delay = self.interval_s
-            self._metrics.poll_interval.observe(delay)
-        hinted, self._hinted = self._hinted and not self.consecutive_errors, False
-        self._arm(self._last_start + delay)
-        if hinted:
-            self._arm_hinted(self._last_start + delay)
+        self._feed(Finished())
 
-    async def _read_slot(self) -> None:
-        # Every poll takes a slot of the read budget, hinted ones too (invariant 21); over it, it waits its slot.
+    def _wait_for_slot(self, hinted: bool) -> bool:
+        # Every poll takes a slot of the read budget, hinted ones too (invariant 21); over it, it waits its slot:
+        # a timer of the plan's, not a sleep.
         assert self._reads is not None
         now = self._clock.now()
-        slot = self._reads.slot(now, hinted=self._due_hinted)
-        if slot > now:
-            self._metrics.queue_wait.labels("read_budget").observe(slot - now)
-            await sleep(self._clock, slot - now)
+        slot = self._reads.slot(now, hinted=hinted)
+        if slot <= now:
+            return False
+        self._metrics.queue_wait.labels("read_budget").observe(slot - now)
+        self._feed(Slotted(slot))
+        return True
 
     async def poll_once(self, due: float) -> None:
         links, self._links = self._links, []
@@ -327,20 +299,24 @@ class Watch:
             started = self._clock.now()
             if queued_at is not None:  # waited for polling.max_concurrency: a wait, not a refusal
                 self._metrics.queue_wait.labels("poll_concurrency").observe(started - queued_at)
-            previous, self._last_start = self._last_start, started
+            previous = self._plan.last_start
             self._metrics.poll_lag.observe(max(0.0, started - due))
             try:
                 ticket, observation = await self._tickets.look(lambda: self._reader(self))
             except UpstreamError as exc:
+                self._feed(Looked(started, False))
                 self._failed(exc)
                 return
+            except Exception:
+                self._feed(Looked(started, None))  # a crash still started a poll: its backoff counts from it
+                raise
             finally:
                 self._poll_duration.observe(self._clock.now() - started)
         if observation is None:
+            self._feed(Looked(started, None))
             return
         self.last_poll_at = time.time()
-        self.consecutive_errors = 0
-        self._recovery_retried = False
+        self._feed(Looked(started, True))
         self._poll_ok.inc()
         event = self.offer(observation, ticket)
         if self._reads is not None:
@@ -353,14 +329,13 @@ class Watch:
                 await self._sink(event)
 
     def _failed(self, exc: UpstreamError) -> None:
-        self.consecutive_errors += 1
         self._poll_error.inc()
         if isinstance(exc, UpstreamHTTPError) and exc.is_auth_failure:
             self._on_auth_failure(self, exc)
             return
         # Expected failures (upstream down) log at info, others at warning; at most one line per interval
         # for all watches together, so an outage with thousands of watches stays readable.
-        if self.consecutive_errors == 1 and _error_log_limiter.allow():
+        if self.consecutive_errors == 1 and _error_log_limiter.allow(time.monotonic()):
             level = logging.INFO if exc.is_transport_failure else logging.WARNING
             logger.log(
                 level,

@@ -5,12 +5,15 @@ from __future__ import annotations
 from sidecar.changes import WatchKey
 from sidecar.identity import ANONYMOUS_IDENTITY, PUBLIC, Identity
 from sidecar.watch.engine import Engine
-from sidecar.watch.engine.commands import Answer, Cover, Look, PublishFirst, StartWatch, Track
-from sidecar.watch.engine.events import LookDone, Published, Subscribe
+from sidecar.watch.engine.commands import Answer, Command, Cover, Look, PublishFirst, StartWatch, Track
+from sidecar.watch.engine.events import Event, LookDone, Published, Subscribe
 from sidecar.watch.fingerprint import ABSENT
 from sidecar.watch.observe import Observation
 from sidecar.watch.rules import Rules
 from tests.unit.watch.playbook import Playbook
+
+Book = Playbook[Event, Command]
+"""A playbook of the registry's engine."""
 
 __all__ = [
     "ALICE",
@@ -53,13 +56,13 @@ def key(context: str, uri: str | None = DOC) -> WatchKey:
     return WatchKey("resource", uri, PUBLIC if context == "public" else context)
 
 
-def book(*, rate_per_s: float = 1_000.0, now: float = 0.0) -> Playbook:
+def book(*, rate_per_s: float = 1_000.0, now: float = 0.0) -> Book:
     """A fresh engine: lingers 8 s, remembers a missing resource 5 s, `rate_per_s` first reads a second a client."""
     engine = Engine(linger_s=LINGER_S, absent_ttl_s=ABSENT_TTL_S, rate_per_s=rate_per_s, rules=Rules([]))
-    return Playbook(engine, now)
+    return Book(engine, now)
 
 
-def started(play: Playbook, waiter: int, look: int, who: Identity, seen: Observation, ticket: int) -> WatchKey:
+def started(play: Book, waiter: int, look: int, who: Identity, seen: Observation, ticket: int) -> WatchKey:
     """`who` subscribes to DOC and its first read (`look`) sees `seen` at `ticket`: a new watch it holds."""
     watched = key(PUBLIC if seen.public else who.context)
     play.step(Subscribe(waiter, "resource", DOC, who), Look(look, "resource", DOC, who, paced=False))

@@ -67,6 +67,12 @@ class ManualClock:
             await settle()
         self._now = until
 
+    def advance_to(self, when: float) -> None:
+        """Move time on to `when`, with no timer due before it (those fire by `fire_next`, one at a time)."""
+        due = [at for at, _, timer in self._timers if not timer.cancelled and at < when]
+        assert not due, f"timers due before {when}: {sorted(due)}"
+        self._now = max(self._now, when)
+
     def fire_next(self) -> None:
         """Fire the next timer now, and return before anything it started has run."""
         while self._timers:

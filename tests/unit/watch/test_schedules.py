@@ -1,24 +1,35 @@
-"""When a watch polls: interval, backoff and hints, on a clock the test moves by hand (writes: test_revalidate).
+"""When a watch polls: interval, backoff, hints and their budget, recovery, as playbooks of its `PollPlan`.
 
-Nothing here sleeps: `ManualClock.advance` fires what has come due and waits for the polls it started.
+No event loop and no clock: each step feeds one event at a time the test names and expects the exact commands
+(timers to arm and cancel, the poll to run). What the driver does with them is `test_poll_driver`'s; writes'
+hints are `test_revalidate`'s.
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
-
 import pytest
 
-from sidecar.changes import ChangeEvent, LocalCoordinator, PollCoordinator, WatchKey
 from sidecar.config import PollingConfig
-from sidecar.observability.metrics import Metrics
-from sidecar.protocol.errors import UpstreamUnavailable
-from sidecar.watch.observe import Observation
-from sidecar.watch.poller import Watch
+from sidecar.watch.engine.commands import CancelTimer, SetTimer
+from sidecar.watch.engine.events import TimerFired
+from sidecar.watch.engine.polls import (
+    Begin,
+    Finished,
+    Hint,
+    Interval,
+    Looked,
+    Poll,
+    PollCommand,
+    PollEvent,
+    PollPlan,
+    Recover,
+    Slotted,
+    Stop,
+    Tighten,
+    Waited,
+)
 from sidecar.watch.schedule import HintBudget, Schedule
-from sidecar.watch.tickets import Tickets
-from tests.unit.watch.manual_clock import ManualClock
+from tests.unit.watch.playbook import Playbook
 
 CONFIG = PollingConfig(
     default_interval_ms=5000,
@@ -28,6 +39,9 @@ CONFIG = PollingConfig(
     backoff_initial_ms=1000,
     backoff_max_ms=8000,
 )
+TTL_MS = 2000
+
+Book = Playbook[PollEvent, PollCommand]
 
 
 def _midpoint() -> Schedule:
@@ -39,255 +53,162 @@ def _midpoint() -> Schedule:
 HINT_SPREAD_S = 0.5 * CONFIG.jitter * CONFIG.min_interval_ms / 1000
 
 
-class Upstream:
-    """What the watch reads: a fingerprint the test sets, failures it injects, a gate to hold a poll open."""
+def _book(
+    *, schedule: Schedule | None = None, budget: HintBudget | None = None, interval: list[float] | None = None
+) -> Book:
+    """A watch whose baseline was read at 0 and whose interval is its ttlMs (2 s) jittered, or `interval[0]`."""
+    used = schedule or _midpoint()
 
-    def __init__(self, clock: ManualClock) -> None:
-        self.clock = clock
-        self.fingerprint = "fp-0"
-        self.ttl_ms = 2000
-        self.failing = False
-        self.crashing = False
-        self.polled_at: list[float] = []
-        self.held: asyncio.Event | None = None
-        self.in_flight = 0
-        self.most_in_flight = 0
+    def wanted() -> float:
+        return interval[0] if interval else used.interval_s(TTL_MS)
 
-    async def read(self, _: Watch) -> Observation:
-        self.polled_at.append(self.clock.now())
-        self.in_flight += 1
-        self.most_in_flight = max(self.most_in_flight, self.in_flight)
-        try:
-            if self.held is not None:
-                await self.held.wait()
-        finally:
-            self.in_flight -= 1
-        if self.failing:
-            raise UpstreamUnavailable("test", "connection refused")
-        if self.crashing:
-            raise RuntimeError("a bug in the read")
-        return Observation(self.fingerprint, self.ttl_ms, True)
+    return Book(PollPlan(used, interval=wanted, budget=budget, started=0.0))
 
 
-def _watch(
-    clock: ManualClock,
-    upstream: Upstream,
-    events: list[ChangeEvent],
-    *,
-    coordinator: PollCoordinator | None = None,
-    budget: HintBudget | None = None,
-    metrics: Metrics | None = None,
-    uri: str = "x://1",
-    schedule: Schedule | None = None,
-) -> Watch:
-    tickets = Tickets()
-
-    async def sink(event: ChangeEvent) -> None:
-        events.append(event)
-
-    watch = Watch(
-        WatchKey("resource", uri, "public"),
-        Observation("fp-0", 2000, True),
-        tickets.take(),
-        schedule=schedule or _midpoint(),
-        reader=upstream.read,
-        sink=sink,
-        gate=asyncio.Semaphore(4),
-        tickets=tickets,
-        metrics=metrics or Metrics(),
-        on_auth_failure=lambda *_: None,
-        coordinator=coordinator or LocalCoordinator(),
-        budget=budget,
-        clock=clock,
-    )
-    watch.start()
-    return watch
+def _at(seconds: float) -> float:
+    return pytest.approx(seconds)  # type: ignore[return-value]  # a time computed by sums of jittered figures
 
 
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
-
-
-@pytest.fixture
-def upstream(clock: ManualClock) -> Upstream:
-    return Upstream(clock)
+def _polled(play: Book, timer: int, when: float, *, ok: bool | None = True, hinted: bool = False) -> list[PollCommand]:
+    """Timer `timer`, armed for `when`, fires then; the poll it asks for looks at once: what the plan arms after."""
+    play.at(when)
+    play.step(TimerFired(timer), Poll(_at(when), hinted))
+    play.step(Looked(when, ok))
+    return play.feed(Finished())
 
 
 @pytest.mark.invariant(9)
-async def test_polls_once_per_ttl_and_reports_a_change_once(clock: ManualClock, upstream: Upstream) -> None:
-    events: list[ChangeEvent] = []
-    watch = _watch(clock, upstream, events)
-    await clock.advance(1.999)
-    assert upstream.polled_at == []
-    await clock.advance(0.001)
-    assert upstream.polled_at == [2.0]
-    upstream.fingerprint = "fp-1"
-    await clock.advance(2.0)
-    await clock.advance(2.0)
-    assert upstream.polled_at == [2.0, 4.0, 6.0]
-    assert [event.fingerprint for event in events] == ["fp-1"]
-    await watch.stop()
+def test_polls_once_per_interval_from_the_baseline() -> None:
+    play = _book()
+    play.step(Begin(), SetTimer(1, 2.0))
+    assert _polled(play, 1, 2.0) == [Interval(2.0), SetTimer(2, 4.0)]
+    play.step(TimerFired(1))  # a timer already fired (or cancelled) asks for nothing
+    assert _polled(play, 2, 4.0) == [Interval(2.0), SetTimer(3, 6.0)]
 
 
 @pytest.mark.invariant(9)
-async def test_failures_back_off_exponentially_then_the_interval_returns(
-    clock: ManualClock, upstream: Upstream
-) -> None:
-    watch = _watch(clock, upstream, [])
-    upstream.failing = True
-    await clock.advance(2.0 + 1 + 2 + 4 + 8 + 8)
-    assert upstream.polled_at == [2.0, 3.0, 5.0, 9.0, 17.0, 25.0]
-    assert watch.consecutive_errors == 6
-    upstream.failing = False
-    await clock.advance(8.0 + 2.0)
-    assert upstream.polled_at[-2:] == [33.0, 35.0]
-    assert watch.consecutive_errors == 0
-    await watch.stop()
+def test_failures_back_off_exponentially_then_the_interval_returns() -> None:
+    plan = PollPlan(_midpoint(), interval=lambda: 2.0, budget=None, started=0.0)
+    play = Book(plan)
+    play.step(Begin(), SetTimer(1, 2.0))
+    when, armed = 2.0, []
+    for timer in range(1, 7):
+        [rearmed] = _polled(play, timer, when, ok=False)
+        assert isinstance(rearmed, SetTimer)
+        armed.append(rearmed.when)
+        when = rearmed.when
+    assert armed == [3.0, 5.0, 9.0, 17.0, 25.0, 33.0]
+    assert plan.errors == 6
+    assert _polled(play, 7, 33.0) == [Interval(2.0), SetTimer(8, 35.0)]
 
 
-async def test_a_hint_polls_after_min_interval_and_many_hints_are_one_poll(
-    clock: ManualClock, upstream: Upstream
-) -> None:
-    watch = _watch(clock, upstream, [])
-    await clock.advance(0.1)
-    for _ in range(5):
-        watch.hint()
-    await clock.advance(0.5)
-    assert upstream.polled_at == [pytest.approx(0.25 + HINT_SPREAD_S)]
-    await clock.advance(1.0)
-    assert len(upstream.polled_at) == 1, "the hints coalesced; the next poll is the regular one"
-    await watch.stop()
+def test_a_hint_polls_after_min_interval_and_many_hints_are_one_poll() -> None:
+    play = _book()
+    play.step(Begin(), SetTimer(1, 2.0))
+    play.at(0.1).step(Hint(), CancelTimer(1), SetTimer(2, _at(0.25 + HINT_SPREAD_S)))
+    for _ in range(4):
+        play.step(Hint())  # coalesced into the hinted poll armed already
+    assert _polled(play, 2, 0.25 + HINT_SPREAD_S, hinted=True) == [
+        Interval(2.0),
+        SetTimer(3, _at(2.25 + HINT_SPREAD_S)),
+    ], "the next poll is the regular one"
 
 
-async def test_a_hint_during_a_poll_adds_exactly_one_poll_after_it(clock: ManualClock, upstream: Upstream) -> None:
-    watch = _watch(clock, upstream, [])
-    upstream.held = asyncio.Event()
-    await clock.advance(2.0)
-    assert upstream.polled_at == [2.0]  # in flight, held open
-    watch.hint()
-    watch.hint()
-    await clock.advance(0.1)
-    upstream.held.set()
-    upstream.held = None
-    await clock.advance(0.5)
-    assert upstream.polled_at == [2.0, pytest.approx(2.25 + HINT_SPREAD_S)]
-    await watch.stop()
+def test_a_hint_during_a_poll_adds_exactly_one_poll_after_it() -> None:
+    play = _book()
+    play.step(Begin(), SetTimer(1, 2.0))
+    play.at(2.0).step(TimerFired(1), Poll(2.0, False))
+    play.step(Hint())
+    play.step(Hint())
+    play.at(2.1).step(Looked(2.0, True))
+    play.step(Finished(), Interval(2.0), SetTimer(2, 4.0), CancelTimer(2), SetTimer(3, _at(2.25 + HINT_SPREAD_S)))
 
 
-async def test_a_hint_between_the_timer_firing_and_its_poll_starting_adds_no_second_poll_beside_it(
-    clock: ManualClock, upstream: Upstream
-) -> None:
-    # The timer's callback starts the poll as a task, which runs a loop turn later; a burst of writes whose
-    # hints land in that turn found neither a timer nor a poll in flight, and armed a second poll beside it.
-    watch = _watch(clock, upstream, [])
-    upstream.held = asyncio.Event()
-    await clock.advance(1.9)
-    clock.fire_next()  # the regular poll at 2.0, not yet running
-    watch.hint()
-    await clock.advance(1.0)
-    assert upstream.polled_at == [2.0] and upstream.most_in_flight == 1
-    upstream.held.set()
-    upstream.held = None
-    await clock.advance(0.5)
+def test_a_hint_between_the_timer_firing_and_its_poll_starting_adds_no_second_poll_beside_it() -> None:
+    # The poll is in flight from its timer's firing: a burst of writes whose hints land before its look starts
+    # must find it, and ask for one poll after it, never a second beside it.
+    play = _book()
+    play.step(Begin(), SetTimer(1, 2.0))
+    play.at(2.0).step(TimerFired(1), Poll(2.0, False))
+    play.step(Hint())
+    play.at(3.0).step(Looked(2.0, True))
     # Past min_interval_ms and the only hint of its spread: it polls at once, without a pause.
-    assert upstream.polled_at == [2.0, pytest.approx(3.0)], "the hint is one poll after it"
-    assert upstream.most_in_flight == 1
-    await watch.stop()
+    play.step(Finished(), Interval(2.0), SetTimer(2, 4.0), CancelTimer(2), SetTimer(3, 3.0))
 
 
-async def test_a_lone_hint_past_min_interval_polls_at_once(clock: ManualClock, upstream: Upstream) -> None:
-    # One write's key: nothing to spread it from, so no pause between the write's hint and its poll.
-    watch = _watch(clock, upstream, [])
-    await clock.advance(1.0)
-    watch.hint()
-    await clock.advance(0.0)
-    assert upstream.polled_at == [1.0]
-    await watch.stop()
+def test_a_lone_hint_past_min_interval_polls_at_once() -> None:
+    play = _book()
+    play.step(Begin(), SetTimer(1, 2.0))
+    play.at(1.0).step(Hint(), CancelTimer(1), SetTimer(2, 1.0))
 
 
 @pytest.mark.invariant(9)
-async def test_hints_to_many_watches_at_once_are_spread_after_the_first(clock: ManualClock) -> None:
+def test_hints_to_many_watches_at_once_are_spread_after_the_first() -> None:
     # A write hinting many keys must not fire their polls in one instant: the first polls at once, the others
     # over the spread (up to jitter x min_interval_ms); and a hint that waits out min_interval_ms is jittered.
     draws: list[float] = []
     schedule = Schedule(CONFIG, rand=lambda: draws.pop(0) if draws else 0.5)
     spread_s = CONFIG.jitter * CONFIG.min_interval_ms / 1000
-    upstreams = [Upstream(clock) for _ in range(4)]
-    watches = [_watch(clock, upstream, [], schedule=schedule) for upstream in upstreams]
-    draws += [0.2, 0.6, 0.9]  # the hints' draws, after the starts' own (later ones draw 0.5)
-    await clock.advance(1.0)
-    for watch in watches:
-        watch.hint()
-    await clock.advance(0.1)
-    polled = [upstream.polled_at for upstream in upstreams]
-    assert polled == [[1.0], [pytest.approx(1.0 + 0.2 * spread_s)], [pytest.approx(1.0 + 0.6 * spread_s)],
-                      [pytest.approx(1.0 + 0.9 * spread_s)]]  # fmt: skip
-    watches[0].hint()  # 0.1 s after its poll: it waits out min_interval_ms, and that wait is jittered
-    await clock.advance(0.5)
-    assert upstreams[0].polled_at == [1.0, pytest.approx(1.25 + 0.5 * spread_s)]
-    for watch in watches:
-        await watch.stop()
+    plays = [_book(schedule=schedule) for _ in range(4)]
+    for play in plays:
+        play.step(Begin(), SetTimer(1, 2.0))
+    draws += [0.2, 0.6, 0.9]
+    for play, draw in zip(plays, [0.0, 0.2, 0.6, 0.9], strict=True):
+        play.at(1.0).step(Hint(), CancelTimer(1), SetTimer(2, _at(1.0 + draw * spread_s)))
+    first = plays[0]
+    assert _polled(first, 2, 1.0, hinted=True) == [Interval(2.0), SetTimer(3, 3.0)]
+    # 0.1 s after its poll: it waits out min_interval_ms, and that wait is jittered.
+    first.at(1.1).step(Hint(), CancelTimer(3), SetTimer(4, _at(1.25 + 0.5 * spread_s)))
 
 
 @pytest.mark.invariant(9)
-async def test_a_hint_never_cuts_a_backoff_short(clock: ManualClock, upstream: Upstream) -> None:
-    watch = _watch(clock, upstream, [])
-    upstream.failing = True
-    await clock.advance(2.0)
-    watch.hint()
-    await clock.advance(0.999)
-    assert upstream.polled_at == [2.0]
-    await clock.advance(0.001)
-    assert upstream.polled_at == [2.0, 3.0]
-    await watch.stop()
+def test_a_hint_never_cuts_a_backoff_short() -> None:
+    play = _book()
+    play.step(Begin(), SetTimer(1, 2.0))
+    assert _polled(play, 1, 2.0, ok=False) == [SetTimer(2, 3.0)]
+    play.step(Hint())
+    play.at(2.9).step(Hint())
 
 
-async def test_a_stopped_watch_never_polls_again(clock: ManualClock, upstream: Upstream) -> None:
-    watch = _watch(clock, upstream, [])
-    await watch.stop()
-    watch.hint()
-    await clock.advance(60.0)
-    assert upstream.polled_at == []
+def test_a_stopped_watch_never_polls_again() -> None:
+    play = _book()
+    play.step(Begin(), SetTimer(1, 2.0))
+    play.step(Stop(), CancelTimer(1))
+    for event in (Hint(), Recover(), Tighten(), TimerFired(1)):
+        play.at(play.now + 1).step(event)
+    busy = _book()
+    busy.step(Begin(), SetTimer(1, 2.0))
+    busy.at(2.0).step(TimerFired(1), Poll(2.0, False))
+    busy.step(Stop())
+    busy.step(Looked(2.0, True))
+    busy.step(Finished())  # stopped while it polled: nothing is armed after it
 
 
-async def test_a_hint_after_a_poll_polls_min_interval_after_that_poll(clock: ManualClock, upstream: Upstream) -> None:
-    watch = _watch(clock, upstream, [])
-    await clock.advance(2.1)
-    watch.hint()
-    await clock.advance(0.5)
-    assert upstream.polled_at == [2.0, pytest.approx(2.25 + HINT_SPREAD_S)]
-    await watch.stop()
+def test_a_hint_after_a_poll_polls_min_interval_after_that_poll() -> None:
+    play = _book()
+    play.step(Begin(), SetTimer(1, 2.0))
+    assert _polled(play, 1, 2.0) == [Interval(2.0), SetTimer(2, 4.0)]
+    play.at(2.1).step(Hint(), CancelTimer(2), SetTimer(3, _at(2.25 + HINT_SPREAD_S)))
 
 
-async def test_a_hint_just_before_a_regular_poll_is_answered_by_it_and_spends_no_budget(
-    clock: ManualClock, upstream: Upstream
-) -> None:
+def test_a_hint_just_before_a_regular_poll_is_answered_by_it_and_spends_no_budget() -> None:
     budget, schedule = HintBudget(per_s=1), _midpoint()
-    watch = _watch(clock, upstream, [], budget=budget, schedule=schedule)
-    await clock.advance(1.995)
-    schedule.hint_jitter_s(clock.now(), waits=False)  # another key was hinted first: this hint is spread
-    watch.hint()  # a hinted poll could run at 2.0075 at the soonest: the regular one at 2.0 comes first
-    await clock.advance(0.5)
-    assert upstream.polled_at == [2.0]
+    play = _book(schedule=schedule, budget=budget)
+    play.step(Begin(), SetTimer(1, 2.0))
+    schedule.hint_jitter_s(1.995, waits=False)  # another key was hinted first: this hint is spread
+    play.at(1.995).step(Hint())  # a hinted poll could run at 2.0075 at the soonest: the regular one at 2.0 comes first
     assert budget.slot(2.5) == 2.5, "the budget is whole"
-    await watch.stop()
 
 
-async def test_a_hint_during_a_poll_is_answered_by_the_next_regular_poll_when_that_comes_sooner(
-    clock: ManualClock, upstream: Upstream
-) -> None:
-    upstream.ttl_ms = 250  # the next regular poll is min_interval_ms after this one: sooner than a hinted one
-    watch = _watch(clock, upstream, [])
-    upstream.held = asyncio.Event()
-    await clock.advance(2.0)
-    watch.hint()
-    await clock.advance(0.1)
-    upstream.held.set()
-    upstream.held = None
-    await clock.advance(0.2)
-    assert upstream.polled_at == [2.0, 2.25]
-    await watch.stop()
+def test_a_hint_during_a_poll_is_answered_by_the_next_regular_poll_when_that_comes_sooner() -> None:
+    interval = [2.0]
+    play = _book(interval=interval)
+    play.step(Begin(), SetTimer(1, 2.0))
+    play.at(2.0).step(TimerFired(1), Poll(2.0, False))
+    play.step(Hint())
+    play.at(2.1).step(Looked(2.0, True))
+    interval[0] = 0.25  # the look said ttlMs 250: the next regular poll is min_interval_ms after this one
+    play.step(Finished(), Interval(0.25), SetTimer(2, 2.25))
 
 
 def test_the_hint_budget_lets_a_seconds_worth_through_at_once_then_spaces_the_rest_and_refills() -> None:
@@ -305,129 +226,77 @@ def test_a_hint_budget_under_one_a_second_lets_one_through_at_a_time() -> None:
     assert budget.slot(100.0) == 100.0
 
 
-async def test_hinted_polls_past_the_budget_are_deferred_to_their_slot_and_counted_never_dropped(
-    clock: ManualClock, upstream: Upstream
-) -> None:
-    metrics = Metrics()
+def test_hinted_polls_past_the_budget_are_deferred_to_their_slot_and_counted_never_dropped() -> None:
     budget = HintBudget(per_s=1)
-    watches = [_watch(clock, upstream, [], budget=budget, metrics=metrics, uri=f"x://{n}") for n in range(2)]
-    await clock.advance(0.1)
-    for watch in watches:
-        watch.hint()
-    await clock.advance(1.5)
+    first, second = _book(budget=budget), _book(budget=budget)
     soonest = 0.25 + HINT_SPREAD_S
-    assert upstream.polled_at == pytest.approx([soonest, soonest + 1.0])
-    labels = {"limit": "hinted_polls"}
-    assert metrics.registry.get_sample_value("mcp_sidecar_queue_wait_seconds_count", labels) == 1
-    assert metrics.registry.get_sample_value("mcp_sidecar_queue_wait_seconds_sum", labels) == pytest.approx(1.0)
-    for watch in watches:
-        await watch.stop()
+    for play in (first, second):
+        play.step(Begin(), SetTimer(1, 2.0))
+    first.at(0.1).step(Hint(), CancelTimer(1), SetTimer(2, _at(soonest)))
+    second.at(0.1).step(Hint(), Waited("hinted_polls", _at(1.0)), CancelTimer(1), SetTimer(2, _at(soonest + 1.0)))
 
 
-async def test_a_hint_deferred_past_the_next_regular_poll_leaves_that_poll_where_it_was(
-    clock: ManualClock, upstream: Upstream
-) -> None:
+def test_a_hint_deferred_past_the_next_regular_poll_leaves_that_poll_where_it_was() -> None:
     budget = HintBudget(per_s=1)
-    watches = [_watch(clock, upstream, [], budget=budget, uri=f"x://{n}") for n in range(3)]
-    await clock.advance(0.1)
-    for watch in watches:
-        watch.hint()  # the last one's slot, 2.2625, is after its regular poll at 2.0
-    await clock.advance(2.0)
+    plays = [_book(budget=budget) for _ in range(3)]
+    for play in plays:
+        play.step(Begin(), SetTimer(1, 2.0))
     soonest = 0.25 + HINT_SPREAD_S
-    assert upstream.polled_at == pytest.approx([soonest, soonest + 1.0, 2.0])
-    for watch in watches:
-        await watch.stop()
+    plays[0].at(0.1).step(Hint(), CancelTimer(1), SetTimer(2, _at(soonest)))
+    plays[1].at(0.1).step(Hint(), Waited("hinted_polls", _at(1.0)), CancelTimer(1), SetTimer(2, _at(soonest + 1)))
+    plays[2].at(0.1).step(Hint(), Waited("hinted_polls", _at(2.0)))  # its slot, 2.2625, is after 2.0: not armed
 
 
-async def test_a_crashing_poll_is_logged_and_backs_off_like_a_failure(
-    clock: ManualClock, upstream: Upstream, caplog: pytest.LogCaptureFixture
-) -> None:
-    watch = _watch(clock, upstream, [])
-    upstream.crashing = True
-    with caplog.at_level(logging.ERROR, logger="sidecar.watch.poller"):
-        await clock.advance(2.0 + 1 + 2)
-    assert upstream.polled_at == [2.0, 3.0, 5.0]
-    assert watch.consecutive_errors == 3
-    crashes = [record for record in caplog.records if record.getMessage() == "poll crashed"]
-    assert len(crashes) == 3
-    assert all(record.levelno == logging.ERROR and record.exc_info is not None for record in crashes)
-    assert {(getattr(r, "watch", None), getattr(r, "kind", None)) for r in crashes} == {
-        (watch.key.short_hash, "resource")
-    }
-    await watch.stop()
+def test_a_look_with_nobody_to_poll_for_neither_backs_off_nor_ends_a_backoff() -> None:
+    # Another replica holds the lease (or no stream holds the key): it looks again an interval after it asked.
+    play = _book()
+    play.step(Begin(), SetTimer(1, 2.0))
+    assert _polled(play, 1, 2.0, ok=None) == [Interval(2.0), SetTimer(2, 4.0)]
+    assert _polled(play, 2, 4.0, ok=False) == [SetTimer(3, 5.0)]
+    assert _polled(play, 3, 5.0, ok=None) == [SetTimer(4, 6.0)], "still backing off, at the same step"
 
 
-async def test_a_replica_that_may_not_poll_a_key_asks_again_an_interval_later(
-    clock: ManualClock, upstream: Upstream
-) -> None:
-    asked: list[WatchKey] = []
-
-    class Elsewhere(LocalCoordinator):
-        def may_poll(self, key: WatchKey) -> bool:
-            asked.append(key)
-            return False
-
-    watch = _watch(clock, upstream, [], coordinator=Elsewhere())
-    await clock.advance(4.0)
-    assert upstream.polled_at == []
-    assert asked == [watch.key, watch.key]  # at 2.0 and 4.0
-    await watch.stop()
+def test_the_upstream_answering_again_retries_a_failing_watch_once_per_failure_streak() -> None:
+    play = _book()
+    play.step(Begin(), SetTimer(1, 2.0))
+    play.step(Recover())  # not failing: nothing to retry
+    assert _polled(play, 1, 2.0, ok=False) == [SetTimer(2, 3.0)]
+    retry = 2.25 + HINT_SPREAD_S
+    play.at(2.1).step(Recover(), CancelTimer(2), SetTimer(3, _at(retry)))
+    assert _polled(play, 3, retry, ok=False, hinted=True) == [SetTimer(4, _at(retry + 2.0))]
+    play.at(2.5).step(Recover())  # the same streak: no second retry
+    assert _polled(play, 4, retry + 2.0) == [Interval(2.0), SetTimer(5, _at(retry + 4.0))]  # the streak is over
+    assert _polled(play, 5, retry + 4.0, ok=False) == [SetTimer(6, _at(retry + 5.0))]  # a new streak
+    play.at(7.0).step(Recover(), CancelTimer(6), SetTimer(7, 7.0))  # the retry at once: a lone key, past the floor
 
 
-async def test_a_key_the_upstreams_notifications_cover_polls_at_the_backstop_and_losing_the_cover_polls_soon(
-    clock: ManualClock, upstream: Upstream
-) -> None:
-    schedule = Schedule(CONFIG.model_copy(update={"native_backstop_ms": 60_000}), rand=lambda: 0.5)
-    watch = _watch(clock, upstream, [], schedule=schedule)
-    watch.set_native(True)
-    watch.set_native(True)
-    assert watch.interval_s == 60.0
-    await clock.advance(30.0)
-    assert upstream.polled_at == [2.0], "the poll armed before the cover, then the backstop's 60 s"
-    watch.set_native(False)
-    await clock.advance(1.0)
-    assert upstream.polled_at == [2.0, 30.0]  # polled soon: at once, the only key hinted (past min_interval_ms)
-    assert watch.interval_s == 2.0
-    await watch.stop()
+def test_a_shorter_interval_from_the_read_budget_moves_a_regular_poll_only() -> None:
+    interval = [2.0]
+    play = _book(interval=interval)
+    play.step(Begin(), SetTimer(1, 2.0))
+    interval[0] = 1.0
+    play.at(0.5).step(Tighten(), CancelTimer(1), SetTimer(2, 1.0))
+    play.step(Tighten())  # armed for that already
+    interval[0] = 0.2
+    play.at(0.9).step(Tighten(), CancelTimer(2), SetTimer(3, 0.9))  # never in the past
+    assert _polled(play, 3, 0.9, ok=False) == [SetTimer(4, 1.9)]
+    interval[0] = 0.1
+    play.at(1.0).step(Tighten())  # a backoff is not shortened
 
 
-async def test_the_upstream_answering_again_retries_a_failing_watch_once_per_failure_streak(
-    clock: ManualClock, upstream: Upstream
-) -> None:
-    watch = _watch(clock, upstream, [])
-    watch.recover()  # not failing: nothing to retry
-    upstream.failing = True
-    await clock.advance(2.1)  # failed at 2.0; backing off to 3.0
-    watch.recover()
-    await clock.advance(0.4)
-    assert upstream.polled_at == [2.0, pytest.approx(2.25 + HINT_SPREAD_S)]  # failed again: backing off 2 s
-    watch.recover()  # the same streak: no second retry
-    await clock.advance(1.5)
-    assert len(upstream.polled_at) == 2
-    upstream.failing = False
-    await clock.advance(1.0)  # the backoff's poll at 4.2625 succeeds: the streak is over
-    upstream.failing = True
-    await clock.advance(2.0)  # the regular poll at 6.2625 fails: a new streak, backing off to 7.2625
-    watch.recover()
-    await clock.advance(0.2)
-    assert upstream.polled_at[2:] == pytest.approx(
-        [4.2625, 6.2625, 7.0]
-    )  # the retry at once: a lone key, past the floor
-    await watch.stop()
-
-
-async def test_stopping_a_watch_ends_its_poll_in_flight_and_stopping_twice_is_harmless(
-    clock: ManualClock, upstream: Upstream
-) -> None:
-    idle = _watch(clock, upstream, [])
-    await idle.stop()
-    await idle.stop()
-    busy = _watch(clock, upstream, [], uri="x://2")
-    upstream.held = asyncio.Event()
-    await clock.advance(2.0)
-    assert upstream.in_flight == 1
-    await busy.stop()
-    await busy.stop()
-    assert upstream.in_flight == 0
-    await clock.advance(60.0)
-    assert upstream.polled_at == [2.0]
+@pytest.mark.invariant(21)
+def test_a_poll_waiting_for_its_slot_of_the_read_budget_is_in_flight_until_it_runs_then() -> None:
+    play = _book()
+    play.step(Begin(), SetTimer(1, 2.0))
+    play.at(2.0).step(TimerFired(1), Poll(2.0, False))
+    play.step(Slotted(2.5), SetTimer(2, 2.5))
+    play.step(Hint())  # the poll to come may predate the write: one more after it
+    play.step(Tighten())  # the slot is not the interval's to move
+    play.at(2.5).step(TimerFired(2), Poll(2.0, False, slotted=True))  # due when it was due: its lag counts from then
+    play.step(Looked(2.5, True))
+    play.step(Finished(), Interval(2.0), SetTimer(3, 4.5), CancelTimer(3), SetTimer(4, _at(2.75 + HINT_SPREAD_S)))
+    waiting = _book()
+    waiting.step(Begin(), SetTimer(1, 2.0))
+    waiting.at(2.0).step(TimerFired(1), Poll(2.0, False))
+    waiting.step(Slotted(2.5), SetTimer(2, 2.5))
+    waiting.step(Stop(), CancelTimer(2))

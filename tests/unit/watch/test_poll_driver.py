@@ -1,0 +1,218 @@
+"""The poll plan's driver (`Watch`): it arms the plan's timers on the clock, runs the polls they ask for, and
+reports how each went (a crash, a lease held elsewhere, the upstream's cover). When it polls is the plan's, whose
+playbooks are in `test_schedules`.
+
+The clock is moved by hand, one timer at a time (`ManualClock.fire_next`); each wait names what it waits for (the
+poll asked of the upstream, the next timer armed), never a turn of the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from sidecar.changes import ChangeEvent, LocalCoordinator, PollCoordinator, WatchKey
+from sidecar.config import PollingConfig
+from sidecar.observability.metrics import Metrics
+from sidecar.protocol.errors import UpstreamUnavailable
+from sidecar.watch.observe import Observation
+from sidecar.watch.poller import Watch
+from sidecar.watch.schedule import HintBudget, Schedule
+from sidecar.watch.tickets import Tickets
+from tests.helpers import eventually
+from tests.unit.watch.manual_clock import ManualClock
+
+CONFIG = PollingConfig(
+    default_interval_ms=5000,
+    min_interval_ms=250,
+    max_interval_ms=60000,
+    jitter=0.1,
+    backoff_initial_ms=1000,
+    backoff_max_ms=8000,
+)
+
+
+class Upstream:
+    """What the watch reads: a fingerprint the test sets, failures it injects, a gate to hold a poll open."""
+
+    def __init__(self, clock: ManualClock) -> None:
+        self.clock = clock
+        self.fingerprint = "fp-0"
+        self.failing = False
+        self.crashing = False
+        self.polled_at: list[float] = []
+        self.held: asyncio.Event | None = None
+        self.in_flight = 0
+
+    async def read(self, _: Watch) -> Observation:
+        self.polled_at.append(self.clock.now())
+        self.in_flight += 1
+        try:
+            if self.held is not None:
+                await self.held.wait()
+        finally:
+            self.in_flight -= 1
+        if self.failing:
+            raise UpstreamUnavailable("test", "connection refused")
+        if self.crashing:
+            raise RuntimeError("a bug in the read")
+        return Observation(self.fingerprint, 2000, True)
+
+
+def _watch(
+    clock: ManualClock,
+    upstream: Upstream,
+    events: list[ChangeEvent],
+    *,
+    coordinator: PollCoordinator | None = None,
+    budget: HintBudget | None = None,
+    metrics: Metrics | None = None,
+    uri: str = "x://1",
+    schedule: Schedule | None = None,
+) -> Watch:
+    tickets = Tickets()
+
+    async def sink(event: ChangeEvent) -> None:
+        events.append(event)
+
+    watch = Watch(
+        WatchKey("resource", uri, "public"),
+        Observation("fp-0", 2000, True),
+        tickets.take(),
+        schedule=schedule or Schedule(CONFIG, rand=lambda: 0.5),
+        reader=upstream.read,
+        sink=sink,
+        gate=asyncio.Semaphore(4),
+        tickets=tickets,
+        metrics=metrics or Metrics(),
+        on_auth_failure=lambda *_: None,
+        coordinator=coordinator or LocalCoordinator(),
+        budget=budget,
+        clock=clock,
+    )
+    watch.start()
+    return watch
+
+
+async def _poll(clock: ManualClock, *, armed: int = 1) -> None:
+    """Fire the next timer and wait for the poll it starts to end: the next one armed (`armed` timers pending)."""
+    clock.fire_next()
+    await eventually(lambda: clock.pending() == armed)
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+def upstream(clock: ManualClock) -> Upstream:
+    return Upstream(clock)
+
+
+@pytest.mark.invariant(9)
+async def test_polls_at_the_timers_the_plan_arms_and_publishes_a_change_once(
+    clock: ManualClock, upstream: Upstream
+) -> None:
+    events: list[ChangeEvent] = []
+    watch = _watch(clock, upstream, events)
+    assert clock.pending() == 1 and upstream.polled_at == []
+    await _poll(clock)
+    upstream.fingerprint = "fp-1"
+    await _poll(clock)
+    await _poll(clock)
+    assert upstream.polled_at == [2.0, 4.0, 6.0]
+    assert [event.fingerprint for event in events] == ["fp-1"]
+    await watch.stop()
+    assert clock.pending() == 0
+
+
+async def test_a_crashing_poll_is_logged_and_backs_off_like_a_failure(
+    clock: ManualClock, upstream: Upstream, caplog: pytest.LogCaptureFixture
+) -> None:
+    watch = _watch(clock, upstream, [])
+    upstream.crashing = True
+    with caplog.at_level(logging.ERROR, logger="sidecar.watch.poller"):
+        for _ in range(3):
+            await _poll(clock)
+    assert upstream.polled_at == [2.0, 3.0, 5.0]
+    assert watch.consecutive_errors == 3
+    crashes = [record for record in caplog.records if record.getMessage() == "poll crashed"]
+    assert len(crashes) == 3
+    assert all(record.levelno == logging.ERROR and record.exc_info is not None for record in crashes)
+    assert {(getattr(r, "watch", None), getattr(r, "kind", None)) for r in crashes} == {
+        (watch.key.short_hash, "resource")
+    }
+    await watch.stop()
+
+
+async def test_a_replica_that_may_not_poll_a_key_asks_again_an_interval_later(
+    clock: ManualClock, upstream: Upstream
+) -> None:
+    asked: list[tuple[WatchKey, float]] = []
+
+    class Elsewhere(LocalCoordinator):
+        def may_poll(self, key: WatchKey) -> bool:
+            asked.append((key, clock.now()))
+            return False
+
+    watch = _watch(clock, upstream, [], coordinator=Elsewhere())
+    await _poll(clock)
+    await _poll(clock)
+    assert upstream.polled_at == []
+    assert asked == [(watch.key, 2.0), (watch.key, 4.0)]
+    assert watch.consecutive_errors == 0
+    await watch.stop()
+
+
+async def test_a_key_the_upstreams_notifications_cover_polls_at_the_backstop_and_losing_the_cover_polls_soon(
+    clock: ManualClock, upstream: Upstream
+) -> None:
+    schedule = Schedule(CONFIG.model_copy(update={"native_backstop_ms": 60_000}), rand=lambda: 0.5)
+    watch = _watch(clock, upstream, [], schedule=schedule)
+    watch.set_native(True)
+    watch.set_native(True)
+    assert watch.interval_s == 60.0
+    await _poll(clock)  # the poll armed before the cover
+    clock.advance_to(30.0)
+    assert upstream.polled_at == [2.0] and clock.pending() == 1, "then the backstop's 60 s"
+    watch.set_native(False)
+    await _poll(clock)  # polled soon: at once, the only key hinted (past min_interval_ms)
+    assert upstream.polled_at == [2.0, 30.0]
+    assert watch.interval_s == 2.0
+    await watch.stop()
+
+
+async def test_hinted_polls_deferred_by_the_budget_are_counted_as_a_wait(
+    clock: ManualClock, upstream: Upstream
+) -> None:
+    metrics, budget = Metrics(), HintBudget(per_s=1)
+    watches = [_watch(clock, upstream, [], budget=budget, metrics=metrics, uri=f"x://{n}") for n in range(2)]
+    clock.advance_to(0.1)
+    for watch in watches:
+        watch.hint()
+    labels = {"limit": "hinted_polls"}
+    assert metrics.registry.get_sample_value("mcp_sidecar_queue_wait_seconds_count", labels) == 1
+    assert metrics.registry.get_sample_value("mcp_sidecar_queue_wait_seconds_sum", labels) == pytest.approx(1.0)
+    for watch in watches:
+        await watch.stop()
+
+
+async def test_stopping_a_watch_ends_its_poll_in_flight_and_stopping_twice_is_harmless(
+    clock: ManualClock, upstream: Upstream
+) -> None:
+    idle = _watch(clock, upstream, [])
+    await idle.stop()
+    await idle.stop()
+    assert clock.pending() == 0
+    busy = _watch(clock, upstream, [], uri="x://2")
+    upstream.held = asyncio.Event()
+    clock.fire_next()
+    await eventually(lambda: upstream.in_flight == 1)
+    await busy.stop()
+    await busy.stop()
+    assert upstream.in_flight == 0
+    assert clock.pending() == 0, "nothing armed after it"
+    assert upstream.polled_at == [2.0]
