@@ -396,7 +396,7 @@ def test_failure_lines_are_allowed_one_per_interval_from_the_first_one_on_even_r
 async def test_the_hold_before_publishing_seam_logs_the_line_the_replica_tests_wait_for_then_holds(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    # tests/integration/test_replica_coherence.py kills an owner once it logs this line (the seam is on only
+    # tests/replicas/test_replica_coherence.py kills an owner once it logs this line (the seam is on only
     # under MCP_SIDECAR_TEST_HOLD_BEFORE_PUBLISH=1).
     with caplog.at_level(logging.WARNING, logger="sidecar.watch.poller"):
         hold = asyncio.create_task(poller._hold())
