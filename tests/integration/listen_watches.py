@@ -30,7 +30,8 @@ __all__ = [
 ]
 
 TTL_MS = 300
-"""read and list ttlMs of the upstreams: the sidecar polls each watch about every 300 ms."""
+"""read and list ttlMs of the upstreams (`fast_upstream`, tests/conftest.py): the sidecar polls each watch about
+every 300 ms."""
 POLLING = {"min_interval_ms": 100, "default_interval_ms": TTL_MS, "linger_ms": 100}
 
 PRICE = "catalog://price"

@@ -7,7 +7,6 @@ client's `listen()`; waits are on events with bounded timeouts.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -39,20 +38,6 @@ from tests.kit import (
     sse_messages,
 )
 from tests.peers import Upstream, start_bare_upstream, start_upstream
-
-
-@pytest.fixture(params=["modern", "legacy"])
-async def fast_upstream(request: pytest.FixtureRequest) -> AsyncIterator[Upstream]:
-    """A shop server of either era whose reads and lists have ttlMs 300 (legacy ones carry none)."""
-    async with await start_upstream(request.param, read_ttl_ms=TTL_MS, list_ttl_ms=TTL_MS) as up:
-        yield up
-
-
-@pytest.fixture
-async def modern_fast_upstream() -> AsyncIterator[Upstream]:
-    async with await start_upstream("modern", read_ttl_ms=TTL_MS, list_ttl_ms=TTL_MS) as up:
-        yield up
-
 
 # -- 4. the ack lists exactly what is honoured ------------------------------------------------------------
 
@@ -88,6 +73,7 @@ async def test_a_watched_list_stays_cached_across_polls_that_see_it_unchanged_an
 
 
 @pytest.mark.invariant(2)
+@pytest.mark.parametrize("fast_upstream", ["modern", "legacy"], indirect=True)
 async def test_the_ack_leaves_out_unknown_and_unreadable_uris(
     fast_upstream: Upstream, http: aiohttp.ClientSession
 ) -> None:
@@ -135,9 +121,9 @@ async def test_prompts_list_changed_is_left_out_of_the_ack_when_the_upstream_has
 @pytest.mark.invariant(2)
 @pytest.mark.invariant(4)
 async def test_uris_over_the_per_stream_limit_are_left_out_of_the_ack_counted_and_never_notified(
-    modern_fast_upstream: Upstream, http: aiohttp.ClientSession
+    fast_upstream: Upstream, http: aiohttp.ClientSession
 ) -> None:
-    up = modern_fast_upstream
+    up = fast_upstream
     a1, a2 = "catalog://items/a1", "catalog://items/a2"
     async with serve_sidecar(up.url, polling=POLLING, streams={"max_uris_per_stream": 2}) as sidecar:
         stream = ListenStream(http, sidecar.url, "lim", [PRICE, a1, a2])
@@ -158,9 +144,9 @@ async def test_uris_over_the_per_stream_limit_are_left_out_of_the_ack_counted_an
 
 
 async def test_a_closed_stream_stops_counting_at_once_and_its_watch_stops_polling_after_the_linger(
-    modern_fast_upstream: Upstream, http: aiohttp.ClientSession
+    fast_upstream: Upstream, http: aiohttp.ClientSession
 ) -> None:
-    up = modern_fast_upstream
+    up = fast_upstream
     linger_ms = 3000
     polling = {**POLLING, "linger_ms": linger_ms}
     async with serve_sidecar(up.url, polling=polling) as sidecar:
@@ -193,9 +179,9 @@ async def test_a_closed_stream_stops_counting_at_once_and_its_watch_stops_pollin
 
 
 async def test_with_no_linger_a_listen_is_still_acked_and_its_watch_goes_when_the_stream_closes(
-    modern_fast_upstream: Upstream, http: aiohttp.ClientSession
+    fast_upstream: Upstream, http: aiohttp.ClientSession
 ) -> None:
-    up = modern_fast_upstream
+    up = fast_upstream
     async with serve_sidecar(up.url, polling={**POLLING, "linger_ms": 0}) as sidecar:
         stream = ListenStream(http, sidecar.url, "z", [PRICE])
         async with listening(stream) as (ack,):

@@ -10,7 +10,6 @@ its own clock says passed, never over a wall-clock window the test guesses.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -48,14 +47,10 @@ from tests.kit import (
     serve_sidecar,
     text_of,
 )
-from tests.peers import Upstream, start_upstream
+from tests.peers import Upstream
 
-
-@pytest.fixture(params=["modern", "legacy"])
-async def fast_upstream(request: pytest.FixtureRequest) -> AsyncIterator[Upstream]:
-    """A shop server of either era whose reads and lists have ttlMs 300 (legacy ones carry none)."""
-    async with await start_upstream(request.param, read_ttl_ms=TTL_MS, list_ttl_ms=TTL_MS) as up:
-        yield up
+pytestmark = pytest.mark.parametrize("fast_upstream", ["modern", "legacy"], indirect=True)
+"""Every test here runs against a shop server of each era."""
 
 
 # -- 1. private contexts ------------------------------------------------------------------------------
