@@ -78,6 +78,19 @@ async def upstream(request: pytest.FixtureRequest) -> AsyncIterator[Upstream]:
         yield up
 
 
+FAST_TTL_MS = 300
+"""The ttlMs of `fast_upstream`'s reads and lists: a sidecar in front of it polls each watch about this often."""
+
+
+@pytest.fixture
+async def fast_upstream(request: pytest.FixtureRequest) -> AsyncIterator[Upstream]:
+    """The shop server with reads and lists of ttlMs 300 (a legacy one carries none): modern, or the era a test
+    gives it (`@pytest.mark.parametrize("fast_upstream", ["modern", "legacy"], indirect=True)`)."""
+    era = getattr(request, "param", "modern")
+    async with await start_upstream(era, read_ttl_ms=FAST_TTL_MS, list_ttl_ms=FAST_TTL_MS) as up:
+        yield up
+
+
 @pytest.fixture
 async def redis(tmp_path: Path) -> AsyncIterator[RedisServer]:
     """A redis-server of the test's own on 127.0.0.1, stopped after it."""

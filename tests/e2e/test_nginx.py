@@ -15,10 +15,9 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
-import pytest
 
 from tests.kit import UPDATED, ListenStream, Sidecar, rpc, serve_sidecar
-from tests.peers import Upstream, start_upstream
+from tests.peers import Upstream
 from tests.prereqs import require_binary
 from tests.procs import ServerProcess, free_port, http_answers
 
@@ -77,12 +76,6 @@ async def _nginx(tmp_path: Path, sidecar: Sidecar) -> AsyncIterator[str]:
     base = f"http://127.0.0.1:{port}"
     async with nginx.serving(http_answers(f"{base}/healthz"), START_TIMEOUT_S, stop_within_s=STOP_TIMEOUT_S):
         yield base
-
-
-@pytest.fixture
-async def fast_upstream() -> AsyncIterator[Upstream]:
-    async with await start_upstream("modern", read_ttl_ms=300, list_ttl_ms=300) as up:
-        yield up
 
 
 async def test_listen_streams_pass_through_nginx_unbuffered_and_uncompressed(

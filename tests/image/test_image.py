@@ -28,7 +28,6 @@ import aiohttp
 import pytest
 
 from tests.kit import SUB_ID_KEY, ListenStream, listening, rpc, scrape
-from tests.kit import ListenStream as ListsStream
 from tests.peers import Upstream, start_upstream
 from tests.peers.stdio_peers import live_processes, session_members
 from tests.prereqs import require_binary, skip_missing
@@ -309,7 +308,7 @@ async def test_the_stdio_recipe_serves_a_read_and_a_listen_through_its_child_and
             http, sidecar.url, "tools/call", {"name": "get_current_time", "arguments": {"timezone": "Etc/UTC"}}
         )
         assert status == 200 and "Etc/UTC" in reply["result"]["content"][0]["text"], reply
-        async with listening(ListsStream(http, sidecar.url, "time-1", toolsListChanged=True)) as [ack]:
+        async with listening(ListenStream(http, sidecar.url, "time-1", toolsListChanged=True)) as [ack]:
             assert ack["params"]["notifications"] == {"toolsListChanged": True}
             pid = sidecar.pid()
             [child] = _children(pid)

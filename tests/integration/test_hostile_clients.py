@@ -17,8 +17,17 @@ import aiohttp
 import pytest
 
 from sidecar.app import FAIR_SHARE, METRICS
-from tests.helpers import LEGACY_HEADERS, LEGACY_INITIALIZE, eventually, headers, request, rpc, serve_sidecar, waits
-from tests.observing import ListenStream
+from tests.kit import (
+    LEGACY_HEADERS,
+    LEGACY_INITIALIZE,
+    ListenStream,
+    eventually,
+    headers,
+    request,
+    rpc,
+    serve_sidecar,
+    waits,
+)
 from tests.peers import Upstream, start_upstream
 from tests.peers.faulty import Fault, FaultyUpstream
 

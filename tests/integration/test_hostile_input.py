@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.helpers import headers, request, rpc, serve_sidecar
+from tests.kit import headers, request, rpc, serve_sidecar
 from tests.peers import Upstream, start_upstream
 
 PRICE = "catalog://price"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import warnings
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -22,10 +21,13 @@ from tests.kit import (
     serve_sidecar,
     sse_messages,
 )
-from tests.peers import Upstream, start_upstream
+from tests.peers import Upstream
 
 FAST = {"min_interval_ms": 100, "default_interval_ms": 300, "linger_ms": 100}
 PRICE = "catalog://price"
+
+pytestmark = pytest.mark.parametrize("fast_upstream", ["modern", "legacy"], indirect=True)
+"""Every test here runs against a shop server of each era."""
 
 
 class _Updates:
@@ -40,12 +42,6 @@ class _Updates:
 
     async def next(self) -> str:
         return await asyncio.wait_for(self.uris.get(), 15)
-
-
-@pytest.fixture(params=["modern", "legacy"])
-async def fast_upstream(request: pytest.FixtureRequest) -> AsyncIterator[Upstream]:
-    async with await start_upstream(request.param, read_ttl_ms=300, list_ttl_ms=300) as up:
-        yield up
 
 
 def _legacy(url: str, updates: _Updates) -> Client:

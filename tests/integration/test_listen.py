@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -44,13 +43,6 @@ async def _next_update(sub: Any) -> Any:
             if isinstance(event, ResourceUpdated):
                 return event
     raise AssertionError("the stream ended without an update")
-
-
-@pytest.fixture
-async def fast_upstream(request: pytest.FixtureRequest) -> AsyncIterator[Upstream]:
-    era = getattr(request, "param", "modern")
-    async with await start_upstream(era, read_ttl_ms=300, list_ttl_ms=300) as up:
-        yield up
 
 
 @pytest.mark.invariant(6)

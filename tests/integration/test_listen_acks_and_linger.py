@@ -1,13 +1,12 @@
 """What a listen's ack honours (exactly what the sidecar will notify), and what a closed stream stops costing.
 
-Real SDK upstreams (subprocesses) behind a sidecar served in-process, raw aiohttp listen streams or the SDK
+Real SDK upstreams (subprocesses) behind a sidecar served in-process, the kit's raw listen streams or the SDK
 client's `listen()`; waits are on events with bounded timeouts.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -15,44 +14,30 @@ import pytest
 from mcp import Client
 
 from sidecar.app import HUB, METRICS
-from tests.helpers import (
-    eventually,
-    headers,
-    request,
-    rpc,
-    serve_sidecar,
-    sse_messages,
-)
-from tests.integration.raw_listen import (
-    ACK,
+from tests.integration.listen_watches import (
     POLLING,
     PRICE,
     TOOLS_CHANGED,
     TTL_MS,
-    UPDATED,
-    WAIT_S,
-    Listen,
-    listening,
     polled,
     polls,
     watch_count,
     watches,
 )
+from tests.kit import (
+    ACK,
+    UPDATED,
+    WAIT_S,
+    ListenStream,
+    eventually,
+    headers,
+    listen_request,
+    listening,
+    rpc,
+    serve_sidecar,
+    sse_messages,
+)
 from tests.peers import Upstream, start_bare_upstream, start_upstream
-
-
-@pytest.fixture(params=["modern", "legacy"])
-async def fast_upstream(request: pytest.FixtureRequest) -> AsyncIterator[Upstream]:
-    """A shop server of either era whose reads and lists have ttlMs 300 (legacy ones carry none)."""
-    async with await start_upstream(request.param, read_ttl_ms=TTL_MS, list_ttl_ms=TTL_MS) as up:
-        yield up
-
-
-@pytest.fixture
-async def modern_fast_upstream() -> AsyncIterator[Upstream]:
-    async with await start_upstream("modern", read_ttl_ms=TTL_MS, list_ttl_ms=TTL_MS) as up:
-        yield up
-
 
 # -- 4. the ack lists exactly what is honoured ------------------------------------------------------------
 
@@ -70,7 +55,7 @@ async def test_a_watched_list_stays_cached_across_polls_that_see_it_unchanged_an
         serve_sidecar(up.url, polling={**POLLING, "max_interval_ms": TTL_MS}) as sidecar,
     ):
         hits = sidecar.app[METRICS].cache_hits
-        stream = Listen(http, sidecar, "tools", {"toolsListChanged": True})
+        stream = ListenStream(http, sidecar.url, "tools", None, toolsListChanged=True)
         async with listening(stream) as [ack]:
             assert ack["params"]["notifications"] == {"toolsListChanged": True}
             status, first = await rpc(http, sidecar.url, "tools/list")
@@ -82,26 +67,22 @@ async def test_a_watched_list_stays_cached_across_polls_that_see_it_unchanged_an
             assert _tool_names(again) == _tool_names(first)
 
             await up.add("tool", "late_tool")
-            assert (await stream.next())["method"] == TOOLS_CHANGED
+            assert (await stream.next_stamped())["method"] == TOOLS_CHANGED
             status, after = await rpc(http, sidecar.url, "tools/list")
             assert _tool_names(after) == [*_tool_names(first), "late_tool"]
 
 
 @pytest.mark.invariant(2)
+@pytest.mark.parametrize("fast_upstream", ["modern", "legacy"], indirect=True)
 async def test_the_ack_leaves_out_unknown_and_unreadable_uris(
     fast_upstream: Upstream, http: aiohttp.ClientSession
 ) -> None:
     up = fast_upstream
     async with serve_sidecar(up.url, polling=POLLING) as sidecar:
         asked = [PRICE, "catalog://nope", "catalog://forbidden", PRICE]
-        mixed = Listen(http, sidecar, 1, {"resourceSubscriptions": asked})
-        none_left = Listen(
-            http,
-            sidecar,
-            2,
-            {"toolsListChanged": True, "resourceSubscriptions": ["catalog://nope", "catalog://forbidden"]},
-        )
-        async with listening(mixed, none_left) as (ack_mixed, ack_none):
+        mixed = ListenStream(http, sidecar.url, 1, asked)
+        none_left = ListenStream(http, sidecar.url, 2, ["catalog://nope", "catalog://forbidden"], toolsListChanged=True)
+        async with listening(mixed, none_left, at_once=True) as (ack_mixed, ack_none):
             assert ack_mixed["params"]["notifications"] == {"resourceSubscriptions": [PRICE]}
             # No URI could be honoured: the field is left out, the rest of the filter stands.
             assert ack_none["params"]["notifications"] == {"toolsListChanged": True}
@@ -110,7 +91,7 @@ async def test_the_ack_leaves_out_unknown_and_unreadable_uris(
                 ("tools_list", None),
             ]
             await up.set_price(130)
-            frame = await mixed.next()
+            frame = await mixed.next_stamped()
             assert frame["method"] == UPDATED and frame["params"]["uri"] == PRICE
 
 
@@ -140,12 +121,12 @@ async def test_prompts_list_changed_is_left_out_of_the_ack_when_the_upstream_has
 @pytest.mark.invariant(2)
 @pytest.mark.invariant(4)
 async def test_uris_over_the_per_stream_limit_are_left_out_of_the_ack_counted_and_never_notified(
-    modern_fast_upstream: Upstream, http: aiohttp.ClientSession
+    fast_upstream: Upstream, http: aiohttp.ClientSession
 ) -> None:
-    up = modern_fast_upstream
+    up = fast_upstream
     a1, a2 = "catalog://items/a1", "catalog://items/a2"
     async with serve_sidecar(up.url, polling=POLLING, streams={"max_uris_per_stream": 2}) as sidecar:
-        stream = Listen(http, sidecar, "lim", {"resourceSubscriptions": [PRICE, a1, a2]})
+        stream = ListenStream(http, sidecar.url, "lim", [PRICE, a1, a2])
         async with listening(stream) as (ack,):
             assert ack["params"]["notifications"] == {"resourceSubscriptions": [PRICE, a1]}
             rejections = sidecar.app[METRICS].limit_rejections.labels("max_uris_per_stream")._value.get()
@@ -153,24 +134,24 @@ async def test_uris_over_the_per_stream_limit_are_left_out_of_the_ack_counted_an
             assert sorted(watch.key.uri for watch in watches(sidecar)) == [a1, PRICE]
             # The price feeds every item: the two honoured URIs change, the dropped one is never announced.
             await up.set_price(120)
-            first, second = await stream.next(), await stream.next()
+            first, second = await stream.next_stamped(), await stream.next_stamped()
             assert {first["params"]["uri"], second["params"]["uri"]} == {PRICE, a1}
             await polled(sidecar, "resource", 4)
-            assert stream.received() == []
+            assert stream.pending() == []
 
 
 # -- 5. linger ----------------------------------------------------------------------------------------------
 
 
 async def test_a_closed_stream_stops_counting_at_once_and_its_watch_stops_polling_after_the_linger(
-    modern_fast_upstream: Upstream, http: aiohttp.ClientSession
+    fast_upstream: Upstream, http: aiohttp.ClientSession
 ) -> None:
-    up = modern_fast_upstream
+    up = fast_upstream
     linger_ms = 3000
     polling = {**POLLING, "linger_ms": linger_ms}
     async with serve_sidecar(up.url, polling=polling) as sidecar:
         metrics = sidecar.app[METRICS]
-        body = request("subscriptions/listen", {"notifications": {"resourceSubscriptions": [PRICE]}}, "x")
+        body = listen_request([PRICE], "x")
         async with http.post(sidecar.url, json=body, headers=headers("subscriptions/listen")) as resp:
             frames = sse_messages(resp)
             async with asyncio.timeout(WAIT_S):
@@ -198,13 +179,13 @@ async def test_a_closed_stream_stops_counting_at_once_and_its_watch_stops_pollin
 
 
 async def test_with_no_linger_a_listen_is_still_acked_and_its_watch_goes_when_the_stream_closes(
-    modern_fast_upstream: Upstream, http: aiohttp.ClientSession
+    fast_upstream: Upstream, http: aiohttp.ClientSession
 ) -> None:
-    up = modern_fast_upstream
+    up = fast_upstream
     async with serve_sidecar(up.url, polling={**POLLING, "linger_ms": 0}) as sidecar:
-        stream = Listen(http, sidecar, "z", {"resourceSubscriptions": [PRICE]})
+        stream = ListenStream(http, sidecar.url, "z", [PRICE])
         async with listening(stream) as (ack,):
             assert ack["params"]["notifications"] == {"resourceSubscriptions": [PRICE]}
             await up.set_price(170)
-            assert (await stream.next())["params"]["uri"] == PRICE
+            assert (await stream.next_stamped())["params"]["uri"] == PRICE
         await eventually(lambda: watch_count(sidecar, "resource") == 0, within_s=WAIT_S)

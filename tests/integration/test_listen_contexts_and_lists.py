@@ -1,7 +1,7 @@
 """Who shares a watch and who gets which notification: private contexts, public coalescing and the list kinds.
 
-Every test drives real SDK upstreams (subprocesses) through a sidecar served in-process, with raw aiohttp
-listen streams (a reader task queues every frame after the ack). Positive assertions wait on events with
+Every test drives real SDK upstreams (subprocesses) through a sidecar served in-process, with the kit's raw
+listen streams (a reader task keeps every frame after the ack). Positive assertions wait on events with
 bounded timeouts; a negative one ("B got nothing") first waits until the watches that could have produced the
 unwanted frame have polled again, then checks nothing arrived. Costs are counted by the upstream over the time
 its own clock says passed, never over a wall-clock window the test guesses.
@@ -10,7 +10,6 @@ its own clock says passed, never over a wall-clock window the test guesses.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -20,13 +19,7 @@ from sidecar.app import HUB, METRICS
 from sidecar.changes import WatchKind
 from sidecar.config.sections import DEFAULT_JITTER
 from sidecar.identity import ANONYMOUS, PUBLIC
-from tests.helpers import (
-    SUB_ID_KEY,
-    context_of,
-    eventually,
-    serve_sidecar,
-)
-from tests.integration.raw_listen import (
+from tests.integration.listen_watches import (
     POLLING,
     PRICE,
     PROFILE,
@@ -34,27 +27,30 @@ from tests.integration.raw_listen import (
     RESOURCES_CHANGED,
     TOOLS_CHANGED,
     TTL_MS,
-    UPDATED,
-    WAIT_S,
-    Listen,
     answered,
-    listening,
     most_in_flight,
     polled,
-    read_text,
     reads_of,
     watch_count,
     watch_polled_twice,
     watches,
 )
-from tests.peers import Upstream, start_upstream
+from tests.kit import (
+    SUB_ID_KEY,
+    UPDATED,
+    WAIT_S,
+    ListenStream,
+    context_of,
+    eventually,
+    listening,
+    read_resource,
+    serve_sidecar,
+    text_of,
+)
+from tests.peers import Upstream
 
-
-@pytest.fixture(params=["modern", "legacy"])
-async def fast_upstream(request: pytest.FixtureRequest) -> AsyncIterator[Upstream]:
-    """A shop server of either era whose reads and lists have ttlMs 300 (legacy ones carry none)."""
-    async with await start_upstream(request.param, read_ttl_ms=TTL_MS, list_ttl_ms=TTL_MS) as up:
-        yield up
+pytestmark = pytest.mark.parametrize("fast_upstream", ["modern", "legacy"], indirect=True)
+"""Every test here runs against a shop server of each era."""
 
 
 # -- 1. private contexts ------------------------------------------------------------------------------
@@ -67,8 +63,8 @@ async def test_a_private_resource_changes_only_for_its_owner_and_is_polled_only_
 ) -> None:
     up = fast_upstream
     async with serve_sidecar(up.url, polling=POLLING) as sidecar:
-        a = Listen(http, sidecar, "a", {"resourceSubscriptions": [PROFILE]}, authorization="Bearer a")
-        b = Listen(http, sidecar, "b", {"resourceSubscriptions": [PROFILE]}, authorization="Bearer b")
+        a = ListenStream(http, sidecar.url, "a", [PROFILE], authorization="Bearer a")
+        b = ListenStream(http, sidecar.url, "b", [PROFILE], authorization="Bearer b")
         try:
             acks = await asyncio.gather(a.open(), b.open())
             for ack in acks:
@@ -80,16 +76,16 @@ async def test_a_private_resource_changes_only_for_its_owner_and_is_polled_only_
             watch_b = by_context[context_of(sidecar, "Bearer b")]
 
             assert await up.bump_profile("a") == "profile of a v2"
-            update = await a.next()
+            update = await a.next_stamped()
             assert update["method"] == UPDATED and update["params"]["uri"] == PROFILE
 
             # B's own watch has looked at the upstream twice since A heard of the change: B hears nothing.
             await asyncio.gather(polled(sidecar, "resource", 4), watch_polled_twice(watch_b))
-            assert b.received() == []
-            assert a.received() == []  # one change, one notification
+            assert b.pending() == []
+            assert a.pending() == []  # one change, one notification
 
-            assert await read_text(http, sidecar, PROFILE, "Bearer a") == "profile of a v2"
-            assert await read_text(http, sidecar, PROFILE, "Bearer b") == "profile of b v1"
+            assert text_of(await read_resource(http, sidecar.url, PROFILE, token="a")) == "profile of a v2"
+            assert text_of(await read_resource(http, sidecar.url, PROFILE, token="b")) == "profile of b v1"
 
             # B leaves: its watch lingers 100 ms, then goes, and its token with it.
             await b.close()
@@ -125,8 +121,8 @@ async def test_two_hundred_anonymous_streams_on_a_public_resource_cost_one_read_
         serve_sidecar(up.url, polling=POLLING) as sidecar,
         aiohttp.ClientSession(connector=connector) as http,
     ):
-        streams = [Listen(http, sidecar, i, {"resourceSubscriptions": [PRICE]}) for i in range(n)]
-        async with listening(*streams) as acks:
+        streams = [ListenStream(http, sidecar.url, i, [PRICE]) for i in range(n)]
+        async with listening(*streams, at_once=True) as acks:
             for i, ack in enumerate(acks):
                 assert ack["params"]["_meta"][SUB_ID_KEY] == i
                 assert ack["params"]["notifications"] == {"resourceSubscriptions": [PRICE]}
@@ -151,7 +147,7 @@ async def test_two_hundred_anonymous_streams_on_a_public_resource_cost_one_read_
 
             # And one poll that sees a change tells every stream.
             await up.set_price(150)
-            updates = await asyncio.gather(*(stream.next() for stream in streams))
+            updates = await asyncio.gather(*(stream.next_stamped() for stream in streams))
             assert all(frame["method"] == UPDATED and frame["params"]["uri"] == PRICE for frame in updates)
 
 
@@ -176,11 +172,11 @@ async def test_each_list_change_reaches_only_the_stream_that_asked_for_that_list
 ) -> None:
     up = fast_upstream
     async with serve_sidecar(up.url, polling=POLLING) as sidecar:
-        tools = Listen(http, sidecar, "tools", {"toolsListChanged": True})
-        prompts = Listen(http, sidecar, "prompts", {"promptsListChanged": True})
-        resources = Listen(http, sidecar, "resources", {"resourcesListChanged": True})
+        tools = ListenStream(http, sidecar.url, "tools", None, toolsListChanged=True)
+        prompts = ListenStream(http, sidecar.url, "prompts", None, promptsListChanged=True)
+        resources = ListenStream(http, sidecar.url, "resources", None, resourcesListChanged=True)
         streams = {"tools_list": tools, "prompts_list": prompts, "resources_list": resources}
-        async with listening(tools, prompts, resources) as acks:
+        async with listening(tools, prompts, resources, at_once=True) as acks:
             assert [ack["params"]["notifications"] for ack in acks] == [
                 {"toolsListChanged": True},
                 {"promptsListChanged": True},
@@ -195,11 +191,11 @@ async def test_each_list_change_reaches_only_the_stream_that_asked_for_that_list
             ]
             for kind, name, changed, method in steps:
                 await up.add(kind, name)
-                frame = await streams[changed].next()
+                frame = await streams[changed].next_stamped()
                 assert frame["method"] == method, (kind, frame)
                 assert set(frame["params"]) == {"_meta"}
                 # Every other list has been polled twice since: still nothing for the other streams.
                 others: list[WatchKind] = [other for other in streams if other != changed]
                 await asyncio.gather(*(polled(sidecar, other, 2) for other in others))
                 for stream in streams.values():
-                    assert stream.received() == [], (kind, stream.request_id)
+                    assert stream.pending() == [], (kind, stream.request_id)

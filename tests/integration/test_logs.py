@@ -4,15 +4,13 @@ neither a credential nor any resource content, even at debug level."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import pytest
 
 from tests.kit import UPDATED, ListenStream, cli, rpc
-from tests.peers import Upstream, start_upstream
+from tests.peers import Upstream
 
 TOKEN = "s3cr3t-token"
 AUTHORIZATION = f"Bearer {TOKEN}"
@@ -34,12 +32,6 @@ def _config(tmp_path: Path, upstream: Upstream) -> Path:
         encoding="utf-8",
     )
     return path
-
-
-@pytest.fixture
-async def fast_upstream() -> AsyncIterator[Upstream]:
-    async with await start_upstream("modern", read_ttl_ms=300, list_ttl_ms=300) as up:
-        yield up
 
 
 async def test_logs_are_json_with_the_instance_and_never_show_tokens_or_contents(

@@ -5,25 +5,16 @@ Parsed with prometheus_client's own text parser, as Prometheus would read it.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import aiohttp
-import pytest
 
 from sidecar import __version__
 from sidecar.observability.metrics import Metrics
 from tests.kit import UPDATED, WAIT_S, ListenStream, Scrape, Sidecar, eventually, rpc, scrape, serve_sidecar
-from tests.peers import Upstream, start_upstream
+from tests.peers import Upstream
 
 PRICE = "catalog://price"
 TOKEN = "s3cr3t-token"
 POLLING = {"min_interval_ms": 100, "default_interval_ms": 300, "linger_ms": 100}
-
-
-@pytest.fixture
-async def fast_upstream() -> AsyncIterator[Upstream]:
-    async with await start_upstream("modern", read_ttl_ms=300, list_ttl_ms=300) as up:
-        yield up
 
 
 async def _gauge_becomes(http: aiohttp.ClientSession, sidecar: Sidecar, name: str, value: float) -> None:

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from html.parser import HTMLParser
 
 import aiohttp
-import pytest
 
 from sidecar import __version__
 from sidecar.app import REGISTRY
@@ -30,12 +28,6 @@ COLUMNS = [
     "subscribers",
 ]
 POLLING = {"min_interval_ms": 100, "default_interval_ms": 300, "linger_ms": 100}
-
-
-@pytest.fixture
-async def fast_upstream() -> AsyncIterator[Upstream]:
-    async with await start_upstream("modern", read_ttl_ms=300, list_ttl_ms=300) as up:
-        yield up
 
 
 class _Tables(HTMLParser):

@@ -6,6 +6,8 @@
     mark = stream.mark(); ...; await stream.wait_update(uri, 5.0, since=mark)   # or look back by position
     await stream.close()
 
+The ack is checked to carry the stream's id (invariant 3); `next_stamped` checks each later notification too.
+
 Every frame is kept (`frames`, the ack first) and every keep-alive comment's loop time (`comment_times`);
 `next` takes the frames after the ack one by one, `pending` takes what has arrived and was not taken yet,
 `wait_for` looks at the frames after a mark without taking them. `ended` says the server or a proxy went away.
@@ -37,11 +39,12 @@ class ListenStream:
         http: aiohttp.ClientSession,
         url: str,
         request_id: Any,
-        uris: Iterable[str] = (),
+        uris: Iterable[str] | None = (),
         *,
         authorization: str | None = None,
         **lists: bool,
     ) -> None:
+        """`uris` None sends no `resourceSubscriptions` field (lists only), where `()` sends an empty one."""
         self.request_id = request_id
         self.label = f"{url}#{request_id}"
         self.frames: list[dict[str, Any]] = []
@@ -50,7 +53,8 @@ class ListenStream:
         self.ended = False
         self._http = http
         self._url = url
-        self._uris = list(uris)
+        self._asked = None if uris is None else list(uris)
+        self._uris = self._asked or []
         self._lists = lists
         self._authorization = authorization
         self._taken = 1  # `next` starts after the ack
@@ -86,7 +90,7 @@ class ListenStream:
         extra = {"Authorization": self._authorization} if self._authorization else {}
         self._response = await self._http.post(
             self._url,
-            json=listen_request(self._uris, self.request_id, **self._lists),
+            json=listen_request(self._asked, self.request_id, **self._lists),
             headers=headers("subscriptions/listen", **extra),
             timeout=_STREAM_TIMEOUT,
         )
@@ -97,6 +101,7 @@ class ListenStream:
         self._reader = asyncio.get_running_loop().create_task(self._read(self._response))
         ack = await self.wait_for(lambda frame: True, within_s)
         assert ack.get("method") == ACK, f"{self.label}: first frame is not the ack: {ack}"
+        assert ack["params"]["_meta"][SUB_ID_KEY] == self.request_id, ack
         return ack
 
     async def _read(self, response: aiohttp.ClientResponse) -> None:
@@ -155,6 +160,12 @@ class ListenStream:
         self._taken += 1
         return frame
 
+    async def next_stamped(self, within_s: float = WAIT_S) -> dict[str, Any]:
+        """The next frame, checked to be a notification carrying this stream's id."""
+        frame = await self.next(within_s)
+        assert frame["params"]["_meta"][SUB_ID_KEY] == self.request_id, frame
+        return frame
+
     async def next_update(self, within_s: float = WAIT_S) -> dict[str, Any]:
         """The next frame, checked to be an update of one of this stream's URIs carrying its id."""
         frame = await self.next(within_s)
@@ -183,10 +194,14 @@ class ListenStream:
 
 
 @contextlib.asynccontextmanager
-async def listening(*streams: ListenStream) -> AsyncIterator[list[dict[str, Any]]]:
-    """Open every stream, yield their acks, close them all on the way out."""
+async def listening(*streams: ListenStream, at_once: bool = False) -> AsyncIterator[list[dict[str, Any]]]:
+    """Open every stream (one after the other, or all `at_once`, as joiners racing one another), yield their
+    acks in the streams' order, close them all on the way out."""
     try:
-        yield [await stream.open() for stream in streams]
+        if at_once:
+            yield list(await asyncio.gather(*(stream.open() for stream in streams)))
+        else:
+            yield [await stream.open() for stream in streams]
     finally:
         for stream in streams:
             await stream.close()

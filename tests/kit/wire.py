@@ -66,9 +66,11 @@ def request(method: str, params: dict[str, Any] | None = None, request_id: Any =
     return {"jsonrpc": "2.0", "id": request_id, "method": method, "params": {**(params or {}), "_meta": META}}
 
 
-def listen_request(uris: Iterable[str] = (), request_id: Any = 1, **lists: bool) -> dict[str, Any]:
-    """A `subscriptions/listen` request for `uris` and the list kinds in `lists` (`toolsListChanged=True`...)."""
-    notifications = {"resourceSubscriptions": list(uris), **lists}
+def listen_request(uris: Iterable[str] | None = (), request_id: Any = 1, **lists: bool) -> dict[str, Any]:
+    """A `subscriptions/listen` request for `uris` and the list kinds in `lists` (`toolsListChanged=True`...);
+    with `uris` None the filter has no `resourceSubscriptions` field at all (a client asking for lists only)."""
+    notifications: dict[str, Any] = {} if uris is None else {"resourceSubscriptions": list(uris)}
+    notifications.update(lists)
     return request("subscriptions/listen", {"notifications": notifications}, request_id)
 
 

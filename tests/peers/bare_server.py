@@ -13,7 +13,6 @@ and a subset of its admin routes: ``GET /admin/log``, ``POST /admin/reset-log``,
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
 import mcp_types as types
@@ -23,7 +22,7 @@ from mcp.shared.exceptions import MCPError
 from starlette.routing import Router
 from starlette.types import ASGIApp
 
-from tests.peers.front import AdminLog, Front, log_routes, serve
+from tests.peers.front import AdminLog, Front, log_routes, peer_parser, serve
 
 __all__ = ["NOTE_URI", "build_app", "main"]
 
@@ -85,12 +84,7 @@ def build_app(era: str, *, read_ttl_ms: int = 1000, list_ttl_ms: int = 1000) -> 
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--era", choices=["modern", "legacy"], required=True)
-    parser.add_argument("--read-ttl-ms", type=int, default=1000)
-    parser.add_argument("--list-ttl-ms", type=int, default=1000)
-    args = parser.parse_args(argv)
+    args = peer_parser(__doc__).parse_args(argv)
     app = build_app(args.era, read_ttl_ms=args.read_ttl_ms, list_ttl_ms=args.list_ttl_ms)
     serve(app, args.port)
 

@@ -21,14 +21,12 @@ Admin routes (shared plumbing with the shop server): ``GET /admin/health``, ``GE
 
 from __future__ import annotations
 
-import argparse
 import base64
 import json
 import logging
 from collections.abc import Callable
 from typing import Any
 
-from mcp.server.caching import CacheHint
 from mcp.server.context import ServerRequestContext
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.prompts.base import UserMessage
@@ -51,7 +49,7 @@ from starlette.routing import Router
 from starlette.types import ASGIApp
 
 from tests.peers.conformance_tools import PNG_BASE64, add_tools, answer_field, elicit_input
-from tests.peers.front import AdminLog, Front, log_routes, serve
+from tests.peers.front import AdminLog, Front, cache_hints, log_routes, peer_parser, serve
 
 __all__ = ["build_app", "main"]
 
@@ -63,18 +61,11 @@ def build_app(era: str = "modern", *, read_ttl_ms: int = 1000, list_ttl_ms: int 
     if era != "modern":
         raise ValueError("the conformance fixture is dual-era only (--era modern)")
     log = AdminLog()
-    list_hint = CacheHint(ttl_ms=list_ttl_ms, scope="public")
     mcp = MCPServer(
         "conformance-fixture",
         version="0.1.0",
         subscriptions=False,
-        cache_hints={
-            "resources/read": CacheHint(ttl_ms=read_ttl_ms, scope="private"),
-            "resources/list": list_hint,
-            "resources/templates/list": list_hint,
-            "tools/list": list_hint,
-            "prompts/list": list_hint,
-        },
+        cache_hints=cache_hints(read_ttl_ms, list_ttl_ms),
     )
     add_tools(mcp)
 
@@ -177,12 +168,7 @@ def build_app(era: str = "modern", *, read_ttl_ms: int = 1000, list_ttl_ms: int 
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--era", choices=["modern"], default="modern")
-    parser.add_argument("--read-ttl-ms", type=int, default=1000)
-    parser.add_argument("--list-ttl-ms", type=int, default=1000)
-    args = parser.parse_args(argv)
+    args = peer_parser(__doc__, eras=["modern"]).parse_args(argv)
     app = build_app(args.era, read_ttl_ms=args.read_ttl_ms, list_ttl_ms=args.list_ttl_ms)
     serve(app, args.port)
 

@@ -4,18 +4,31 @@ and the 2025-11-25-only guard (`legacy`), as one ASGI front with the admin route
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import uvicorn
+from mcp.server.caching import CacheHint
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["MCP_PATH", "PRM_PATH", "AdminLog", "AuthState", "Front", "log_routes", "serve"]
+__all__ = [
+    "MCP_PATH",
+    "PRM_PATH",
+    "AdminLog",
+    "AuthState",
+    "Front",
+    "cache_hints",
+    "log_routes",
+    "peer_parser",
+    "serve",
+]
 
 MCP_PATH = "/mcp"
 PRM_PATH = "/.well-known/oauth-protected-resource"
@@ -215,6 +228,33 @@ def log_routes(log: AdminLog, health: dict[str, Any]) -> list[Route]:
         Route("/admin/reset-log", admin_reset_log, methods=["POST"]),
         Route("/admin/health", admin_health, methods=["GET"]),
     ]
+
+
+def cache_hints(read_ttl_ms: int, list_ttl_ms: int) -> dict[str, CacheHint]:
+    """The cache hints of a peer with every list kind: reads private for `read_ttl_ms`, lists public for
+    `list_ttl_ms`."""
+    list_hint = CacheHint(ttl_ms=list_ttl_ms, scope="public")
+    return {
+        "resources/read": CacheHint(ttl_ms=read_ttl_ms, scope="private"),
+        "resources/list": list_hint,
+        "resources/templates/list": list_hint,
+        "tools/list": list_hint,
+        "prompts/list": list_hint,
+    }
+
+
+def peer_parser(doc: str | None, eras: Sequence[str] = ("modern", "legacy")) -> argparse.ArgumentParser:
+    """The command line every HTTP peer takes (`--port`, `--era`, `--read-ttl-ms`, `--list-ttl-ms`), described by
+    the first line of its module's `doc`; `--era` is required where a peer serves more than one."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0] if doc else None)
+    parser.add_argument("--port", type=int, required=True)
+    if len(eras) > 1:
+        parser.add_argument("--era", choices=list(eras), required=True)
+    else:
+        parser.add_argument("--era", choices=list(eras), default=eras[0])
+    parser.add_argument("--read-ttl-ms", type=int, default=1000)
+    parser.add_argument("--list-ttl-ms", type=int, default=1000)
+    return parser
 
 
 def serve(app: ASGIApp, port: int, **options: Any) -> None:

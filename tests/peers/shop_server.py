@@ -36,7 +36,6 @@ oauth-protected-resource/mcp"`` (a document served there, and at the root well-k
 
 from __future__ import annotations
 
-import argparse
 import contextvars
 import json
 import logging
@@ -44,7 +43,6 @@ import ssl
 from collections.abc import Callable
 from typing import Any
 
-from mcp.server.caching import CacheHint
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError
@@ -62,7 +60,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, Router
 from starlette.types import ASGIApp
 
-from tests.peers.front import AdminLog, AuthState, Front, log_routes, serve
+from tests.peers.front import AdminLog, AuthState, Front, cache_hints, log_routes, peer_parser, serve
 
 __all__ = ["ShopState", "build_app", "main"]
 
@@ -140,7 +138,6 @@ def build_app(
             result = {**result, "ttlMs": read_ttl_ms, "cacheScope": scope}
         return result
 
-    list_hint = CacheHint(ttl_ms=list_ttl_ms, scope="public")
     mcp = MCPServer(
         f"shop-{era}",
         version="0.1.0",
@@ -148,13 +145,7 @@ def build_app(
         warn_on_duplicate_resources=False,
         warn_on_duplicate_tools=False,
         warn_on_duplicate_prompts=False,
-        cache_hints={
-            "resources/read": CacheHint(ttl_ms=read_ttl_ms, scope="private"),
-            "resources/list": list_hint,
-            "resources/templates/list": list_hint,
-            "tools/list": list_hint,
-            "prompts/list": list_hint,
-        },
+        cache_hints=cache_hints(read_ttl_ms, list_ttl_ms),
         middleware=[per_uri_cache],
     )
 
@@ -324,11 +315,7 @@ def build_app(
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--era", choices=["modern", "legacy"], required=True)
-    parser.add_argument("--read-ttl-ms", type=int, default=1000)
-    parser.add_argument("--list-ttl-ms", type=int, default=1000)
+    parser = peer_parser(__doc__)
     parser.add_argument("--auth", action="store_true", help="require granted Bearer tokens (see the module doc)")
     parser.add_argument("--native", action="store_true", help="serve subscriptions/listen and announce changes")
     parser.add_argument("--session-auth", action="store_true", help="a session is its opener's (see the module doc)")

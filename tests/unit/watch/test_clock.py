@@ -7,7 +7,7 @@ import asyncio
 import time
 
 from sidecar.watch.clock import LOOP_CLOCK, sleep, within
-from tests.helpers import eventually
+from tests.kit import eventually
 from tests.unit.watch.manual_clock import ManualClock
 
 

@@ -230,7 +230,7 @@ async def test_a_poll_span_links_the_writes_that_hinted_it_and_names_the_uri_onl
 async def test_the_hold_before_publishing_seam_logs_the_line_the_replica_tests_wait_for_then_holds(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    # tests/integration/test_replica_coherence.py kills an owner once it logs this line (the seam is on only
+    # tests/replicas/test_replica_coherence.py kills an owner once it logs this line (the seam is on only
     # under MCP_SIDECAR_TEST_HOLD_BEFORE_PUBLISH=1).
     with caplog.at_level(logging.WARNING, logger="sidecar.watch.poller"):
         hold = asyncio.create_task(poller._hold())

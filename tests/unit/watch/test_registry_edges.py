@@ -13,7 +13,7 @@ from sidecar.changes import ChangeEvent, WatchKey
 from sidecar.identity import PUBLIC
 from sidecar.observability.tracing import tracing
 from sidecar.upstream.answers import UpstreamInfo
-from tests.helpers import eventually
+from tests.kit import eventually
 from tests.unit.watch.registry_world import (
     ALICE,
     BOB,

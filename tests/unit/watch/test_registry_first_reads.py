@@ -14,7 +14,7 @@ from sidecar.changes import WatchKey
 from sidecar.identity import PUBLIC
 from sidecar.protocol.errors import TooManyRequests, UpstreamUnavailable
 from sidecar.watch.fingerprint import ABSENT
-from tests.helpers import eventually
+from tests.kit import eventually
 from tests.unit.watch.registry_world import (
     ALICE,
     ALICE_PHONE,

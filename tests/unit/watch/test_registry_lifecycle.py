@@ -12,7 +12,7 @@ import pytest
 from sidecar.changes import ChangeEvent, WatchKey
 from sidecar.identity import PUBLIC
 from sidecar.protocol.errors import UpstreamHTTPError, UpstreamUnavailable
-from tests.helpers import eventually
+from tests.kit import eventually
 from tests.unit.watch.registry_world import (
     ALICE,
     BOB,
