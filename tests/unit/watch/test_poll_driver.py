@@ -21,7 +21,7 @@ from sidecar.watch.observe import Observation
 from sidecar.watch.poller import Watch
 from sidecar.watch.schedule import HintBudget, Schedule
 from sidecar.watch.tickets import Tickets
-from tests.helpers import eventually
+from tests.kit import eventually
 from tests.unit.watch.manual_clock import ManualClock
 
 CONFIG = PollingConfig(
