@@ -153,3 +153,9 @@ def test_a_key_that_wants_to_be_read_less_often_than_the_maximum_interval_is_nev
         intervals = allocate(demands, budget, max_interval_s=MAX_S, policy="adaptive")
         assert intervals["lazy"] == pytest.approx(20.0)
     assert allocate(demands, 0.05, max_interval_s=MAX_S, policy="adaptive")["busy"] == pytest.approx(MAX_S)
+
+
+def test_a_budget_that_exactly_pays_for_the_maximum_interval_reads_every_key_at_it() -> None:
+    demands = [Demand("a", 1.0, 1.0), Demand("b", 1.0, 0.0)]
+    assert sum([1 / MAX_S, 1 / MAX_S]) == 0.2, "an exact tie in floating point"
+    assert allocate(demands, 0.2, max_interval_s=MAX_S, policy="adaptive") == {"a": MAX_S, "b": MAX_S}

@@ -338,3 +338,17 @@ def test_a_key_whose_interval_shrinks_by_more_than_a_fifth_is_rearmed_at_once() 
     engine.clock.at = 103.0
     engine.intervals()
     assert first.tightened == 1, "the same interval again: nothing to re-arm"
+
+
+def test_an_interval_shrunk_by_exactly_a_fifth_waits_for_the_poll_already_armed() -> None:
+    watch = _Watch(_key("ttl"), wanted_ms=1250.0)
+    engine = _Budget([watch], per_s=10)
+    assert engine.intervals() == [1250.0]
+    watch.wanted_ms = 1000.0  # its ttlMs shortened: within the budget, the wanted interval is its interval
+    engine.clock.at = 101.0
+    assert engine.intervals() == [1000.0]
+    assert 1.0 == 1.25 * 0.8 and watch.tightened == 0, "below four fifths re-arms; four fifths exactly does not"
+    watch.wanted_ms = 790.0
+    engine.clock.at = 102.0
+    engine.intervals()
+    assert watch.tightened == 1

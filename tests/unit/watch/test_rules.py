@@ -155,3 +155,10 @@ def test_items_that_are_not_objects_and_contents_that_are_not_a_list_count_whole
     assert _fingerprint(rule, "v1", {"text": "a"}) != _fingerprint(rule, "v1", {"text": "b"})
     assert rule.significant({"text": "v1"}) == {"text": "v1"}
     assert rule.significant(None) is None
+
+
+def test_the_rule_of_a_uri_is_remembered_for_a_bounded_number_of_uris() -> None:
+    rules = _rules({"match": "report://*", "interval_ms": 5})
+    for n in range(4100):  # a sidecar watching ever new URIs keeps a bounded memory of their rules
+        assert rules.for_uri(f"report://{n}") is not None
+    assert rules.for_uri.cache_info().currsize == 4096
