@@ -1,4 +1,4 @@
-"""A mutmut run of the watch engine checked against its record (docs/mutation.md, docs/mutation-survivors.txt).
+"""A mutmut run checked against its record (docs/mutation.md, docs/mutation-survivors.txt).
 
     rm -rf mutants && mutmut run --max-children 2 && python -m tests.mutation_record
     python -m tests.mutation_record --write      # the record from this run, keeping the verdicts it had
@@ -36,8 +36,8 @@ _SURVIVED = "survived"
 _VERDICTS = ("equivalent", "left")
 _UNJUDGED = "?"
 _HEADER = """\
-# Every mutant of the watch engine that a fresh `mutmut run` leaves alive, with its verdict: equivalent (no input
-# tells it from the code) or left (a real difference judged not worth a test); docs/mutation.md says why, mutant
+# Every mutant of the mutated modules that a fresh `mutmut run` leaves alive, with its verdict: equivalent (no
+# input tells it from the code) or left (a real difference judged not worth a test); docs/mutation.md says why, mutant
 # by mutant. One a line, tab-separated: the function, the verdict, the line mutmut removed, the line it put
 # instead. `python -m tests.mutation_record` checks a run against this list; `--write` rewrites it from a run,
 # keeping the verdicts it had and marking new survivors `?` until judged.

@@ -101,21 +101,25 @@ async def test_a_client_granted_all_it_waited_for_does_not_keep_a_place_in_the_r
 
 
 async def test_a_granted_new_credential_or_one_that_gives_up_frees_room_in_its_addresss_new_lanes() -> None:
-    share = fair_share(capacity=1, queued=2)
+    share = fair_share(capacity=1, queued=3)
     requests = Requests(share)
-    await sent(requests, ["addr", "addr", "addr/t1", "addr/t2"])  # own lane waiting, new lanes full
+    await sent(requests, ["addr", "addr", "addr/t1", "addr/t2", "addr/t3"])  # own lane waiting, new lanes full
     await requests.finish("addr")
     assert requests.order[-1] == "addr", "the own lane's turn came: the new lanes are still full"
-    with pytest.raises(TooManyRequests):
-        await share.acquire("addr", within_s=30, limit="queue_wait", lane="t3")
+    with pytest.raises(TooManyRequests, match="new credentials"):
+        await share.acquire("addr", within_s=0.01, limit="queue_wait", lane="t4")
     await requests.finish("addr")
     assert requests.order[-1] == "addr/t1"
-    await sent(requests, ["addr/t3"])  # t1 no longer waits: room for one more
-    assert share.queued == 2
+    await sent(requests, ["addr/t4"])  # t1 no longer waits: room for one more, and only one
+    assert share.queued == 3
+    with pytest.raises(TooManyRequests, match="new credentials"):
+        await share.acquire("addr", within_s=0.01, limit="queue_wait", lane="t5")
     requests.tasks[-1].cancel()
     await settle()
-    await sent(requests, ["addr/t4"])  # t3 gave up: room again
-    assert share.queued == 2
+    await sent(requests, ["addr/t5"])  # t4 gave up: room again, for one
+    assert share.queued == 3
+    with pytest.raises(TooManyRequests, match="new credentials"):
+        await share.acquire("addr", within_s=0.01, limit="queue_wait", lane="t6")
     await requests.finish_all()
     assert (share.in_flight, share.queued, share.active_clients) == (0, 0, 0)
 
@@ -126,8 +130,8 @@ async def test_an_own_lane_request_that_gives_up_frees_no_room_in_the_new_lanes(
     await sent(requests, ["addr", "addr", "addr/t1", "addr/t2"])
     requests.tasks[1].cancel()
     await settle()
-    with pytest.raises(TooManyRequests):
-        await share.acquire("addr", within_s=30, limit="queue_wait", lane="t3")
+    with pytest.raises(TooManyRequests, match="new credentials"):
+        await share.acquire("addr", within_s=0.01, limit="queue_wait", lane="t3")
     await requests.finish_all()
 
 
@@ -167,11 +171,13 @@ async def test_the_wait_for_a_slot_is_measured_on_the_clock_and_a_free_slot_wait
     await share.acquire("a", within_s=30, limit="queue_wait")
     waiting = asyncio.get_running_loop().create_task(share.acquire("b", within_s=30, limit="queue_wait"))
     await settle()
+    assert metrics.registry.get_sample_value("mcp_sidecar_queue_depth", labels) == 1, "b waits, and shows"
     now[0] += 2.5
     share.release("a")
     await waiting
     assert metrics.registry.get_sample_value("mcp_sidecar_queue_wait_seconds_count", labels) == 2
     assert metrics.registry.get_sample_value("mcp_sidecar_queue_wait_seconds_sum", labels) == 2.5
+    assert metrics.registry.get_sample_value("mcp_sidecar_queue_depth", labels) == 0
     share.release("b")
 
 
@@ -230,6 +236,9 @@ async def test_a_send_that_fails_frees_its_slot_and_a_run_waits_its_turn_in_its_
 
     with pytest.raises(TooManyRequests, match="new credentials"):
         await share.run("a", unsent, within_s=1, lane="t2")
+    await sent(requests, ["a"])  # the own lane holds one waiting request now: full too
+    with pytest.raises(TooManyRequests, match="this client already has 1 requests"):
+        await share.run("a", unsent, within_s=1)
     with pytest.raises(TooManyRequests, match=r"waited 0\.01 s"):
         await share.run("b", unsent, within_s=0.01)
     assert metrics.limit_rejections.labels("queue_wait")._value.get() == 1
