@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.mutation_record import RECORD, change_of, check, recorded, statuses, written
+from tests.mutation_record import RECORD, change_of, check, in_scope, module_of, recorded, scores, statuses, written
 
 RESULTS = """
     sidecar.watch.poller.xǁWatchǁhint__mutmut_1: survived
@@ -32,7 +32,18 @@ def test_the_committed_record_judges_each_survivor_of_the_engine() -> None:
     record = recorded(RECORD.read_text())
     assert record, "the record lists the survivors of the last fresh run"
     assert all(
-        function.startswith(("sidecar.watch.", "sidecar.changes.", "sidecar.backoff.", "sidecar.tasks."))
+        function.startswith(
+            (
+                "sidecar.watch.",
+                "sidecar.changes.",
+                "sidecar.backoff.",
+                "sidecar.tasks.",
+                "sidecar.protocol.frames.",
+                "sidecar.protocol.envelope.",
+                "sidecar.fair_share.",
+                "sidecar.identity.",
+            )
+        )
         for function, _, _ in record
     )
     assert set(record.values()) <= {"equivalent", "left"}, "every survivor judged"
@@ -92,3 +103,24 @@ def test_a_record_line_without_a_verdict_is_refused_with_its_line() -> None:
         recorded("# a comment\nsidecar.watch.x.y\tmaybe\ta\tb\n")
     with pytest.raises(ValueError, match="line 1: four tab-separated fields"):
         recorded("sidecar.watch.x.y equivalent\n")
+
+
+def test_a_run_of_some_modules_is_checked_and_written_for_those_only() -> None:
+    assert module_of("sidecar.watch.budget.xǁReadBudgetǁslot__mutmut_3") == "sidecar.watch.budget"
+    assert module_of("sidecar.protocol.frames.x_notification") == "sidecar.protocol.frames"
+    assert in_scope("sidecar.watch.budget.xǁReadBudgetǁslot", ["sidecar.watch"])
+    assert not in_scope("sidecar.watch_other.x_f", ["sidecar.watch"]) and in_scope("sidecar.x.x_f", [])
+    other = ("sidecar.fair_share.xǁFairShareǁrelease", "a = 1", "a = 2")
+    found = {**statuses(RESULTS), **MANY_KILLED}
+    changes = {"sidecar.watch.poller.xǁWatchǁhint__mutmut_1": HINT}
+    text = written(changes, found, {HINT: "equivalent", other: "left"}, ["sidecar.watch"])
+    assert recorded(text) == {HINT: "equivalent", other: "left"}, "the fair share's line kept: it was not run"
+    assert recorded(written(changes, found, {other: "left"})) == {HINT: "?"}, "a whole run rewrites every line"
+
+
+def test_each_modules_score_is_reported_as_the_docs_table_counts_it() -> None:
+    found = {**statuses(RESULTS), "sidecar.watch.poller.xǁWatchǁhint__mutmut_3": "no tests"}
+    assert scores(found) == [
+        "sidecar.watch.native: 0 / 1 / 0 / 0 of 1: 100.0%",
+        "sidecar.watch.poller: 1 / 0 / 1 / 1 of 3: 33.3%",
+    ]

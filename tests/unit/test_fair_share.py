@@ -4,82 +4,22 @@ is refused. No network: the requests are tasks holding slots until the test lets
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 
 import pytest
 
 from sidecar.fair_share import FairShare
 from sidecar.observability.metrics import Metrics
 from sidecar.protocol.errors import TooManyRequests
+from tests.unit.fair_share_requests import Requests, fair_share, sent, settle
 
 pytestmark = pytest.mark.invariant(20)
 
 
-def _share(capacity: int, per_client: int | None = None, queued: int = 100) -> FairShare:
-    return FairShare(
-        capacity=capacity,
-        per_client=per_client or capacity,
-        max_queued_per_client=queued,
-        metrics=Metrics(),
-        refusal_pause_s=0,
-    )
-
-
-class Requests:
-    """Requests of named clients, each holding its slot until `finish` lets it go; `order` is who got one."""
-
-    def __init__(self, share: FairShare) -> None:
-        self.share = share
-        self.order: list[str] = []
-        self._done: dict[str, list[asyncio.Event]] = {}
-        self.tasks: list[asyncio.Task[None]] = []
-
-    def send(self, client: str, within_s: float = 30) -> asyncio.Task[None]:
-        """A request of `client`; `address/credential` names a credential's own lane within that address."""
-        done = asyncio.Event()
-        self._done.setdefault(client, []).append(done)
-        address, _, lane = client.partition("/")
-
-        async def hold() -> None:
-            async with self.share.slot(address, within_s=within_s, limit="queue_wait", lane=lane):
-                self.order.append(client)
-                await done.wait()
-
-        task = asyncio.get_running_loop().create_task(hold())
-        self.tasks.append(task)
-        return task
-
-    async def finish(self, client: str) -> None:
-        """End `client`'s oldest request that holds a slot, and let the loop hand the slot on."""
-        holding = self.order.count(client)
-        ended = sum(1 for event in self._done[client] if event.is_set())
-        assert holding > ended, f"{client} holds no slot"
-        self._done[client][ended].set()
-        await _settle()
-
-    async def finish_all(self) -> None:
-        for events in self._done.values():
-            for event in events:
-                event.set()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
-
-
-async def _settle() -> None:
-    for _ in range(5):
-        await asyncio.sleep(0)
-
-
-async def _sent(requests: Requests, clients: Sequence[str]) -> None:
-    for client in clients:
-        requests.send(client)
-    await _settle()
-
-
 async def test_a_freed_slot_goes_to_the_next_waiting_client_in_turn_not_to_the_busiest() -> None:
-    share = _share(capacity=2)
+    share = fair_share(capacity=2)
     requests = Requests(share)
-    await _sent(requests, ["greedy", "greedy"])  # every slot taken by one client, on an otherwise idle share
-    await _sent(requests, ["greedy"] * 5 + ["polite"])  # the polite request arrives behind five greedy ones
+    await sent(requests, ["greedy", "greedy"])  # every slot taken by one client, on an otherwise idle share
+    await sent(requests, ["greedy"] * 5 + ["polite"])  # the polite request arrives behind five greedy ones
     assert requests.order == ["greedy", "greedy"] and share.queued == 6
     await requests.finish("greedy")
     assert requests.order[-1] == "polite"  # its turn came first, ahead of the greedy queue
@@ -90,9 +30,9 @@ async def test_a_freed_slot_goes_to_the_next_waiting_client_in_turn_not_to_the_b
 
 
 async def test_turns_alternate_between_waiting_clients_one_request_each() -> None:
-    share = _share(capacity=1)
+    share = fair_share(capacity=1)
     requests = Requests(share)
-    await _sent(requests, ["a", "a", "a", "b", "b", "c"])
+    await sent(requests, ["a", "a", "a", "b", "b", "c"])
     for _ in range(5):
         await requests.finish(requests.order[-1])
     # A client whose slot frees joins the round behind those that waited meanwhile.
@@ -101,10 +41,10 @@ async def test_turns_alternate_between_waiting_clients_one_request_each() -> Non
 
 
 async def test_two_busy_clients_alternate_slot_by_slot() -> None:
-    share = _share(capacity=2)
+    share = fair_share(capacity=2)
     requests = Requests(share)
-    await _sent(requests, ["a", "a"])
-    await _sent(requests, ["a"] * 4 + ["b"] * 4)
+    await sent(requests, ["a", "a"])
+    await sent(requests, ["a"] * 4 + ["b"] * 4)
     for _ in range(6):
         await requests.finish(requests.order[len(requests.order) - 2])  # the older of the two in flight
     # After b's first turn, each freed slot goes to the client that did not have the last one.
@@ -113,11 +53,11 @@ async def test_two_busy_clients_alternate_slot_by_slot() -> None:
 
 
 async def test_one_client_never_holds_more_than_its_share_even_with_slots_free() -> None:
-    share = _share(capacity=4, per_client=3)
+    share = fair_share(capacity=4, per_client=3)
     requests = Requests(share)
-    await _sent(requests, ["slow"] * 5)
+    await sent(requests, ["slow"] * 5)
     assert requests.order == ["slow"] * 3 and share.in_flight == 3  # one slot stays free for someone else
-    await _sent(requests, ["other"])
+    await sent(requests, ["other"])
     assert requests.order[-1] == "other"
     await requests.finish("slow")
     assert requests.order.count("slow") == 4  # its own slot freed: its next request goes
@@ -125,13 +65,13 @@ async def test_one_client_never_holds_more_than_its_share_even_with_slots_free()
 
 
 async def test_a_client_over_its_queue_bound_is_refused_and_another_client_still_waits_its_turn() -> None:
-    share = _share(capacity=1, queued=2)
+    share = fair_share(capacity=1, queued=2)
     requests = Requests(share)
-    await _sent(requests, ["a", "a", "a"])  # one in flight, two waiting: a's queue is full
+    await sent(requests, ["a", "a", "a"])  # one in flight, two waiting: a's queue is full
     with pytest.raises(TooManyRequests) as refused:
         await share.acquire("a", within_s=30, limit="queue_wait")
     assert refused.value.status == 429 and refused.value.retry_after_s >= 1
-    await _sent(requests, ["b"])  # b is not refused for a's load: it waits in a queue of its own
+    await sent(requests, ["b"])  # b is not refused for a's load: it waits in a queue of its own
     assert share.queued == 3
     await requests.finish("a")
     assert requests.order[-1] == "b"  # and its turn comes before a's second
@@ -139,9 +79,9 @@ async def test_a_client_over_its_queue_bound_is_refused_and_another_client_still
 
 
 async def test_a_request_that_waits_out_its_deadline_is_refused_and_leaves_the_queue() -> None:
-    share = _share(capacity=1)
+    share = fair_share(capacity=1)
     requests = Requests(share)
-    await _sent(requests, ["a"])
+    await sent(requests, ["a"])
     late = requests.send("b", within_s=0.01)
     with pytest.raises(TooManyRequests):
         await late
@@ -152,29 +92,29 @@ async def test_a_request_that_waits_out_its_deadline_is_refused_and_leaves_the_q
 
 
 async def test_a_slot_granted_to_a_request_cancelled_in_the_same_moment_is_handed_on() -> None:
-    share = _share(capacity=1)
+    share = fair_share(capacity=1)
     requests = Requests(share)
-    await _sent(requests, ["a"])
+    await sent(requests, ["a"])
     gone = requests.send("b")
     requests.send("c")
-    await _settle()
+    await settle()
     requests._done["a"][0].set()
     await asyncio.sleep(0)  # a's slot is released and granted to b ...
     gone.cancel()  # ... which is cancelled before it could run
-    await _settle()
+    await settle()
     assert requests.order == ["a", "c"]  # b's slot went on to c instead of being lost
     await requests.finish_all()
     assert (share.in_flight, share.queued) == (0, 0)
 
 
 async def test_a_cancelled_waiter_gives_up_its_place() -> None:
-    share = _share(capacity=1)
+    share = fair_share(capacity=1)
     requests = Requests(share)
-    await _sent(requests, ["a"])
+    await sent(requests, ["a"])
     waiting = requests.send("b")
-    await _settle()
+    await settle()
     waiting.cancel()
-    await _settle()
+    await settle()
     assert share.queued == 0
     await requests.finish("a")
     assert share.active_clients == 0
@@ -184,10 +124,10 @@ async def test_a_cancelled_waiter_gives_up_its_place() -> None:
 
 
 async def test_a_new_credential_from_a_busy_address_waits_one_turn_of_its_address_not_its_queue() -> None:
-    share = _share(capacity=4, per_client=2)
+    share = fair_share(capacity=4, per_client=2)
     requests = Requests(share)
-    await _sent(requests, ["addr"] * 8)  # two in flight, six anonymous requests waiting in the address's lane
-    await _sent(requests, ["addr/newcomer"])
+    await sent(requests, ["addr"] * 8)  # two in flight, six anonymous requests waiting in the address's lane
+    await sent(requests, ["addr/newcomer"])
     assert requests.order == ["addr", "addr"] and share.queued == 7
     await requests.finish("addr")
     await requests.finish("addr")
@@ -199,10 +139,10 @@ async def test_a_new_credential_from_a_busy_address_waits_one_turn_of_its_addres
 
 
 async def test_lanes_of_one_address_take_turns_within_its_one_turn() -> None:
-    share = _share(capacity=1)
+    share = fair_share(capacity=1)
     requests = Requests(share)
-    await _sent(requests, ["hold"])
-    await _sent(requests, ["addr", "addr", "addr", "addr/t1", "addr/t1", "addr/t2", "other", "other", "other"])
+    await sent(requests, ["hold"])
+    await sent(requests, ["addr", "addr", "addr", "addr/t1", "addr/t1", "addr/t2", "other", "other", "other"])
     for _ in range(9):
         await requests.finish(requests.order[-1])
     served = requests.order[1:]
@@ -212,10 +152,10 @@ async def test_lanes_of_one_address_take_turns_within_its_one_turn() -> None:
 
 
 async def test_invented_tokens_from_one_address_get_its_one_turn_against_another_address() -> None:
-    share = _share(capacity=1)
+    share = fair_share(capacity=1)
     requests = Requests(share)
-    await _sent(requests, ["hold"])
-    await _sent(requests, [f"flood/made-up-{n}" for n in range(6)] + ["other"] * 6)
+    await sent(requests, ["hold"])
+    await sent(requests, [f"flood/made-up-{n}" for n in range(6)] + ["other"] * 6)
     for _ in range(6):
         await requests.finish(requests.order[-1])
     served = [client.partition("/")[0] for client in requests.order[1:]]
@@ -227,25 +167,25 @@ async def test_new_credentials_of_an_address_share_one_queue_bound_and_its_anony
     metrics = Metrics()
     share = FairShare(capacity=1, per_client=1, max_queued_per_client=2, metrics=metrics, refusal_pause_s=0)
     requests = Requests(share)
-    await _sent(requests, ["addr", "addr/made-up-1", "addr/made-up-2"])  # one in flight, the new lanes full
+    await sent(requests, ["addr", "addr/made-up-1", "addr/made-up-2"])  # one in flight, the new lanes full
     with pytest.raises(TooManyRequests) as refused:
         await share.acquire("addr", within_s=30, limit="queue_wait", lane="made-up-3")
     assert refused.value.status == 429 and "new credentials" in str(refused.value)
     assert metrics.limit_rejections.labels("queued_new_credentials")._value.get() == 1
-    await _sent(requests, ["addr", "addr"])  # the address's anonymous requests still wait in a lane of their own
+    await sent(requests, ["addr", "addr"])  # the address's anonymous requests still wait in a lane of their own
     assert share.queued == 4 and metrics.limit_rejections.labels("queued_per_client")._value.get() == 0
     await requests.finish_all()
     assert (share.in_flight, share.queued, share.active_clients) == (0, 0, 0)
 
 
 async def test_a_lane_whose_only_request_gives_up_leaves_the_round() -> None:
-    share = _share(capacity=1)
+    share = fair_share(capacity=1)
     requests = Requests(share)
-    await _sent(requests, ["addr", "addr"])
+    await sent(requests, ["addr", "addr"])
     gone = requests.send("addr/newcomer")
-    await _settle()
+    await settle()
     gone.cancel()
-    await _settle()
+    await settle()
     assert share.queued == 1
     await requests.finish("addr")
     assert requests.order == ["addr", "addr"]

@@ -103,3 +103,59 @@ def test_the_change_rate_follows_a_key_whose_pace_changes() -> None:
     for _ in range(100):
         rate.record(changed=False, interval_s=1.0)
     assert rate.per_s() < busy / 20
+
+
+def _cho_garcia_molina(polls: float, changes: float, seconds: float) -> float:
+    """The estimator as the paper writes it, over the decayed counts."""
+    return -math.log((polls - changes + 0.5) / (polls + 0.5)) / (seconds / polls)
+
+
+def test_the_estimate_is_the_estimator_over_polls_whose_weight_decays_by_a_twentieth_each() -> None:
+    rate = ChangeRate()
+    rate.record(changed=True, interval_s=10.0)
+    assert rate.estimate() == pytest.approx(_cho_garcia_molina(1, 1, 10), rel=1e-12) == pytest.approx(math.log(3) / 10)
+    rate.record(changed=False, interval_s=4.0)
+    polls, changes, seconds = 0.95 + 1, 0.95, 9.5 + 4
+    assert rate.estimate() == pytest.approx(_cho_garcia_molina(polls, changes, seconds), rel=1e-12)
+    assert rate.per_s() == pytest.approx(rate.estimate() * (1 + 4 * (changes / polls) ** 2), rel=1e-12)
+
+
+def test_a_key_that_changed_at_every_poll_is_taken_for_five_times_its_estimate() -> None:
+    rate = ChangeRate()
+    rate.record(changed=True, interval_s=2.0)
+    assert rate.per_s() == pytest.approx(5 * rate.estimate(), rel=1e-12)
+
+
+def test_a_poll_that_covered_no_time_tells_no_rate() -> None:
+    rate = ChangeRate()
+    rate.record(changed=True, interval_s=-3.0)  # a clock that stepped back counts as no time, not negative time
+    assert rate.estimate() == rate.per_s() == 0.0
+    rate.record(changed=True, interval_s=1.0)
+    assert rate.estimate() == pytest.approx(_cho_garcia_molina(1.95, 1.95, 1.0), rel=1e-12)
+
+
+def test_a_demand_is_one_holder_and_no_change_seen_unless_told() -> None:
+    demand = Demand("k", 1.0)
+    assert (demand.rate_per_s, demand.holders) == (0.0, 1)
+
+
+def test_keys_never_seen_changing_share_what_is_left_by_their_holders_and_none_counts_less_than_one() -> None:
+    demands = [Demand("one", 0.01), Demand("none", 0.01, holders=0), Demand("four", 0.01, holders=4)]
+    intervals = allocate(demands, 4.0, max_interval_s=1000.0, policy="adaptive")
+    assert intervals["one"] == pytest.approx(intervals["none"])
+    assert intervals["one"] == pytest.approx(2 * intervals["four"])
+    assert _reads(intervals) == pytest.approx(4.0)
+
+
+def test_a_key_that_wants_to_be_read_less_often_than_the_maximum_interval_is_never_read_more_often() -> None:
+    demands = [Demand("lazy", 20.0), Demand("busy", 0.01, 1.0)]
+    for budget in (0.05, 1.0):
+        intervals = allocate(demands, budget, max_interval_s=MAX_S, policy="adaptive")
+        assert intervals["lazy"] == pytest.approx(20.0)
+    assert allocate(demands, 0.05, max_interval_s=MAX_S, policy="adaptive")["busy"] == pytest.approx(MAX_S)
+
+
+def test_a_budget_that_exactly_pays_for_the_maximum_interval_reads_every_key_at_it() -> None:
+    demands = [Demand("a", 1.0, 1.0), Demand("b", 1.0, 0.0)]
+    assert sum([1 / MAX_S, 1 / MAX_S]) == 0.2, "an exact tie in floating point"
+    assert allocate(demands, 0.2, max_interval_s=MAX_S, policy="adaptive") == {"a": MAX_S, "b": MAX_S}

@@ -4,20 +4,24 @@ reading a scripted upstream that counts its reads. Figures here are engine time,
 from __future__ import annotations
 
 import itertools
+import math
 import statistics
-from collections.abc import AsyncIterator
-from typing import cast
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any, cast
 
 import pytest
 
 from sidecar.bus.memory import MemoryBus
-from sidecar.changes import ChangeEvent
+from sidecar.changes import ChangeEvent, WatchKey
 from sidecar.config import PollingConfig
 from sidecar.config.polling_rules import PollingRule
 from sidecar.fair_share import FairShare
-from sidecar.identity import ANONYMOUS_IDENTITY, Identity
+from sidecar.identity import ANONYMOUS_IDENTITY, PUBLIC, Identity
 from sidecar.observability.metrics import Metrics
 from sidecar.upstream.base import Upstream
+from sidecar.watch.budget import ReadBudget
+from sidecar.watch.clock import Timer
 from sidecar.watch.registry import WatchRegistry
 from tests.unit.watch.manual_clock import ManualClock
 from tests.unit.watch.scripted_upstream import ScriptedUpstream, contents
@@ -175,3 +179,176 @@ async def test_a_rule_sets_a_keys_interval_and_ignores_its_noise() -> None:
         assert len([event for _, event in engine.told if not event.baseline]) == 1
     finally:
         await engine.registry.aclose()
+
+
+# -- the budget on its own: watches, polls and a clock set by hand in, slots and intervals out -------------------
+
+
+class _Now:
+    """The budget only reads the time: a clock set by hand."""
+
+    def __init__(self, at: float) -> None:
+        self.at = at
+
+    def now(self) -> float:
+        return self.at
+
+    def call_at(self, when: float, callback: Callable[[], None]) -> Timer:
+        raise AssertionError("the budget sets no timer")
+
+
+@dataclass
+class _Watch:
+    key: WatchKey
+    wanted_ms: float = 10.0
+    refs: int = 1
+    tightened: int = 0
+
+    def tighten(self) -> None:
+        self.tightened += 1
+
+
+def _key(name: str) -> WatchKey:
+    return WatchKey("resource", f"x://{name}", PUBLIC)
+
+
+class _Budget:
+    def __init__(self, watches: list[_Watch], *, per_s: float = 10.0, replicas: int = 1, **config: Any) -> None:
+        self.watches, self.clock, self.metrics = watches, _Now(100.0), Metrics()
+        self.native: set[WatchKey] = set()
+        defaults = {"allocation": "uniform", "jitter": 0.0, "max_interval_ms": 100_000}
+        polling = PollingConfig.model_validate({**defaults, **config, "max_reads_per_s": per_s})
+        self.budget = ReadBudget(
+            polling,
+            self.metrics,
+            self.clock,
+            watches=lambda: self.watches,
+            may_poll=lambda key: key not in self.native,
+            replicas=lambda: replicas,
+        )
+
+    def intervals(self) -> list[float]:
+        return [self.budget.interval_ms(watch) for watch in self.watches]
+
+    def reads_per_s(self) -> float:
+        return sum(1000 / interval for interval in self.intervals())
+
+
+def test_a_replicas_share_is_the_fleets_budget_over_the_live_replicas_and_is_shown() -> None:
+    assert _Budget([], per_s=60, replicas=3).budget.per_s() == 20
+    assert _Budget([], per_s=60, replicas=0).budget.per_s() == 60, "no live replica known: this one is all"
+    shown = _Budget([], per_s=60, replicas=3)
+    shown.budget.slot(100.0, hinted=False)
+    assert shown.metrics.registry.get_sample_value("mcp_sidecar_read_budget_per_second") == 20
+
+
+def test_polls_take_slots_one_over_the_budget_apart_and_a_later_one_waits_for_nothing() -> None:
+    budget = _Budget([], per_s=4).budget
+    assert [budget.slot(100.0, hinted=False) for _ in range(3)] == [100.0, 100.25, 100.5]
+    assert budget.slot(100.6, hinted=True) == 100.75
+    assert budget.slot(200.0, hinted=False) == 200.0
+
+
+@pytest.mark.invariant(21)
+def test_hinted_polls_leave_the_regular_ones_less_of_the_budget_and_fade_with_a_ten_second_half_life() -> None:
+    engine = _Budget([_Watch(_key(str(n))) for n in range(10)], per_s=10)
+    assert engine.reads_per_s() == pytest.approx(9.0, rel=1e-9), "a tenth of the budget left for jitter"
+    for _ in range(50):
+        engine.budget.slot(100.0, hinted=True)
+    hinted = 50 * math.log(2) / 10
+    engine.clock.at = 101.0
+    assert engine.reads_per_s() == pytest.approx(9.0 - hinted * 2**-0.1, rel=1e-9)
+    engine.clock.at = 111.0
+    assert engine.reads_per_s() == pytest.approx(9.0 - hinted * 2**-1.1, rel=1e-9)
+
+
+@pytest.mark.parametrize(("jitter", "floor_ms"), [(0.1, 10_000 * 0.9 / 1.1), (0.0, 10_000 * 0.95)])
+def test_when_hinted_polls_take_the_whole_budget_every_key_falls_to_its_floor(jitter: float, floor_ms: float) -> None:
+    engine = _Budget([_Watch(_key("a")), _Watch(_key("b"))], per_s=1, jitter=jitter, max_interval_ms=10_000)
+    for _ in range(20):
+        engine.budget.slot(100.0, hinted=True)  # about 1.4 hinted polls a second against 0.9 to spend
+    # Jittered, the floor stays within max_interval_ms less a margin for the wait for a slot.
+    assert engine.intervals() == pytest.approx([floor_ms, floor_ms], rel=1e-9)
+
+
+def test_a_key_seen_changing_is_polled_more_often_than_one_never_seen_changing_until_it_is_forgotten() -> None:
+    hot, unseen, quiet = _Watch(_key("hot")), _Watch(_key("unseen")), _Watch(_key("quiet"))
+    engine = _Budget([hot, unseen, quiet], per_s=10, allocation="adaptive")
+    engine.budget.polled(hot.key, True, 10.0)  # one change in ten seconds: under one a second
+    for _ in range(3):
+        engine.budget.polled(hot.key, False, 10.0)
+        engine.budget.polled(quiet.key, False, 10.0)
+    fast, slow, quiet_ms = engine.intervals()
+    assert fast < slow == quiet_ms
+    engine.budget.forget(hot.key)
+    # Forgotten, it is a new key: allocated anew at once, like the keys never seen changing.
+    assert engine.intervals() == pytest.approx([3000 / 9] * 3, rel=1e-9)
+
+
+def test_more_holders_of_a_key_get_it_polled_more_often() -> None:
+    shared, single = _Watch(_key("shared"), refs=4), _Watch(_key("single"))
+    engine = _Budget([shared, single], per_s=10, allocation="adaptive")
+    for watch in (shared, single):
+        engine.budget.polled(watch.key, True, 10.0)
+    many, one = engine.intervals()
+    assert one == pytest.approx(2 * many), "in proportion to the square root of the holders"
+
+
+def test_an_allocation_is_kept_for_a_second_and_a_new_key_gets_its_own_at_once() -> None:
+    first, second, third = _Watch(_key("1")), _Watch(_key("2")), _Watch(_key("3"))
+    engine = _Budget([first], per_s=10)
+    assert engine.budget.interval_ms(first) == pytest.approx(1000 / 9, rel=1e-9)
+    engine.clock.at = 100.5
+    engine.watches.append(second)
+    assert engine.budget.interval_ms(second) == pytest.approx(2000 / 9, rel=1e-9), "not its wanted 10 ms"
+    engine.clock.at = 101.0
+    engine.watches.append(third)
+    assert engine.budget.interval_ms(first) == pytest.approx(2000 / 9, rel=1e-9), "kept for a second"
+    engine.clock.at = 101.5
+    assert engine.budget.interval_ms(first) == pytest.approx(3000 / 9, rel=1e-9), "a second on: allocated anew"
+
+
+def test_a_watch_nobody_holds_or_one_the_upstream_notifies_of_spends_none_of_the_budget() -> None:
+    polled, unheld, native = _Watch(_key("polled")), _Watch(_key("unheld"), refs=0), _Watch(_key("native"))
+    engine = _Budget([polled, unheld, native], per_s=10)
+    engine.native.add(native.key)
+    assert engine.intervals() == pytest.approx([1000 / 9, 10.0, 10.0], rel=1e-9)
+
+
+def test_while_the_budget_covers_everyone_each_key_keeps_its_wanted_interval_exactly() -> None:
+    slow = _Watch(_key("slow"), wanted_ms=1000.0)
+    engine = _Budget([slow], per_s=10)
+    assert engine.intervals() == [1000.0]
+    assert slow.tightened == 0
+
+
+def test_a_key_whose_interval_shrinks_by_more_than_a_fifth_is_rearmed_at_once() -> None:
+    first = _Watch(_key("first"))
+    others = [_Watch(_key(str(n))) for n in range(4)]
+    engine = _Budget([first], per_s=10)
+    engine.intervals()
+    engine.watches.extend(others)
+    engine.clock.at = 101.0
+    engine.intervals()
+    assert first.tightened == 0, "a longer interval waits for the poll already armed"
+    del engine.watches[1:]
+    engine.clock.at = 102.0
+    engine.intervals()
+    assert first.tightened == 1
+    engine.clock.at = 103.0
+    engine.intervals()
+    assert first.tightened == 1, "the same interval again: nothing to re-arm"
+
+
+def test_an_interval_shrunk_by_exactly_a_fifth_waits_for_the_poll_already_armed() -> None:
+    watch = _Watch(_key("ttl"), wanted_ms=1250.0)
+    engine = _Budget([watch], per_s=10)
+    assert engine.intervals() == [1250.0]
+    watch.wanted_ms = 1000.0  # its ttlMs shortened: within the budget, the wanted interval is its interval
+    engine.clock.at = 101.0
+    assert engine.intervals() == [1000.0]
+    assert 1.0 == 1.25 * 0.8 and watch.tightened == 0, "below four fifths re-arms; four fifths exactly does not"
+    watch.wanted_ms = 790.0
+    engine.clock.at = 102.0
+    engine.intervals()
+    assert watch.tightened == 1

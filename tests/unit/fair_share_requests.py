@@ -1,0 +1,71 @@
+"""A fair share driven by requests that hold their slots until a test lets them go: who got a slot, in order."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from sidecar.fair_share import FairShare
+from sidecar.observability.metrics import Metrics
+
+__all__ = ["Requests", "fair_share", "sent", "settle"]
+
+
+def fair_share(capacity: int, per_client: int | None = None, queued: int = 100) -> FairShare:
+    return FairShare(
+        capacity=capacity,
+        per_client=per_client or capacity,
+        max_queued_per_client=queued,
+        metrics=Metrics(),
+        refusal_pause_s=0,
+    )
+
+
+class Requests:
+    """Requests of named clients, each holding its slot until `finish` lets it go; `order` is who got one."""
+
+    def __init__(self, share: FairShare) -> None:
+        self.share = share
+        self.order: list[str] = []
+        self._done: dict[str, list[asyncio.Event]] = {}
+        self.tasks: list[asyncio.Task[None]] = []
+
+    def send(self, client: str, within_s: float = 30) -> asyncio.Task[None]:
+        """A request of `client`; `address/credential` names a credential's own lane within that address."""
+        done = asyncio.Event()
+        self._done.setdefault(client, []).append(done)
+        address, _, lane = client.partition("/")
+
+        async def hold() -> None:
+            async with self.share.slot(address, within_s=within_s, limit="queue_wait", lane=lane):
+                self.order.append(client)
+                await done.wait()
+
+        task = asyncio.get_running_loop().create_task(hold())
+        self.tasks.append(task)
+        return task
+
+    async def finish(self, client: str) -> None:
+        """End `client`'s oldest request that holds a slot, and let the loop hand the slot on."""
+        holding = self.order.count(client)
+        ended = sum(1 for event in self._done[client] if event.is_set())
+        assert holding > ended, f"{client} holds no slot"
+        self._done[client][ended].set()
+        await settle()
+
+    async def finish_all(self) -> None:
+        for events in self._done.values():
+            for event in events:
+                event.set()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def sent(requests: Requests, clients: Sequence[str]) -> None:
+    for client in clients:
+        requests.send(client)
+    await settle()
