@@ -1,0 +1,82 @@
+"""The frame invariants on a stream that listens to list kinds only (invariants 1, 3, 4 and 13): a list change is a
+signal carrying the listen id and nothing else, only for the kinds the stream asked for, and shutdown ends the
+stream with the complete result. Their twins on resource streams are in test_listen.py.
+
+Raw listen streams (the kit's client), the SDK shop upstream whose lists are changed through its admin routes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.kit import SUB_ID_KEY, ListenStream, serve_sidecar
+from tests.peers import Upstream, start_upstream
+
+POLLED = {"min_interval_ms": 100, "default_interval_ms": 300, "max_interval_ms": 300}
+
+
+@pytest.fixture
+async def shop() -> AsyncIterator[Upstream]:
+    async with await start_upstream("modern", read_ttl_ms=300, list_ttl_ms=300) as up:
+        yield up
+
+
+def _list_changed(kind: str, listen_id: Any) -> dict[str, Any]:
+    method = f"notifications/{kind}/list_changed"
+    return {"jsonrpc": "2.0", "method": method, "params": {"_meta": {SUB_ID_KEY: listen_id}}}
+
+
+@pytest.mark.invariant(1)
+@pytest.mark.invariant(3)
+@pytest.mark.invariant(13)
+@pytest.mark.parametrize("listen_id", [7, "l-1"], ids=["number", "string"])
+async def test_a_list_change_is_a_bare_signal_with_the_listen_id_and_shutdown_completes_the_stream(
+    shop: Upstream, http: aiohttp.ClientSession, listen_id: Any
+) -> None:
+    async with serve_sidecar(shop.url, polling=POLLED) as sidecar:
+        stream = ListenStream(http, sidecar.url, listen_id, toolsListChanged=True, promptsListChanged=True)
+        ack = await stream.open()
+        try:
+            assert ack["params"]["notifications"] == {"toolsListChanged": True, "promptsListChanged": True}
+            await shop.add("tool", "fresh")
+            told = await stream.next()
+            assert told == _list_changed("tools", listen_id)
+            assert type(told["params"]["_meta"][SUB_ID_KEY]) is type(listen_id)
+            await shop.add("prompt", "fresh")
+            assert await stream.next() == _list_changed("prompts", listen_id)
+            await sidecar.runner.shutdown()
+            final = await stream.next()
+            complete = {"resultType": "complete", "_meta": {SUB_ID_KEY: listen_id}}
+            assert final == {"jsonrpc": "2.0", "id": listen_id, "result": complete}
+            assert type(final["id"]) is type(listen_id)
+        finally:
+            await stream.close()
+
+
+@pytest.mark.invariant(4)
+async def test_a_stream_of_one_list_kind_hears_nothing_of_another_kind_or_of_resources(
+    shop: Upstream, http: aiohttp.ClientSession
+) -> None:
+    async with serve_sidecar(shop.url, polling=POLLED) as sidecar:
+        prompts = ListenStream(http, sidecar.url, "prompts", promptsListChanged=True)
+        everything = ListenStream(
+            http, sidecar.url, "all", ["catalog://price"], toolsListChanged=True, promptsListChanged=True
+        )
+        await prompts.open()
+        await everything.open()
+        try:
+            await shop.add("tool", "fresh")  # a tools change...
+            await shop.set_price(140)  # ...and a resource's
+            told = {(await everything.next())["method"] for _ in range(2)}
+            assert told == {"notifications/tools/list_changed", "notifications/resources/updated"}
+            # Had either reached the prompts stream, it would sit before this prompts change.
+            await shop.add("prompt", "fresh")
+            assert (await everything.next())["method"] == "notifications/prompts/list_changed"
+            assert await prompts.next() == _list_changed("prompts", "prompts")
+        finally:
+            await prompts.close()
+            await everything.close()
