@@ -7,26 +7,14 @@ Raw HTTP as a 2025-11-25 client sends it (the frames are compared as they arrive
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import AsyncIterator
-from typing import Any
 
 import aiohttp
 import pytest
 
 from sidecar.app import METRICS
-from tests.kit import (
-    LEGACY_HEADERS,
-    LEGACY_INITIALIZE,
-    WAIT_S,
-    ListenStream,
-    eventually,
-    read_resource,
-    serve_sidecar,
-    sse_messages,
-    text_of,
-)
+from tests.kit import ListenStream, eventually, read_resource, serve_sidecar, text_of
+from tests.kit.session import sessions
 from tests.peers import Upstream, start_upstream
 
 PRICE = "catalog://price"
@@ -46,93 +34,12 @@ async def shop() -> AsyncIterator[Upstream]:
         yield up
 
 
-class _Session:
-    """One raw 2025-11-25 session through the sidecar: initialized, its GET stream read as frames arrive."""
-
-    def __init__(self, http: aiohttp.ClientSession, url: str, token: str | None = None) -> None:
-        self.frames: list[dict[str, Any]] = []
-        self._http = http
-        self._url = url
-        self._auth = {"Authorization": f"Bearer {token}"} if token else {}
-        self._headers: dict[str, str] = {}
-        self._arrived = asyncio.Event()
-        self._reader: asyncio.Task[None] | None = None
-        self._ids = 1
-
-    async def open(self) -> None:
-        async with self._http.post(self._url, json=LEGACY_INITIALIZE, headers={**LEGACY_HEADERS, **self._auth}) as r:
-            assert r.status == 200, await r.text()
-            session_id = r.headers["Mcp-Session-Id"]
-        self._headers = {
-            **LEGACY_HEADERS,
-            **self._auth,
-            "Mcp-Session-Id": session_id,
-            "MCP-Protocol-Version": "2025-11-25",
-        }
-        initialized = {"jsonrpc": "2.0", "method": "notifications/initialized"}
-        async with self._http.post(self._url, json=initialized, headers=self._headers) as r:
-            assert r.status == 202, await r.text()
-        get_headers = {**self._headers, "Accept": "text/event-stream"}
-        response = await self._http.get(self._url, headers=get_headers, timeout=aiohttp.ClientTimeout(total=None))
-        assert response.status == 200, await response.text()
-        self._reader = asyncio.get_running_loop().create_task(self._read(response))
-
-    async def _read(self, response: aiohttp.ClientResponse) -> None:
-        try:
-            async for frame in sse_messages(response):
-                self.frames.append(frame)
-                self._arrived.set()
-        except (aiohttp.ClientError, ConnectionError):
-            pass
-        finally:
-            response.release()
-
-    async def subscribe(self, uri: str) -> None:
-        self._ids += 1
-        body = {"jsonrpc": "2.0", "id": self._ids, "method": "resources/subscribe", "params": {"uri": uri}}
-        async with self._http.post(self._url, json=body, headers=self._headers) as r:
-            answer = await r.json(content_type=None)
-        assert answer == {"jsonrpc": "2.0", "id": self._ids, "result": {}}, answer
-
-    def updates(self) -> list[dict[str, Any]]:
-        return [frame for frame in self.frames if frame.get("method") == UPDATED]
-
-    async def wait_updates(self, count: int, within_s: float = WAIT_S) -> list[dict[str, Any]]:
-        """Until `count` updates arrived (bounded wait): all of them."""
-        async with asyncio.timeout(within_s):
-            while len(self.updates()) < count:
-                self._arrived.clear()
-                await self._arrived.wait()
-        return self.updates()
-
-    async def close(self) -> None:
-        if self._reader is not None:
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reader
-        if self._headers:
-            async with self._http.delete(self._url, headers=self._headers):
-                pass
-
-
-@contextlib.asynccontextmanager
-async def _sessions(http: aiohttp.ClientSession, url: str, *tokens: str | None) -> AsyncIterator[list[_Session]]:
-    opened = [_Session(http, url, token) for token in tokens]
-    try:
-        for session in opened:
-            await session.open()
-        yield opened
-    finally:
-        for session in opened:
-            await session.close()
-
-
 @pytest.mark.invariant(1)
 @pytest.mark.invariant(4)
 async def test_a_session_is_told_only_the_uri_and_only_of_what_it_subscribed_to(
     shop: Upstream, http: aiohttp.ClientSession
 ) -> None:
-    async with serve_sidecar(shop.url, polling=POLLED) as sidecar, _sessions(http, sidecar.url, None, None) as (a, b):
+    async with serve_sidecar(shop.url, polling=POLLED) as sidecar, sessions(http, sidecar.url, None, None) as (a, b):
         await a.subscribe(PRICE)
         await b.subscribe(STATIC)
         await shop.set_price(140)
@@ -152,7 +59,7 @@ async def test_a_private_change_reaches_only_the_session_of_its_own_context(
 ) -> None:
     async with (
         serve_sidecar(shop.url, polling=POLLED) as sidecar,
-        _sessions(http, sidecar.url, "alice", "bob") as (alice, bob),
+        sessions(http, sidecar.url, "alice", "bob") as (alice, bob),
     ):
         await alice.subscribe(PROFILE)
         await alice.subscribe(PRICE)
@@ -169,7 +76,7 @@ async def test_a_private_change_reaches_only_the_session_of_its_own_context(
 async def test_polls_that_see_a_sessions_baseline_tell_it_nothing_and_the_first_change_is_told(
     shop: Upstream, http: aiohttp.ClientSession
 ) -> None:
-    async with serve_sidecar(shop.url, polling=POLLED) as sidecar, _sessions(http, sidecar.url, None) as (session,):
+    async with serve_sidecar(shop.url, polling=POLLED) as sidecar, sessions(http, sidecar.url, None) as (session,):
         polled = sidecar.app[METRICS].polls.labels("resource", "ok")
         await session.subscribe(PRICE)
         seen = polled._value.get()
@@ -191,7 +98,7 @@ async def test_a_2025_subscribe_joining_a_live_watch_answers_after_its_look_so_e
         try:
             assert text_of(await read_resource(http, sidecar.url, PRICE)) == "price=100"  # cached a minute
             await shop.set_price(140)
-            async with _sessions(http, sidecar.url, None) as (session,):
+            async with sessions(http, sidecar.url, None) as (session,):
                 await session.subscribe(PRICE)  # joins the watch: answered once its own look is applied
                 assert text_of(await read_resource(http, sidecar.url, PRICE)) == "price=140"
                 await keeper.wait_update(PRICE)  # the joiner's look found the change for everyone
