@@ -1,6 +1,7 @@
-"""The frame invariants on a stream that listens to list kinds only (invariants 1, 3, 4 and 13): a list change is a
-signal carrying the listen id and nothing else, only for the kinds the stream asked for, and shutdown ends the
-stream with the complete result. Their twins on resource streams are in test_listen.py.
+"""The invariants on a stream that listens to list kinds only (1, 3, 4, 13 and 16): a list change is a signal
+carrying the listen id and nothing else, only for the kinds the stream asked for, shutdown ends the stream with the
+complete result, and joining a live list watch is a sync point. Their twins on resource streams are in
+test_listen.py and test_coherence.py.
 
 Raw listen streams (the kit's client), the SDK shop upstream whose lists are changed through its admin routes.
 """
@@ -13,15 +14,24 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.kit import SUB_ID_KEY, ListenStream, serve_sidecar
+from tests.kit import SUB_ID_KEY, ListenStream, rpc, serve_sidecar
 from tests.peers import Upstream, start_upstream
 
 POLLED = {"min_interval_ms": 100, "default_interval_ms": 300, "max_interval_ms": 300}
+SLOW = {"default_interval_ms": 60_000, "max_interval_ms": 60_000, "min_interval_ms": 50, "linger_ms": 60_000}
+"""Nobody's poll comes in time: only a joiner's look can make a read fresh."""
 
 
 @pytest.fixture
 async def shop() -> AsyncIterator[Upstream]:
     async with await start_upstream("modern", read_ttl_ms=300, list_ttl_ms=300) as up:
+        yield up
+
+
+@pytest.fixture
+async def cached_shop() -> AsyncIterator[Upstream]:
+    """Its lists cached a minute."""
+    async with await start_upstream("modern", read_ttl_ms=60_000, list_ttl_ms=60_000) as up:
         yield up
 
 
@@ -80,3 +90,27 @@ async def test_a_stream_of_one_list_kind_hears_nothing_of_another_kind_or_of_res
         finally:
             await prompts.close()
             await everything.close()
+
+
+@pytest.mark.invariant(16)
+async def test_joining_a_live_tools_list_watch_is_a_sync_point_the_next_list_read_is_fresh(
+    cached_shop: Upstream, http: aiohttp.ClientSession
+) -> None:
+    async with serve_sidecar(cached_shop.url, polling=SLOW) as sidecar:
+        keeper = ListenStream(http, sidecar.url, "keeper", toolsListChanged=True)
+        await keeper.open()  # the list watch is live, polled once a minute
+        try:
+            status, listed = await rpc(http, sidecar.url, "tools/list")  # cached a minute
+            assert status == 200
+            before = {tool["name"] for tool in listed["result"]["tools"]}
+            await cached_shop.add("tool", "fresh")
+            joiner = ListenStream(http, sidecar.url, "joiner", toolsListChanged=True)
+            await joiner.open()  # its ack waits for a look that started after it asked
+            try:
+                status, listed = await rpc(http, sidecar.url, "tools/list")
+                assert {tool["name"] for tool in listed["result"]["tools"]} == before | {"fresh"}
+                assert await keeper.next() == _list_changed("tools", "keeper")  # the joiner's look found it
+            finally:
+                await joiner.close()
+        finally:
+            await keeper.close()
