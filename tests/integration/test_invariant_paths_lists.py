@@ -1,7 +1,7 @@
-"""The invariants on a stream that listens to list kinds only (1, 3, 4, 13 and 16): a list change is a signal
-carrying the listen id and nothing else, only for the kinds the stream asked for, shutdown ends the stream with the
-complete result, and joining a live list watch is a sync point. Their twins on resource streams are in
-test_listen.py and test_coherence.py.
+"""The invariants on a stream that listens to list kinds only (1, 3, 4, 6, 13 and 16): a list change is a signal
+carrying the listen id and nothing else, only for the kinds the stream asked for; polls that see the baseline tell
+nothing; shutdown ends the stream with the complete result; and joining a live list watch is a sync point. Their
+twins on resource streams are in test_listen.py and test_coherence.py.
 
 Raw listen streams (the kit's client), the SDK shop upstream whose lists are changed through its admin routes.
 """
@@ -14,7 +14,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.kit import SUB_ID_KEY, ListenStream, rpc, serve_sidecar
+from sidecar.app import METRICS
+from tests.kit import SUB_ID_KEY, ListenStream, eventually, rpc, serve_sidecar
 from tests.peers import Upstream, start_upstream
 
 POLLED = {"min_interval_ms": 100, "default_interval_ms": 300, "max_interval_ms": 300}
@@ -114,3 +115,22 @@ async def test_joining_a_live_tools_list_watch_is_a_sync_point_the_next_list_rea
                 await joiner.close()
         finally:
             await keeper.close()
+
+
+@pytest.mark.invariant(6)
+async def test_polls_that_see_a_lists_baseline_tell_nothing_and_its_first_change_is_told(
+    shop: Upstream, http: aiohttp.ClientSession
+) -> None:
+    async with serve_sidecar(shop.url, polling=POLLED) as sidecar:
+        polled = sidecar.app[METRICS].polls.labels("tools_list", "ok")
+        stream = ListenStream(http, sidecar.url, "tools", toolsListChanged=True)
+        await stream.open()
+        try:
+            seen = polled._value.get()
+            await eventually(lambda: polled._value.get() >= seen + 3)  # three polls that saw the baseline
+            await shop.add("tool", "fresh")
+            assert await stream.next() == _list_changed("tools", "tools")  # a spurious change would come first
+            await eventually(lambda: polled._value.get() >= seen + 6)
+            assert stream.pending() == []
+        finally:
+            await stream.close()
