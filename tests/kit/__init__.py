@@ -10,6 +10,8 @@
 - `cli`: the one CLI-process helper (`cli`, `Cli`);
 - `serving`: the sidecar app served in the test's own process (`serve_sidecar`, `serve_config`);
 - `sync_process`: a server process driven without an event loop, for a hypothesis property (not re-exported).
+- `session`: the one raw 2025-11-25 session client (`Session`, `sessions`), its GET stream read as frames arrive (not
+  re-exported).
 
 Everything is re-exported here: `from tests.kit import ListenStream, eventually, rpc`.
 """
