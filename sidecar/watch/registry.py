@@ -116,6 +116,9 @@ class WatchRegistry:
         self._watches: dict[WatchKey, Watch] = {}
         """The engine's watches, as pollers (one per record the engine keeps)."""
         self._waiters: dict[int, asyncio.Future[WatchKey | None]] = {}
+        self._answered: dict[int, WatchKey] = {}
+        """The watch each waiter was answered with, until its caller takes it: a caller cancelled before it resumes
+        (its future cancelled, then answered in the same step) still lets go of what the engine gave it."""
         self._ids = itertools.count(1)
         self._timers: dict[int, Timer] = {}
         self._inflight: set[asyncio.Task[None]] = set()
@@ -184,13 +187,15 @@ class WatchRegistry:
         try:
             key = await answer
         except asyncio.CancelledError:
-            if not answer.done() or answer.cancelled() or answer.exception() is not None:
-                self._handle(Leave(waiter))
-            elif (held := answer.result()) is not None:
+            held = self._answered.get(waiter)
+            if held is not None:
                 self._handle(Release(held, identity.context))  # answered as it was cancelled: it lets go
+            else:
+                self._handle(Leave(waiter))  # still waiting (or failed, or found nothing): dropped from its look
             raise
         finally:
             del self._waiters[waiter]
+            self._answered.pop(waiter, None)
         return None if key is None else Handle(key, identity.context, self._release_handle)
 
     def _release(self, handle: Handle) -> None:
@@ -207,8 +212,11 @@ class WatchRegistry:
             self._apply(command.key, command.observation, command.ticket)
         elif isinstance(command, Answer):
             answer = self._waiters.get(command.waiter)
-            if answer is not None and not answer.done():
-                answer.set_result(command.key)
+            if answer is not None:
+                if command.key is not None:
+                    self._answered[command.waiter] = command.key
+                if not answer.done():
+                    answer.set_result(command.key)
         elif isinstance(command, Fail):
             answer = self._waiters.get(command.waiter)
             if answer is not None and not answer.done():

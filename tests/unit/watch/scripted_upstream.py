@@ -46,6 +46,8 @@ class ScriptedUpstream:
         """Set once a method is asked (the test clears it to wait for the next time)."""
         self.pushed: asyncio.Queue[JsonObject] = asyncio.Queue()
         """Notifications the upstream sends on its own, on the notification stream."""
+        self.before_answer: Callable[[], None] | None = None
+        """Called as a read's answer is handed back, in the same step (a test cancels a caller at that moment)."""
 
     @property
     def url(self) -> str:
@@ -60,6 +62,8 @@ class ScriptedUpstream:
         self.asked[method].set()
         if self.gate is not None:
             await self.gate.wait()
+        if self.before_answer is not None:
+            self.before_answer()
         if self.failure is not None:
             raise self.failure
         if method in self.errors:

@@ -296,3 +296,22 @@ async def test_a_caller_cancelled_as_it_is_answered_lets_go_of_the_watch_it_was_
     await world.clock.advance(8.0)
     assert world.watches() == {}, "and the watch lingers, then ends"
     await world.registry.aclose()
+
+
+async def test_a_joiner_cancelled_in_the_step_its_look_answers_lets_go_of_the_watch_it_held() -> None:
+    world = make_world()
+    world.upstream.resources[DOC] = contents(DOC, "v1")
+    first = await world.registry.acquire("resource", DOC, ALICE)
+    assert first is not None
+    key = WatchKey("resource", DOC, "alice")
+    joiner = asyncio.create_task(world.registry.acquire("resource", DOC, ALICE))
+    # Its look answers in the step that cancels it: the answer comes to a caller that is already leaving.
+    world.upstream.before_answer = joiner.cancel
+    with pytest.raises(asyncio.CancelledError):
+        await joiner
+    world.upstream.before_answer = None
+    assert world.watches() == {key: 1}, "only the first caller holds it: the joiner's hold left with the joiner"
+    first.release()
+    await world.clock.advance(8.0)
+    assert world.watches() == {}, "and the watch lingers, then ends"
+    await world.registry.aclose()
