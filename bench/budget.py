@@ -120,7 +120,7 @@ async def _run(size: Size, policy: str, budget: float, seed: int) -> Row:
                     pace = paces[int(uri.rsplit("/", 1)[1])]
                     assert pace is not None
                     next_change[uri] = now + rng.expovariate(1 / pace)
-            await clock.advance(STEP_S)
+            await clock.advance_settling(STEP_S)
         measured_s = clock.now() - size.warmup_s
         reads = upstream.read_count - reads_at_warmup
         waits = []
