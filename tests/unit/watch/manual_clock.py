@@ -42,12 +42,15 @@ class ManualClock:
         self._now = 0.0
         self._timers: list[tuple[float, int, _ManualTimer]] = []
         self._order = itertools.count()
+        self.armed = 0
+        """Timers ever armed: a test waits for it to grow to know that what it woke has scheduled its next step."""
 
     def now(self) -> float:
         return self._now
 
     def call_at(self, when: float, callback: Callable[[], None]) -> _ManualTimer:
         timer = _ManualTimer(when, callback)
+        self.armed += 1
         heapq.heappush(self._timers, (when, next(self._order), timer))
         return timer
 
@@ -61,7 +64,8 @@ class ManualClock:
 
     def advance(self, seconds: float) -> int:
         """Move time on by `seconds`, firing each timer armed and due by then at its own time; returns how many
-        fired. What they wake runs once the test awaits, and a timer that wakes arms is not fired by this call."""
+        fired. A timer armed by a callback it fires fires too if due; what the callbacks wake (tasks) runs once the test
+        awaits, so a timer those arm is left for the next call."""
         until = self._now + seconds
         fired = 0
         while self._timers and self._timers[0][0] <= until + _EPSILON_S:
