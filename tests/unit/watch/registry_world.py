@@ -20,6 +20,7 @@ from sidecar.observability.metrics import Metrics
 from sidecar.upstream.base import Upstream
 from sidecar.watch.fingerprint import fingerprint_contents
 from sidecar.watch.registry import WatchRegistry
+from tests.kit import eventually
 from tests.unit.watch.manual_clock import ManualClock
 from tests.unit.watch.scripted_upstream import ScriptedUpstream, contents
 
@@ -89,6 +90,18 @@ class World:
 
     def gauge(self, name: str, **labels: str) -> float | None:
         return self.metrics.registry.get_sample_value(name, labels)
+
+    async def step(self, seconds: float, *, looks: int) -> None:
+        """Move the clock on by `seconds` and wait until the `looks` polls that fired have ended: a poll's last act
+        is to arm its watch's next one, after it has published what it saw. Polls a poll arms come due on a later
+        step, never this one (the clock fires only what is armed when it moves)."""
+        armed = self.clock.armed
+        fired = self.clock.advance(seconds)
+        assert fired >= looks, f"{fired} timers came due by {self.clock.now()}, not the {looks} polls expected"
+        await eventually(
+            lambda: self.clock.armed >= armed + looks,
+            what=f"the {looks} polls due by {self.clock.now()} ended and armed their next",
+        )
 
 
 class GatedBus(MemoryBus):
