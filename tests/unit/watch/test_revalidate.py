@@ -185,8 +185,8 @@ async def test_a_burst_of_writes_costs_a_watch_at_most_two_looks_and_the_first_i
     armed = clock.armed
     upstream.release.set()
     await eventually(lambda: clock.armed > armed, what="the look ends and the watch arms its next one")
-    armed = clock.armed
     clock.advance(5.0)
+    armed = clock.armed  # what the poll it fired arms from now on, once it has ended
     await eventually(
         lambda: len(upstream.polled_at) == 2 and clock.armed > armed,
         what="the trailing look the burst asked for, ended, and the watch's next look armed",
