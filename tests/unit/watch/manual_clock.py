@@ -12,7 +12,10 @@ import heapq
 import itertools
 from collections.abc import Callable
 
-__all__ = ["ManualClock", "settle"]
+from sidecar.watch.poller import Watch
+from tests.kit import WAIT_S
+
+__all__ = ["ManualClock", "run_polls", "settle"]
 
 _EPSILON_S = 1e-9
 """Steps of a test add up in floating point (0.05 + 0.049 + 0.001): a timer due at their sum still fires."""
@@ -44,6 +47,9 @@ class ManualClock:
         self._order = itertools.count()
         self.armed = 0
         """Timers ever armed: a test waits for it to grow to know that what it woke has scheduled its next step."""
+        self.fired: list[Callable[[], None]] = []
+        """The callbacks the last `advance` fired, in order."""
+        self._armed_waiters: list[tuple[int, asyncio.Future[None]]] = []
 
     def now(self) -> float:
         return self._now
@@ -51,12 +57,31 @@ class ManualClock:
     def call_at(self, when: float, callback: Callable[[], None]) -> _ManualTimer:
         timer = _ManualTimer(when, callback)
         self.armed += 1
+        for count, waiter in self._armed_waiters:
+            if self.armed >= count and not waiter.done():
+                waiter.set_result(None)
         heapq.heappush(self._timers, (when, next(self._order), timer))
         return timer
 
     def pending(self) -> int:
         """Timers armed and not cancelled (due or not)."""
         return sum(not timer.cancelled for _, _, timer in self._timers)
+
+    async def until_armed(self, count: int, what: str = "") -> None:
+        """Until `armed` reaches `count` (told as it happens, not polled); AssertionError naming `what` after the
+        kit's bounded wait."""
+        if self.armed >= count:
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        entry = (count, waiter)
+        self._armed_waiters.append(entry)
+        try:
+            async with asyncio.timeout(WAIT_S):
+                await waiter
+        except TimeoutError:
+            raise AssertionError(f"not within {WAIT_S} s: {what or f'{count} timers armed'}") from None
+        finally:
+            self._armed_waiters.remove(entry)
 
     def due(self) -> list[float]:
         """When each armed timer is due (cancelled ones left out), soonest first."""
@@ -67,16 +92,16 @@ class ManualClock:
         fired. A timer armed by a callback it fires fires too if due; what the callbacks wake (tasks) runs once the test
         awaits, so a timer those arm is left for the next call."""
         until = self._now + seconds
-        fired = 0
+        self.fired = []
         while self._timers and self._timers[0][0] <= until + _EPSILON_S:
             when, _, timer = heapq.heappop(self._timers)
             if timer.cancelled:
                 continue
             self._now = max(self._now, when)
+            self.fired.append(timer.callback)
             timer.callback()
-            fired += 1
         self._now = max(self._now, until)
-        return fired
+        return len(self.fired)
 
     async def advance_settling(self, seconds: float) -> None:
         """The old way, for the tests not yet moved off it: move time on, firing each due timer at its own time and
@@ -109,6 +134,18 @@ class ManualClock:
                 self._now = max(self._now, when)
                 timer.callback()
                 return
+
+
+async def run_polls(clock: ManualClock, seconds: float) -> None:
+    """Move time on by `seconds` one due time at a time, and after each wait until the watches' polls that came due
+    there have ended (a poll's last act is to arm its watch's next): each poll starts at its own time, as on a real
+    clock. For simulations where no watch stops while a poll is in flight (a stopped watch arms nothing)."""
+    until = clock.now() + seconds
+    while (due := clock.due()) and due[0] <= until + _EPSILON_S:
+        clock.advance(max(0.0, due[0] - clock.now()))
+        polls = sum(isinstance(getattr(callback, "__self__", None), Watch) for callback in clock.fired)
+        await clock.until_armed(clock.armed + polls, f"the {polls} polls due at {clock.now()} ended")
+    clock.advance(max(0.0, until - clock.now()))
 
 
 async def settle() -> None:

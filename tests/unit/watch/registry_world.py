@@ -20,7 +20,6 @@ from sidecar.observability.metrics import Metrics
 from sidecar.upstream.base import Upstream
 from sidecar.watch.fingerprint import fingerprint_contents
 from sidecar.watch.registry import WatchRegistry
-from tests.kit import eventually
 from tests.unit.watch.manual_clock import ManualClock
 from tests.unit.watch.scripted_upstream import ScriptedUpstream, contents
 
@@ -99,10 +98,7 @@ class World:
         fired = self.clock.advance(seconds)
         armed = self.clock.armed
         assert fired >= looks, f"{fired} timers came due by {self.clock.now()}, not the {looks} polls expected"
-        await eventually(
-            lambda: self.clock.armed >= armed + looks,
-            what=f"the {looks} polls due by {self.clock.now()} ended and armed their next",
-        )
+        await self.clock.until_armed(armed + looks, f"the {looks} polls due by {self.clock.now()} ended")
 
 
 class GatedBus(MemoryBus):
