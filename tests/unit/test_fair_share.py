@@ -4,13 +4,14 @@ is refused. No network: the requests are tasks holding slots until the test lets
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 
 from sidecar.fair_share import FairShare
 from sidecar.observability.metrics import Metrics
 from sidecar.protocol.errors import TooManyRequests
+from tests.kit import eventually
 
 pytestmark = pytest.mark.invariant(20)
 
@@ -33,9 +34,14 @@ class Requests:
         self.order: list[str] = []
         self._done: dict[str, list[asyncio.Event]] = {}
         self.tasks: list[asyncio.Task[None]] = []
+        self._holding: set[asyncio.Event] = set()
+        """The requests running with a slot now (each by its `done` event)."""
 
-    def send(self, client: str, within_s: float = 30) -> asyncio.Task[None]:
-        """A request of `client`; `address/credential` names a credential's own lane within that address."""
+    def send(
+        self, client: str, within_s: float = 30, *, released: Callable[[], None] = lambda: None
+    ) -> asyncio.Task[None]:
+        """A request of `client`; `address/credential` names a credential's own lane within that address.
+        `released` runs as its slot is handed on, before whoever gets it can run."""
         done = asyncio.Event()
         self._done.setdefault(client, []).append(done)
         address, _, lane = client.partition("/")
@@ -43,7 +49,12 @@ class Requests:
         async def hold() -> None:
             async with self.share.slot(address, within_s=within_s, limit="queue_wait", lane=lane):
                 self.order.append(client)
-                await done.wait()
+                self._holding.add(done)
+                try:
+                    await done.wait()
+                finally:
+                    self._holding.discard(done)
+            released()
 
         task = asyncio.get_running_loop().create_task(hold())
         self.tasks.append(task)
@@ -51,11 +62,28 @@ class Requests:
 
     async def finish(self, client: str) -> None:
         """End `client`'s oldest request that holds a slot, and let the loop hand the slot on."""
+        self.end(client)
+        await self.settled()
+
+    def end(self, client: str) -> None:
+        """Let `client`'s oldest request that holds a slot go, and return before it has."""
         holding = self.order.count(client)
         ended = sum(1 for event in self._done[client] if event.is_set())
         assert holding > ended, f"{client} holds no slot"
         self._done[client][ended].set()
-        await _settle()
+
+    def _quiet(self) -> bool:
+        live = sum(not task.done() for task in self.tasks)
+        held = len(self._holding)
+        leaving = any(done.is_set() for done in self._holding) or any(
+            task.cancelling() for task in self.tasks if not task.done()
+        )
+        return not leaving and self.share.in_flight == held and held + self.share.queued == live
+
+    async def settled(self) -> None:
+        """Until every request still live runs with its slot or waits in the queue: none let go or cancelled and still
+        there, none granted a slot it has not taken up, none on its way in."""
+        await eventually(self._quiet, what="every live request holds its slot or waits its turn")
 
     async def finish_all(self) -> None:
         for events in self._done.values():
@@ -64,15 +92,10 @@ class Requests:
         await asyncio.gather(*self.tasks, return_exceptions=True)
 
 
-async def _settle() -> None:
-    for _ in range(5):
-        await asyncio.sleep(0)
-
-
 async def _sent(requests: Requests, clients: Sequence[str]) -> None:
     for client in clients:
         requests.send(client)
-    await _settle()
+    await requests.settled()
 
 
 async def test_a_freed_slot_goes_to_the_next_waiting_client_in_turn_not_to_the_busiest() -> None:
@@ -154,14 +177,14 @@ async def test_a_request_that_waits_out_its_deadline_is_refused_and_leaves_the_q
 async def test_a_slot_granted_to_a_request_cancelled_in_the_same_moment_is_handed_on() -> None:
     share = _share(capacity=1)
     requests = Requests(share)
-    await _sent(requests, ["a"])
-    gone = requests.send("b")
+    gone: list[asyncio.Task[None]] = []
+    requests.send("a", released=lambda: gone[0].cancel())  # a's slot is released and granted to b ...
+    await requests.settled()
+    gone.append(requests.send("b"))  # ... which is cancelled before it could run
     requests.send("c")
-    await _settle()
-    requests._done["a"][0].set()
-    await asyncio.sleep(0)  # a's slot is released and granted to b ...
-    gone.cancel()  # ... which is cancelled before it could run
-    await _settle()
+    await requests.settled()
+    requests.end("a")
+    await requests.settled()
     assert requests.order == ["a", "c"]  # b's slot went on to c instead of being lost
     await requests.finish_all()
     assert (share.in_flight, share.queued) == (0, 0)
@@ -172,9 +195,9 @@ async def test_a_cancelled_waiter_gives_up_its_place() -> None:
     requests = Requests(share)
     await _sent(requests, ["a"])
     waiting = requests.send("b")
-    await _settle()
+    await requests.settled()
     waiting.cancel()
-    await _settle()
+    await requests.settled()
     assert share.queued == 0
     await requests.finish("a")
     assert share.active_clients == 0
@@ -243,9 +266,9 @@ async def test_a_lane_whose_only_request_gives_up_leaves_the_round() -> None:
     requests = Requests(share)
     await _sent(requests, ["addr", "addr"])
     gone = requests.send("addr/newcomer")
-    await _settle()
+    await requests.settled()
     gone.cancel()
-    await _settle()
+    await requests.settled()
     assert share.queued == 1
     await requests.finish("addr")
     assert requests.order == ["addr", "addr"]
