@@ -15,10 +15,12 @@ from collections.abc import Callable
 from sidecar.watch.poller import Watch
 from tests.kit import WAIT_S
 
-__all__ = ["ManualClock", "run_polls", "settle"]
+__all__ = ["ManualClock", "run_polls"]
 
 _EPSILON_S = 1e-9
 """Steps of a test add up in floating point (0.05 + 0.049 + 0.001): a timer due at their sum still fires."""
+_MOST_TIMERS_PER_ADVANCE = 10_000
+"""Far more than any test here fires in one advance: more means a callback re-arms at a past time without end."""
 
 
 class _ManualTimer:
@@ -32,10 +34,6 @@ class _ManualTimer:
 
     def cancel(self) -> None:
         self.cancelled = True
-
-
-_MOST_TIMERS_PER_ADVANCE = 10_000
-"""Far more than any test here fires in one advance (a minute of polls every 250 ms is 240)."""
 
 
 class ManualClock:
@@ -89,36 +87,20 @@ class ManualClock:
 
     def advance(self, seconds: float) -> int:
         """Move time on by `seconds`, firing each timer armed and due by then at its own time; returns how many
-        fired. A timer armed by a callback it fires fires too if due; what the callbacks wake (tasks) runs once the test
-        awaits, so a timer those arm is left for the next call."""
+        fired. A timer armed by a callback it fires fires too if due; what the callbacks wake (tasks) runs once the
+        test awaits, so a timer those arm is left for the next call."""
         until = self._now + seconds
         self.fired = []
         while self._timers and self._timers[0][0] <= until + _EPSILON_S:
             when, _, timer = heapq.heappop(self._timers)
             if timer.cancelled:
                 continue
+            assert len(self.fired) < _MOST_TIMERS_PER_ADVANCE, "timers fire without end: one re-arms at a past time"
             self._now = max(self._now, when)
             self.fired.append(timer.callback)
             timer.callback()
         self._now = max(self._now, until)
         return len(self.fired)
-
-    async def advance_settling(self, seconds: float) -> None:
-        """The old way, for the tests not yet moved off it: move time on, firing each due timer at its own time and
-        letting what it started finish (`settle`)."""
-        until = self._now + seconds
-        await settle()  # what the test just released runs first, and may arm timers
-        fired = 0
-        while self._timers and self._timers[0][0] <= until:
-            when, _, timer = heapq.heappop(self._timers)
-            if timer.cancelled:
-                continue
-            fired += 1
-            assert fired <= _MOST_TIMERS_PER_ADVANCE, "timers fire without end: something re-arms at a past time"
-            self._now = max(self._now, when)
-            timer.callback()
-            await settle()
-        self._now = until
 
     def advance_to(self, when: float) -> None:
         """Move time on to `when`, with no timer due before it (those fire by `fire_next`, one at a time)."""
@@ -146,28 +128,3 @@ async def run_polls(clock: ManualClock, seconds: float) -> None:
         polls = sum(isinstance(getattr(callback, "__self__", None), Watch) for callback in clock.fired)
         await clock.until_armed(clock.armed + polls, f"the {polls} polls due at {clock.now()} ended")
     clock.advance(max(0.0, until - clock.now()))
-
-
-async def settle() -> None:
-    """Wait until every task but this one has finished or is blocked on something the test controls."""
-    loop = asyncio.get_running_loop()
-    while True:
-        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
-        if not others:
-            return
-        done, _ = await asyncio.wait(others, timeout=0)  # one turn of the loop for them
-        # And nothing due at the next turn: a task just created, or a gather whose last child just finished, looks
-        # blocked until then.
-        if not done and all(_blocked(t) for t in others) and not _due(loop):
-            return
-
-
-def _due(loop: asyncio.AbstractEventLoop) -> bool:
-    """Whether callbacks are due at the loop's next turn (asyncio's own loops keep them in `_ready`; on a loop that
-    does not, uvloop's, only the tasks are asked)."""
-    return bool(getattr(loop, "_ready", ()))
-
-
-def _blocked(task: asyncio.Task[object]) -> bool:
-    waiter = getattr(task, "_fut_waiter", None)
-    return waiter is not None and not waiter.done()
