@@ -27,7 +27,7 @@ from sidecar.identity import ANONYMOUS_IDENTITY, Identity
 from sidecar.observability.metrics import Metrics
 from sidecar.upstream.base import Upstream
 from sidecar.watch.registry import WatchRegistry
-from tests.unit.watch.manual_clock import ManualClock
+from tests.unit.watch.manual_clock import ManualClock, run_polls
 from tests.unit.watch.scripted_upstream import ScriptedUpstream, contents
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
@@ -120,7 +120,7 @@ async def _run(size: Size, policy: str, budget: float, seed: int) -> Row:
                     pace = paces[int(uri.rsplit("/", 1)[1])]
                     assert pace is not None
                     next_change[uri] = now + rng.expovariate(1 / pace)
-            await clock.advance(STEP_S)
+            await run_polls(clock, STEP_S)
         measured_s = clock.now() - size.warmup_s
         reads = upstream.read_count - reads_at_warmup
         waits = []

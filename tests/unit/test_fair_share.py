@@ -10,7 +10,7 @@ import pytest
 from sidecar.fair_share import FairShare
 from sidecar.observability.metrics import Metrics
 from sidecar.protocol.errors import TooManyRequests
-from tests.unit.fair_share_requests import Requests, fair_share, sent, settle
+from tests.unit.fair_share_requests import Requests, fair_share, sent
 
 pytestmark = pytest.mark.invariant(20)
 
@@ -94,14 +94,14 @@ async def test_a_request_that_waits_out_its_deadline_is_refused_and_leaves_the_q
 async def test_a_slot_granted_to_a_request_cancelled_in_the_same_moment_is_handed_on() -> None:
     share = fair_share(capacity=1)
     requests = Requests(share)
-    await sent(requests, ["a"])
-    gone = requests.send("b")
+    gone: list[asyncio.Task[None]] = []
+    requests.send("a", released=lambda: gone[0].cancel())  # a's slot is released and granted to b ...
+    await requests.settled()
+    gone.append(requests.send("b"))  # ... which is cancelled before it could run
     requests.send("c")
-    await settle()
-    requests._done["a"][0].set()
-    await asyncio.sleep(0)  # a's slot is released and granted to b ...
-    gone.cancel()  # ... which is cancelled before it could run
-    await settle()
+    await requests.settled()
+    requests.end("a")
+    await requests.settled()
     assert requests.order == ["a", "c"]  # b's slot went on to c instead of being lost
     await requests.finish_all()
     assert (share.in_flight, share.queued) == (0, 0)
@@ -112,9 +112,9 @@ async def test_a_cancelled_waiter_gives_up_its_place() -> None:
     requests = Requests(share)
     await sent(requests, ["a"])
     waiting = requests.send("b")
-    await settle()
+    await requests.settled()
     waiting.cancel()
-    await settle()
+    await requests.settled()
     assert share.queued == 0
     await requests.finish("a")
     assert share.active_clients == 0
@@ -183,9 +183,9 @@ async def test_a_lane_whose_only_request_gives_up_leaves_the_round() -> None:
     requests = Requests(share)
     await sent(requests, ["addr", "addr"])
     gone = requests.send("addr/newcomer")
-    await settle()
+    await requests.settled()
     gone.cancel()
-    await settle()
+    await requests.settled()
     assert share.queued == 1
     await requests.finish("addr")
     assert requests.order == ["addr", "addr"]

@@ -11,7 +11,8 @@ from sidecar.fair_share import FairShare
 from sidecar.observability.metrics import Metrics
 from sidecar.protocol.errors import TooManyRequests
 from sidecar.upstream.answers import Reply
-from tests.unit.fair_share_requests import Requests, fair_share, sent, settle
+from tests.kit import eventually
+from tests.unit.fair_share_requests import Requests, fair_share, sent
 
 pytestmark = pytest.mark.invariant(20)
 
@@ -25,11 +26,11 @@ async def test_a_waiter_cancelled_just_as_its_turn_comes_is_passed_over_and_its_
     gone.cancel()  # ... and b's first request gives up before the freed slot could reach it
     with pytest.raises(asyncio.CancelledError):
         await gone
-    await settle()
+    await requests.settled()
     assert requests.order == ["hold", "b"], "the same turn again: b's next request, not c"
     assert share.queued == 1
     requests._done["b"][1].set()  # b's second request, the one holding the slot
-    await settle()
+    await requests.settled()
     assert requests.order[-1] == "c"
     await requests.finish_all()
     assert (share.in_flight, share.queued, share.active_clients) == (0, 0, 0)
@@ -44,7 +45,7 @@ async def test_a_client_whose_only_waiter_is_cancelled_as_its_turn_comes_is_pass
     gone.cancel()
     with pytest.raises(asyncio.CancelledError):
         await gone
-    await settle()
+    await requests.settled()
     assert requests.order == ["hold", "c"]
     await requests.finish_all()
     assert (share.in_flight, share.queued, share.active_clients) == (0, 0, 0)
@@ -115,7 +116,7 @@ async def test_a_granted_new_credential_or_one_that_gives_up_frees_room_in_its_a
     with pytest.raises(TooManyRequests, match="new credentials"):
         await share.acquire("addr", within_s=0.01, limit="queue_wait", lane="t5")
     requests.tasks[-1].cancel()
-    await settle()
+    await requests.settled()
     await sent(requests, ["addr/t5"])  # t4 gave up: room again, for one
     assert share.queued == 3
     with pytest.raises(TooManyRequests, match="new credentials"):
@@ -129,7 +130,7 @@ async def test_an_own_lane_request_that_gives_up_frees_no_room_in_the_new_lanes(
     requests = Requests(share)
     await sent(requests, ["addr", "addr", "addr/t1", "addr/t2"])
     requests.tasks[1].cancel()
-    await settle()
+    await requests.settled()
     with pytest.raises(TooManyRequests, match="new credentials"):
         await share.acquire("addr", within_s=0.01, limit="queue_wait", lane="t3")
     await requests.finish_all()
@@ -170,7 +171,7 @@ async def test_the_wait_for_a_slot_is_measured_on_the_clock_and_a_free_slot_wait
     labels = {"limit": "upstream_requests"}
     await share.acquire("a", within_s=30, limit="queue_wait")
     waiting = asyncio.get_running_loop().create_task(share.acquire("b", within_s=30, limit="queue_wait"))
-    await settle()
+    await eventually(lambda: share.queued == 1, what="b waits in the queue")
     assert metrics.registry.get_sample_value("mcp_sidecar_queue_depth", labels) == 1, "b waits, and shows"
     now[0] += 2.5
     share.release("a")

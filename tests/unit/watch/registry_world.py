@@ -90,6 +90,16 @@ class World:
     def gauge(self, name: str, **labels: str) -> float | None:
         return self.metrics.registry.get_sample_value(name, labels)
 
+    async def step(self, seconds: float, *, looks: int) -> None:
+        """Move the clock on by `seconds` and wait until the `looks` polls that fired have ended: a poll's last act
+        is to arm its watch's next one, after it has published what it saw. Counted from when the clock has moved:
+        what the timers' callbacks armed as they fired (a hint's poll) is not a poll that ended. Polls a poll arms
+        come due on a later step, never this one (the clock fires only what is armed when it moves)."""
+        fired = self.clock.advance(seconds)
+        armed = self.clock.armed
+        assert fired >= looks, f"{fired} timers came due by {self.clock.now()}, not the {looks} polls expected"
+        await self.clock.until_armed(armed + looks, f"the {looks} polls due by {self.clock.now()} ended")
+
 
 class GatedBus(MemoryBus):
     """The in-memory bus, whose publishing the test may hold (a slow bus)."""

@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
+
 from sidecar.watch.clock import LOOP_CLOCK, sleep, within
-from tests.kit import eventually
+from tests.kit import WAIT_S, eventually
 from tests.unit.watch.manual_clock import ManualClock
 
 
@@ -42,10 +44,10 @@ async def test_a_cancelled_timer_never_runs() -> None:
 async def test_sleep_on_a_clock_wakes_when_that_clock_reaches_the_time() -> None:
     clock = ManualClock()
     sleeper = asyncio.create_task(sleep(clock, 2.0))
-    await clock.advance(1.99)
-    assert not sleeper.done()
-    await clock.advance(0.01)
-    assert sleeper.done() and sleeper.exception() is None
+    await eventually(lambda: clock.due() == [2.0], what="the sleep's timer armed at its time")
+    assert clock.advance(1.99) == 0 and not sleeper.done()
+    assert clock.advance(0.01) == 1
+    await asyncio.wait_for(sleeper, WAIT_S)
     assert clock.pending() == 0
 
 
@@ -62,9 +64,10 @@ async def test_within_gives_the_result_in_time_and_leaves_no_timer() -> None:
     clock = ManualClock()
     answer: asyncio.Future[str] = asyncio.get_running_loop().create_future()
     waiting = asyncio.create_task(within(clock, 1.0, answer))
-    await clock.advance(0.5)
+    await eventually(lambda: clock.due() == [1.0], what="the wait's timer armed at its time")
+    assert clock.advance(0.5) == 0
     answer.set_result("on time")
-    assert await waiting == "on time"
+    assert await asyncio.wait_for(waiting, WAIT_S) == "on time"
     assert clock.pending() == 0
 
 
@@ -72,10 +75,11 @@ async def test_within_raises_timeout_once_the_clock_passes_and_stops_the_wait() 
     clock = ManualClock()
     answer: asyncio.Future[str] = asyncio.get_running_loop().create_future()
     waiting = asyncio.create_task(within(clock, 1.0, answer))
-    await clock.advance(0.99)
-    assert not waiting.done()
-    await clock.advance(0.01)
-    assert isinstance(waiting.exception(), TimeoutError)
+    await eventually(lambda: clock.due() == [1.0], what="the wait's timer armed at its time")
+    assert clock.advance(0.99) == 0 and not waiting.done()
+    assert clock.advance(0.01) == 1
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(waiting, WAIT_S)
     assert answer.cancelled(), "what it waited for is stopped"
 
 
@@ -93,16 +97,21 @@ async def test_within_cancelled_from_outside_is_a_cancellation_not_a_timeout() -
 async def test_within_cancelled_as_its_time_runs_out_is_a_cancellation_not_a_timeout() -> None:
     clock = ManualClock()
     slow_to_stop = asyncio.Event()
+    stopping = False
 
     async def stops_slowly() -> None:
+        nonlocal stopping
         try:
             await asyncio.Event().wait()
         except asyncio.CancelledError:
+            stopping = True
             await slow_to_stop.wait()  # cleaning up takes a while (a connection closing)
             raise
 
     waiting = asyncio.create_task(within(clock, 1.0, stops_slowly()))
-    await clock.advance(1.0)  # the time runs out: what it waits for is stopping
+    await eventually(lambda: clock.due() == [1.0], what="the wait's timer armed at its time")
+    assert clock.advance(1.0) == 1  # the time runs out: what it waits for is stopping
+    await eventually(lambda: stopping, what="what it waits for is told to stop")
     waiting.cancel()  # and its caller is cancelled meanwhile (a shutdown)
     slow_to_stop.set()
     await asyncio.gather(waiting, return_exceptions=True)

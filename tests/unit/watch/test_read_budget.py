@@ -23,7 +23,7 @@ from sidecar.upstream.base import Upstream
 from sidecar.watch.budget import ReadBudget
 from sidecar.watch.clock import Timer
 from sidecar.watch.registry import WatchRegistry
-from tests.unit.watch.manual_clock import ManualClock
+from tests.unit.watch.manual_clock import ManualClock, run_polls
 from tests.unit.watch.scripted_upstream import ScriptedUpstream, contents
 
 BUDGET = PollingConfig(
@@ -101,7 +101,7 @@ async def test_polls_never_exceed_the_budget_and_every_key_is_read_within_its_ma
     start, first = engine.clock.now(), len(engine.reads())
     seconds = 30.0
     for _ in range(int(seconds * 10)):
-        await engine.clock.advance(0.1)
+        await run_polls(engine.clock, 0.1)
     polls = engine.reads()[first:]
     assert len(polls) <= BUDGET.max_reads_per_s * seconds + 1
     assert len(polls) >= 0.8 * BUDGET.max_reads_per_s * seconds, "the budget is spent, not left idle"
@@ -116,7 +116,7 @@ async def test_hinted_polls_count_against_the_budget(engine: Engine) -> None:
     seconds = 10.0
     for _ in range(int(seconds * 20)):
         engine.registry.revalidate(ANONYMOUS_IDENTITY)  # a write every 50 ms hints every public watch
-        await engine.clock.advance(0.05)
+        await run_polls(engine.clock, 0.05)
     assert len(engine.reads()) - first <= BUDGET.max_reads_per_s * seconds + 1
 
 
@@ -134,7 +134,7 @@ async def _staleness(policy: str) -> tuple[list[float], float]:
                 engine.upstream.resources[uri] = contents(uri, str(second + 1))
                 changed[uri].append(engine.clock.now())
             for _ in range(10):
-                await engine.clock.advance(0.1)
+                await run_polls(engine.clock, 0.1)
         waits = []
         for uri, times in changed.items():
             told = sorted(at for at, event in engine.told if event.key.uri == uri and not event.baseline)
@@ -171,11 +171,11 @@ async def test_a_rule_sets_a_keys_interval_and_ignores_its_noise() -> None:
         assert await engine.registry.acquire("resource", uri, ANONYMOUS_IDENTITY) is not None
         for stamp in range(1, 6):
             engine.upstream.resources[uri] = contents(uri, f'{{"total": 1, "generatedAt": {stamp}}}')
-            await engine.clock.advance(1.0)
+            await run_polls(engine.clock, 1.0)
         assert len(engine.reads()) == 6, "read every second (its rule), not every 5 s (the default)"
         assert [event for _, event in engine.told if not event.baseline] == [], "a new stamp is no change"
         engine.upstream.resources[uri] = contents(uri, '{"total": 2, "generatedAt": 9}')
-        await engine.clock.advance(1.0)
+        await run_polls(engine.clock, 1.0)
         assert len([event for _, event in engine.told if not event.baseline]) == 1
     finally:
         await engine.registry.aclose()

@@ -53,7 +53,7 @@ async def test_shutdown_stops_every_watch_and_cancels_first_reads_in_flight() ->
     world.upstream.gate = None
     world.upstream.calls.clear()
     world.bus.deliver(ChangeEvent(WatchKey("resources_list", None, PUBLIC), "fp", 1, 0.0))
-    await world.clock.advance(60.0)
+    assert world.clock.advance(60.0) == 0, "nothing is left to poll after shutdown, hinted or not"
     assert world.upstream.calls == [], "nothing polls after shutdown, hinted or not"
     live.release()
 
@@ -137,7 +137,8 @@ async def test_the_lease_is_tracked_while_streams_hold_a_watch_and_polls_need_it
     assert coordinator.tracked == [first.key], "and only then"
     coordinator.lease = False
     world.upstream.calls.clear()
-    await world.clock.advance(10.0)
+    for _ in range(2):
+        await world.step(5.0, looks=1)  # a poll comes due, and asks for the lease
     assert world.upstream.calls == [], "another replica holds the lease: it polls"
     first.release()
     assert coordinator.untracked == []
@@ -156,10 +157,11 @@ async def test_another_replicas_writes_hint_the_watches_they_concern() -> None:
     world.upstream.calls.clear()
     assert coordinator.others_wrote is not None
     coordinator.others_wrote(frozenset({"bob"}))
-    await world.clock.advance(0.5)
+    await world.step(0.5, looks=1)
     assert world.upstream.calls == [("resources/read", DOC, "bob")]
     world.registry.after_forward("tools/call", {}, ALICE, {"result": {}}, world.registry.ticket())
-    await world.clock.advance(0.5)
+    await world.step(0.5, looks=1)
+    await eventually(lambda: coordinator.announced != [], what="the announcement of alice's write")
     assert coordinator.announced == [frozenset({"alice"})], "this replica's writes are told to the others"
     await world.registry.aclose()
 
@@ -172,11 +174,11 @@ async def test_hinted_polls_over_the_hint_budget_are_deferred() -> None:
         assert await world.registry.acquire("resource", uri, ALICE) is not None
     world.upstream.calls.clear()
     world.registry.after_forward("tools/call", {}, ALICE, {"result": {}}, world.registry.ticket())
-    await world.clock.advance(0.5)
+    await world.step(0.5, looks=1)
     assert len(world.upstream.calls) == 1, "a burst of per_s, the rest one a second"
-    await world.clock.advance(2.0)
+    await world.step(2.0, looks=2)
     assert len(world.upstream.calls) == 3
-    await world.clock.advance(1.0)
+    await world.step(1.0, looks=1)
     assert len(world.upstream.calls) == 4
     await world.registry.aclose()
 
@@ -195,7 +197,7 @@ async def test_a_hinted_poll_links_the_writes_that_may_concern_it(world: World, 
             world.registry.after_forward("tools/call", {}, identity, {"result": {}}, world.registry.ticket())
             writes[identity.context] = span.get_span_context()
     world.registry.after_forward("tools/call", {}, CAROL, {"result": {}}, world.registry.ticket())  # untraced
-    await world.clock.advance(0.5)
+    await world.step(0.5, looks=4)
     links = {
         span.attributes["mcp_sidecar.watch"]: [link.context for link in span.links]
         for span in spans.get_finished_spans()
@@ -226,19 +228,25 @@ async def test_a_watch_the_upstream_can_push_is_subscribed_upstream_while_held_a
     world.upstream.pushed.put_nowait({"method": "notifications/resources/updated", "params": {"uri": DOC}})
     heard = {"method": "notifications/resources/updated"}
     await eventually(lambda: world.gauge("mcp_sidecar_upstream_notifications_total", **heard) == 1)
-    await world.clock.advance(0.5)
+    await world.step(0.5, looks=1)
     assert world.upstream.reads(DOC) == ["alice"], "polled on the upstream's notice, not a whole interval later"
     assert world.changes() == [(handle.key, fp(DOC, "v2"))]
     world.upstream.resources[OTHER] = contents(OTHER, "v1")
     other = await world.registry.acquire("resource", OTHER, ALICE)
     assert other is not None
-    await world.clock.advance(0.05)  # the notification stream's pause before it asks again, on the engine's clock
-    assert ("resources/subscribe", OTHER, "alice") in world.upstream.calls
-    assert world.gauge("mcp_sidecar_native_watches") == 2
+    pause_s = 0.05  # the notification stream's pause before it asks again, on the engine's clock
+    await eventually(
+        lambda: any(when <= world.clock.now() + pause_s for when in world.clock.due()),
+        what="the notification stream pauses before it asks again",
+    )
+    world.clock.advance(pause_s)
+    subscribed = ("resources/subscribe", OTHER, "alice")
+    await eventually(lambda: subscribed in world.upstream.calls, what="the upstream asked to push OTHER's changes")
+    await eventually(lambda: world.gauge("mcp_sidecar_native_watches") == 2, what="both watches pushed")
     other.release()
     handle.release()
     await eventually(lambda: world.gauge("mcp_sidecar_native_streams") == 0)
     assert world.gauge("mcp_sidecar_native_streams") == 0, "the credential leaves with its last stream"
-    await world.clock.advance(8.0)
-    assert world.watches() == {}
+    world.clock.advance(8.0)  # the linger's end
+    await eventually(lambda: world.watches() == {}, what="the linger ends both watches")
     assert world.gauge("mcp_sidecar_native_watches") == 0

@@ -43,9 +43,9 @@ async def test_the_first_read_is_published_as_a_baseline_before_acquire_returns(
     assert world.watches() == {key: 1}
     assert world.gauge("mcp_sidecar_watches", kind="resource") == 1
     assert world.gauge("mcp_sidecar_watched_contexts") == 1
-    await world.clock.advance(4.99)
+    assert world.clock.advance(4.99) == 0
     assert len(world.upstream.calls) == 1, "the first poll waits a whole interval after the first read"
-    await world.clock.advance(0.01)
+    await world.step(0.01, looks=1)
     assert world.upstream.reads(DOC) == ["alice", "alice"], "polled with the subscriber's own credential"
     assert world.changes() == [], "the first poll of unchanged content tells nothing"
 
@@ -55,11 +55,12 @@ async def test_a_change_is_told_once_and_then_polled_at_the_interval(world: Worl
     world.upstream.resources[DOC] = contents(DOC, "v1")
     assert await world.registry.acquire("resource", DOC, ALICE) is not None
     world.upstream.resources[DOC] = contents(DOC, "v2")
-    await world.clock.advance(5.0)
+    await world.step(5.0, looks=1)
     key = WatchKey("resource", DOC, "alice")
     assert world.changes() == [(key, fp(DOC, "v2"))]
     assert [e.generation for e in world.events if not e.baseline] == [1]
-    await world.clock.advance(10.0)
+    for _ in range(2):
+        await world.step(5.0, looks=1)
     assert world.changes() == [(key, fp(DOC, "v2"))]
     assert len(world.upstream.reads(DOC)) == 4
 
@@ -96,7 +97,7 @@ async def test_a_private_result_is_watched_per_context_with_its_own_credential(w
     assert world.gauge("mcp_sidecar_watched_contexts") == 2
     world.upstream.calls.clear()
     world.upstream.private[(DOC, "bob")] = contents(DOC, "bob's, edited")
-    await world.clock.advance(5.0)
+    await world.step(5.0, looks=2)
     assert sorted(world.upstream.reads(DOC)) == ["alice", "bob"]
     assert world.changes() == [(WatchKey("resource", DOC, "bob"), fp(DOC, "bob's, edited"))]
 
@@ -110,11 +111,11 @@ async def test_a_public_watch_is_polled_anonymously_when_it_can_and_else_with_a_
     bob = await world.registry.acquire("resource", DOC, BOB)
     assert alice is not None and anon is not None and bob is not None
     world.upstream.calls.clear()
-    await world.clock.advance(5.0)
+    await world.step(5.0, looks=1)
     assert world.upstream.reads(DOC) == ["anon"]
     anon.release()
     alice.release()
-    await world.clock.advance(5.0)
+    await world.step(5.0, looks=1)
     assert world.upstream.reads(DOC) == ["anon", "bob"], "the credentials of contexts that left are not used"
 
 
@@ -164,8 +165,9 @@ async def test_a_joiner_whose_look_finds_the_resource_gone_gets_nothing_and_hold
     assert world.changes() == [(key, ABSENT)], "the streams already watching it are told it is gone"
     assert world.watches() == {key: 1}
     first.release()
-    await world.clock.advance(8.0)
-    assert world.watches() == {}
+    await world.step(5.0, looks=1)  # it polls while it lingers
+    world.clock.advance(3.0)
+    await eventually(lambda: world.watches() == {}, what="the watch nobody holds ends when its linger does")
 
 
 async def test_the_ack_is_refused_when_the_upstream_cannot_answer_the_first_read(world: World) -> None:
@@ -185,7 +187,7 @@ async def test_a_list_is_watched_like_a_resource(world: World) -> None:
     assert handle.key == WatchKey("tools_list", None, "anon")
     assert world.gauge("mcp_sidecar_watches", kind="tools_list") == 1
     world.upstream.pages["tools/list"] = [{"tools": [{"name": "a"}, {"name": "b"}]}]
-    await world.clock.advance(5.0)
+    await world.step(5.0, looks=1)
     assert [key for key, _ in world.changes()] == [handle.key]
 
 
@@ -202,7 +204,7 @@ async def test_a_caller_of_a_first_read_holds_its_watch_as_it_is_answered() -> N
     assert handle is not None and handle.key == key
     assert world.upstream.reads(DOC) == ["alice"], "one first read"
     assert [e.baseline for e in world.events] == [True]
-    await world.clock.advance(5.0)
+    await world.step(5.0, looks=1)
     assert world.upstream.reads(DOC) == ["alice"] * 2, "and it polls"
     await world.registry.aclose()
 
@@ -212,10 +214,11 @@ async def test_a_first_read_nobody_waits_for_any_more_leaves_a_watch_that_linger
     await _a_first_read_whose_only_caller_gave_up(world)
     key = WatchKey("resource", DOC, "alice")
     assert world.watches() == {key: 0}
-    await world.clock.advance(7.99)
+    await world.step(5.0, looks=1)  # it polls while it lingers
+    assert world.clock.advance(2.99) == 0
     assert world.watches() == {key: 0}
-    await world.clock.advance(0.01)
-    assert world.watches() == {}
+    world.clock.advance(0.01)
+    await eventually(lambda: world.watches() == {}, what="the watch nobody holds ends when its linger does")
 
 
 async def _a_first_read_whose_only_caller_gave_up(world: World) -> None:
@@ -293,8 +296,9 @@ async def test_a_caller_cancelled_as_it_is_answered_lets_go_of_the_watch_it_was_
     with pytest.raises(asyncio.CancelledError):
         await late
     assert world.watches() == {key: 0}, "the holder it was given is released with it"
-    await world.clock.advance(8.0)
-    assert world.watches() == {}, "and the watch lingers, then ends"
+    await world.step(5.0, looks=1)  # it polls while it lingers
+    world.clock.advance(3.0)
+    await eventually(lambda: world.watches() == {}, what="and the watch lingers, then ends")
     await world.registry.aclose()
 
 
@@ -312,6 +316,5 @@ async def test_a_joiner_cancelled_in_the_step_its_look_answers_lets_go_of_the_wa
     world.upstream.before_answer = None
     assert world.watches() == {key: 1}, "only the first caller holds it: the joiner's hold left with the joiner"
     first.release()
-    await world.clock.advance(8.0)
-    assert world.watches() == {}, "and the watch lingers, then ends"
+    assert world.watches() == {key: 0}, "and the first caller's release leaves no holder"
     await world.registry.aclose()

@@ -31,15 +31,16 @@ async def test_the_last_release_lingers_unpolled_then_ends(world: World) -> None
     world.upstream.resources[DOC] = contents(DOC, "v1")
     handle = await world.registry.acquire("resource", DOC, ALICE)
     assert handle is not None
-    await world.clock.advance(1.0)
+    assert world.clock.advance(1.0) == 0
     handle.release()
     handle.release()
     assert world.watches() == {handle.key: 0}
-    await world.clock.advance(8 - JUST)
+    await world.step(4.0, looks=1)  # its poll comes due while it lingers
+    assert world.clock.advance(4 - JUST) == 0
     assert world.upstream.reads(DOC) == ["alice"], "no stream holds it: no credential to poll with"
     assert world.watches() == {handle.key: 0}
-    await world.clock.advance(JUST)
-    assert world.watches() == {}
+    world.clock.advance(JUST)
+    await eventually(lambda: world.watches() == {}, what="the linger ends the watch")
     assert world.gauge("mcp_sidecar_watches", kind="resource") == 0
     assert world.gauge("mcp_sidecar_watched_contexts") == 0
     again = await world.registry.acquire("resource", DOC, ALICE)
@@ -52,15 +53,17 @@ async def test_a_client_coming_back_while_it_lingers_takes_it_up_again(world: Wo
     handle = await world.registry.acquire("resource", DOC, ALICE)
     assert handle is not None
     handle.release()
-    await world.clock.advance(7.0)
+    await world.step(5.0, looks=1)  # its poll comes due while it lingers
+    assert world.clock.advance(2.0) == 0
     again = await world.registry.acquire("resource", DOC, ALICE)
     assert again is not None
     assert [e.baseline for e in world.events] == [True], "taken up again, not started anew"
     assert world.upstream.reads(DOC) == ["alice", "alice"], "with a look that starts after it asked"
-    await world.clock.advance(2.0)
+    world.clock.advance(2.0)
+    await world.step(1.0, looks=1)  # its next poll, as a live watch: the linger would have ended it at 8
     assert world.watches() == {handle.key: 1}, "its linger was called off"
     world.upstream.resources[DOC] = contents(DOC, "v2")
-    await world.clock.advance(5.0)
+    await world.step(5.0, looks=1)
     assert world.changes() == [(handle.key, fp(DOC, "v2"))]
 
 
@@ -73,7 +76,8 @@ async def test_a_release_while_another_stream_holds_the_watch_keeps_it_live(worl
     first.release()
     assert world.watches() == {first.key: 1}
     world.upstream.calls.clear()
-    await world.clock.advance(20.0)
+    for _ in range(4):
+        await world.step(5.0, looks=1)
     assert world.upstream.reads(DOC) == ["alice"] * 4
     assert world.watches() == {first.key: 1}
 
@@ -106,7 +110,7 @@ async def test_a_forwarded_read_older_than_the_last_look_applied_changes_nothing
     world.upstream.resources[DOC] = contents(DOC, "v1")
     assert await world.registry.acquire("resource", DOC, ALICE) is not None
     stale = world.registry.ticket()
-    await world.clock.advance(5.0)  # a poll that started later is applied first
+    await world.step(5.0, looks=1)  # a poll that started later is applied first
     world.registry.after_forward("resources/read", {"uri": DOC}, ALICE, {"result": contents(DOC, "old")}, stale)
     fresh = world.registry.ticket()
     world.registry.after_forward("resources/read", {"uri": DOC}, ALICE, {"result": contents(DOC, "v2")}, fresh)
@@ -123,17 +127,17 @@ async def test_a_write_makes_the_public_watches_and_the_writers_own_poll_soon(wo
         assert await world.registry.acquire("resource", DOC, identity) is not None
         assert await world.registry.acquire("resource", OTHER, identity) is not None
     world.upstream.calls.clear()
-    await world.clock.advance(1.0)
+    assert world.clock.advance(1.0) == 0
     world.registry.after_forward("tools/call", {"name": "edit"}, ALICE, {"result": {}}, world.registry.ticket())
-    await world.clock.advance(0)
+    await world.step(0, looks=2)
     looked = [("resources/read", DOC, "alice"), ("resources/read", OTHER, "alice")]
     assert sorted(world.upstream.calls) == looked, "a lone write: at once, only the public and the writer's own"
     world.upstream.calls.clear()
     world.registry.after_forward("tools/call", {"name": "edit"}, ALICE, {"result": {}}, world.registry.ticket())
     world.registry.after_forward("tools/call", {"name": "edit"}, ALICE, {"result": {}}, world.registry.ticket())
-    await world.clock.advance(0.09)
+    assert world.clock.advance(0.09) == 0
     assert world.upstream.calls == [], "writes within the debounce wait for its end"
-    await world.clock.advance(0.5)
+    await world.step(0.5, looks=2)
     assert sorted(world.upstream.calls) == looked, "and are one more look each"
 
 
@@ -167,7 +171,7 @@ async def test_a_refused_poll_of_a_public_watch_concerns_only_the_context_it_was
     assert await world.registry.acquire("resource", DOC, ALICE) is not None
     assert await world.registry.acquire("resource", OTHER, BOB) is not None
     world.upstream.failure = UpstreamHTTPError(URL, 401, "Unauthorized")
-    await world.clock.advance(5.0)
+    await world.step(5.0, looks=2)
     assert sorted(world.refusals, key=str) == sorted(
         [(WatchKey("resource", DOC, PUBLIC), "bob"), (WatchKey("resource", OTHER, "bob"), "bob")], key=str
     )
@@ -185,7 +189,8 @@ async def test_a_poll_refused_after_its_watch_ended_ends_no_contexts_subscriptio
     handle = await world.registry.acquire("resource", DOC, ALICE)
     assert handle is not None
     world.upstream.gate = asyncio.Event()
-    await world.clock.advance(5.0)
+    world.clock.advance(5.0)
+    await eventually(lambda: len(world.upstream.calls) == 2, what="the poll asked of the upstream")
     assert world.upstream.reads(DOC) == ["alice", "alice"], "a poll in flight, held by the upstream"
     handle.release()
     world.upstream.failure = UpstreamHTTPError(URL, 401, "Unauthorized")
@@ -201,12 +206,12 @@ async def test_every_failing_watch_reads_again_as_soon_as_the_upstream_is_back(w
     world.upstream.resources[DOC] = contents(DOC, "v1")
     assert await world.registry.acquire("resource", DOC, ALICE) is not None
     world.upstream.failure = UpstreamUnavailable(URL, "connection refused")
-    await world.clock.advance(5.0)
+    await world.step(5.0, looks=1)
     world.upstream.failure = None
     world.upstream.resources[DOC] = contents(DOC, "v2")
     assert world.upstream.on_recovered is not None
     world.upstream.on_recovered()
-    await world.clock.advance(0.3)
+    await world.step(0.3, looks=1)
     assert len(world.upstream.reads(DOC)) == 3, "not after its backoff: now"
     assert world.changes() == [(WatchKey("resource", DOC, "alice"), fp(DOC, "v2"))]
 
@@ -217,7 +222,7 @@ async def test_a_change_another_replica_told_is_not_told_again_by_this_ones_poll
     assert handle is not None
     world.upstream.resources[DOC] = contents(DOC, "v2")
     world.bus.deliver(ChangeEvent(handle.key, fp(DOC, "v2"), 1, 0.0))
-    await world.clock.advance(5.0)
+    await world.step(5.0, looks=1)
     assert world.changes() == [(handle.key, fp(DOC, "v2"))]
 
 
@@ -227,7 +232,7 @@ async def test_another_replicas_first_look_is_not_adopted(world: World) -> None:
     assert handle is not None
     world.upstream.resources[DOC] = contents(DOC, "v2")
     world.bus.deliver(ChangeEvent(handle.key, fp(DOC, "v2"), 0, 0.0, baseline=True))
-    await world.clock.advance(5.0)
+    await world.step(5.0, looks=1)
     assert world.changes() == [(handle.key, fp(DOC, "v2"))], "this replica's poll tells the change"
 
 
@@ -237,7 +242,7 @@ async def test_the_cache_is_told_every_look_a_watch_applies(world: World) -> Non
     world.upstream.resources[DOC] = contents(DOC, "v1")
     handle = await world.registry.acquire("resource", DOC, ALICE)
     assert handle is not None
-    await world.clock.advance(5.0)
+    await world.step(5.0, looks=1)
     assert seen == [(handle.key, fp(DOC, "v1"))] * 2
 
 
@@ -277,7 +282,8 @@ async def test_the_cache_is_told_each_look_with_its_ticket(world: World) -> None
     world.upstream.resources[DOC] = contents(DOC, "v1")
     before = world.registry.ticket()
     assert await world.registry.acquire("resource", DOC, ALICE) is not None
-    await world.clock.advance(10.0)
+    for _ in range(2):
+        await world.step(5.0, looks=1)
     assert len(tickets) == 3
     assert before < tickets[0] < tickets[1] < tickets[2] < world.registry.ticket()
 
@@ -290,7 +296,9 @@ async def test_starting_and_ending_a_watch_are_logged_without_its_uri(
         handle = await world.registry.acquire("resource", DOC, ALICE)
         assert handle is not None
         handle.release()
-        await world.clock.advance(8.0)
+        await world.step(5.0, looks=1)  # its poll comes due while it lingers
+        world.clock.advance(3.0)
+        await eventually(lambda: world.watches() == {}, what="the linger ends the watch")
     lines = [
         (r.getMessage(), getattr(r, "watch", None), getattr(r, "kind", None))
         for r in caplog.records

@@ -22,6 +22,7 @@ from sidecar.watch.poller import Watch
 from sidecar.watch.revalidate import Revalidator
 from sidecar.watch.schedule import Schedule
 from sidecar.watch.tickets import Tickets
+from tests.kit import WAIT_S, eventually
 from tests.unit.watch.manual_clock import ManualClock
 
 
@@ -51,6 +52,11 @@ class _Rounds:
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         self.tasks.append(asyncio.ensure_future(coro))
 
+    async def announcements(self) -> list[frozenset[str]]:
+        """What the rounds so far told the other replicas, once each announcement spawned has run."""
+        await asyncio.wait_for(asyncio.gather(*self.tasks), WAIT_S)
+        return self.announced
+
     def contexts(self) -> list[frozenset[str]]:
         return [contexts for contexts, _ in self.hinted]
 
@@ -63,23 +69,22 @@ async def test_a_lone_write_hints_at_once_and_tells_the_other_replicas(clock: Ma
     revalidator = rounds.revalidator(clock, debounce_ms=10_000)
     revalidator.wrote("alice")
     assert rounds.contexts() == [frozenset({"alice"})], "no wait for the debounce"
-    await clock.advance(0)
-    assert rounds.announced == [frozenset({"alice"})]
+    assert await rounds.announcements() == [frozenset({"alice"})]
 
 
 async def test_writes_within_the_window_are_one_trailing_round_at_its_end(clock: ManualClock) -> None:
     rounds = _Rounds()
     revalidator = rounds.revalidator(clock)
     revalidator.wrote("alice")
-    await clock.advance(0.05)
+    clock.advance(0.05)
     revalidator.wrote("bob")
     revalidator.wrote("alice")
-    await clock.advance(0.049)
+    clock.advance(0.049)
     assert rounds.contexts() == [frozenset({"alice"})]
-    await clock.advance(0.001)
+    clock.advance(0.001)
     assert rounds.contexts() == [frozenset({"alice"}), frozenset({"alice", "bob"})]
-    assert rounds.announced == rounds.contexts()
-    await clock.advance(0.1)  # the window the trailing round opened ends with nothing written: no round
+    assert await rounds.announcements() == rounds.contexts()
+    clock.advance(0.1)  # the window the trailing round opened ends with nothing written: no round
     assert len(rounds.hinted) == 2
     revalidator.wrote("carol")  # quiet again: at once
     assert rounds.contexts()[-1] == frozenset({"carol"}) and len(rounds.hinted) == 3
@@ -90,20 +95,22 @@ async def test_a_burst_within_the_window_is_at_most_two_rounds_however_many_writ
     revalidator = rounds.revalidator(clock, debounce_ms=1000)
     for n in range(1000):
         revalidator.wrote(f"ctx-{n % 7}")
-        await clock.advance(0.0009)
-    await clock.advance(5.0)
+        clock.advance(0.0009)
+    clock.advance(5.0)
     assert len(rounds.hinted) == 2
     assert rounds.contexts()[1] == frozenset(f"ctx-{n}" for n in range(7))
+    assert await rounds.announcements() == rounds.contexts()
 
 
 async def test_a_write_after_the_window_closed_is_a_leading_edge_again(clock: ManualClock) -> None:
     rounds = _Rounds()
     revalidator = rounds.revalidator(clock)
     revalidator.wrote("alice")
-    await clock.advance(0.1)  # the window ends with nothing written within it
-    await clock.advance(0.001)
+    clock.advance(0.1)  # the window ends with nothing written within it
+    clock.advance(0.001)
     revalidator.wrote("alice")
     assert len(rounds.hinted) == 2, "not made to wait for a window that ended"
+    assert await rounds.announcements() == rounds.contexts()
 
 
 async def test_a_write_just_before_shutdown_hints_nothing_afterwards(clock: ManualClock) -> None:
@@ -113,8 +120,9 @@ async def test_a_write_just_before_shutdown_hints_nothing_afterwards(clock: Manu
     revalidator.wrote("bob")  # waits for the window's end
     revalidator.cancel()
     revalidator.cancel()  # twice is harmless
-    await clock.advance(1.0)
+    clock.advance(1.0)
     assert rounds.contexts() == [frozenset({"alice"})] and len(rounds.tasks) == 1
+    assert await rounds.announcements() == [frozenset({"alice"})]
 
 
 # -- through a watch: the looks a burst of writes costs -------------------------------------------------------
@@ -166,15 +174,24 @@ async def test_a_burst_of_writes_costs_a_watch_at_most_two_looks_and_the_first_i
     revalidator = Revalidator(
         100, LocalCoordinator(), lambda contexts, links: watch.hint(), lambda coro: coro.close(), clock
     )
-    await clock.advance(1.0)  # well past min_interval_ms since the baseline
+    assert clock.advance(1.0) == 0  # well past min_interval_ms since the baseline
     revalidator.wrote("alice")
-    await clock.advance(0)
+    clock.advance(0)
+    await eventually(lambda: upstream.polled_at != [], what="the first write's look")
     assert upstream.polled_at == [1.0], "the first write of a quiet key looks at once"
     for _ in range(50):  # writes while that look is in flight, and within the window
         revalidator.wrote("alice")
-        await clock.advance(0.01)
+        clock.advance(0.01)
+    armed = clock.armed
     upstream.release.set()
-    await clock.advance(5.0)
+    await eventually(lambda: clock.armed > armed, what="the look ends and the watch arms its next one")
+    clock.advance(5.0)
+    armed = clock.armed  # what the poll it fired arms from now on, once it has ended
+    await eventually(
+        lambda: len(upstream.polled_at) == 2 and clock.armed > armed,
+        what="the trailing look the burst asked for, ended, and the watch's next look armed",
+    )
+    assert min(clock.due()) > 60.0, "the next look is the regular one, ten minutes on: no look left per write"
     assert len(upstream.polled_at) == 2, "one trailing look for the whole burst, never one per write"
     await watch.stop()
 
@@ -208,7 +225,7 @@ async def test_each_round_of_hints_links_each_contexts_traced_writes_up_to_max_l
         revalidator.wrote("bob")
         bob = span.get_span_context()
     revalidator.wrote("carol")  # outside any span: nothing to link to
-    await clock.advance(0.1)
+    clock.advance(0.1)
     contexts, links = rounds.hinted[1]
     assert contexts == {"alice", "bob", "carol"}
     assert {context: [link.context for link in written] for context, written in links.items()} == {
@@ -217,5 +234,6 @@ async def test_each_round_of_hints_links_each_contexts_traced_writes_up_to_max_l
     }
     with tracer.start_as_current_span("alice's next write") as span:
         revalidator.wrote("alice")
-    await clock.advance(0.1)
+    clock.advance(0.1)
     assert [link.context for link in rounds.hinted[2][1]["alice"]] == [span.get_span_context()], "a new window"
+    assert await rounds.announcements() == rounds.contexts()

@@ -9,6 +9,7 @@ import pytest
 from sidecar.changes import WatchKey
 from sidecar.identity import Identity
 from sidecar.watch.source_hints import SourceHint, UriGlob, from_bus, matching
+from tests.kit import eventually
 from tests.unit.watch.registry_world import ALICE, BOB, DOC, OTHER, Coordinator, make_world
 from tests.unit.watch.scripted_upstream import contents
 
@@ -93,10 +94,12 @@ async def test_a_hint_makes_each_contexts_watch_look_with_its_own_credential_and
     world.upstream.private[(OTHER, "bob")] = contents(OTHER, "bob's other")
     for identity, uri in ((ALICE, DOC), (BOB, DOC), (BOB, OTHER)):
         assert await world.registry.acquire("resource", uri, identity) is not None
-    await world.clock.advance(1.0)
+    assert world.clock.advance(1.0) == 0
     world.upstream.calls.clear()
     assert world.registry.hint_source(SourceHint(("file:///d*",))) == 2
-    await world.clock.advance(0)
+    armed = world.clock.armed
+    assert world.clock.advance(0) == 2, "each hinted watch's look is due at once"
+    await eventually(lambda: world.clock.armed == armed + 2, what="both hinted looks ended and armed their next")
     assert sorted(world.upstream.calls) == [("resources/read", DOC, "alice"), ("resources/read", DOC, "bob")]
     assert coordinator.announced == [frozenset({SourceHint(("file:///d*",)).to_bus()})]
     assert world.changes() == [], "a hint is not a change: the looks saw what was there"
@@ -111,13 +114,18 @@ async def test_a_hint_notifies_only_what_its_look_finds_changed() -> None:
     world.upstream.resources[OTHER] = contents(OTHER, "v1", cacheScope="public")
     for uri in (DOC, OTHER):
         assert await world.registry.acquire("resource", uri, ALICE) is not None
-    await world.clock.advance(1.0)
+    assert world.clock.advance(1.0) == 0
     world.registry.hint_source(SourceHint(("file:///*",)))
-    await world.clock.advance(0.5)
+    armed = world.clock.armed
+    assert world.clock.advance(0) == 2, "each hinted watch's look is due at once"
+    await eventually(lambda: world.clock.armed == armed + 2, what="both hinted looks ended and armed their next")
     assert world.changes() == [], "both looked, neither changed"
     world.upstream.resources[OTHER] = contents(OTHER, "v2", cacheScope="public")
+    world.clock.advance(0.5)  # past min_interval_ms since those looks
     world.registry.hint_source(SourceHint(("file:///*",)))
-    await world.clock.advance(0.5)
+    armed = world.clock.armed
+    assert world.clock.advance(0) == 2, "each hinted watch's look is due at once"
+    await eventually(lambda: world.clock.armed == armed + 2, what="both hinted looks ended and armed their next")
     assert [key.uri for key, _ in world.changes()] == [OTHER], "the look that differs, and only it"
     await world.registry.aclose()
 
@@ -131,11 +139,13 @@ async def test_a_hint_heard_from_another_replica_hints_the_matching_watches_here
     for uri in (DOC, OTHER):
         assert await world.registry.acquire("resource", uri, CAROL) is not None
     assert await world.registry.acquire("tools_list", None, CAROL) is not None
-    await world.clock.advance(1.0)
+    assert world.clock.advance(1.0) == 0
     world.upstream.calls.clear()
     assert coordinator.others_wrote is not None
     coordinator.others_wrote(frozenset({SourceHint((OTHER,), ("tools",)).to_bus()}))
-    await world.clock.advance(0.5)
+    armed = world.clock.armed
+    assert world.clock.advance(0) == 2, "each hinted watch's look is due at once"
+    await eventually(lambda: world.clock.armed == armed + 2, what="both hinted looks ended and armed their next")
     assert sorted(call[:2] for call in world.upstream.calls) == [("resources/read", OTHER), ("tools/list", None)]
     assert coordinator.announced == [], "heard, not announced again"
     await world.registry.aclose()
