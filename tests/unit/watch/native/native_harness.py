@@ -14,9 +14,12 @@ import asyncio
 import contextlib
 import heapq
 import itertools
+import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
+
+import pytest
 
 from sidecar.changes import WatchKey, WatchKind
 from sidecar.config import PollingConfig
@@ -31,8 +34,14 @@ from tests.unit.watch.scripted_upstream import URL, ScriptedUpstream
 
 __all__ = [
     "ACKNOWLEDGED",
+    "ALICE",
+    "BOB",
     "CONFIG",
+    "DEBOUNCE_S",
+    "DOC",
     "EVERYTHING",
+    "OTHER",
+    "UPDATED",
     "Bench",
     "FixedJitter",
     "HandClock",
@@ -45,6 +54,7 @@ __all__ = [
     "ended",
     "make_bench",
     "stream_tasks",
+    "warnings_of",
 ]
 
 JsonObject = dict[str, Any]
@@ -55,6 +65,13 @@ EVERYTHING = {
     "prompts": {"listChanged": True},
 }
 CONFIG = PollingConfig(max_native_streams=2)
+ALICE = Identity("alice", (("authorization", "Bearer a"),), client="alice-laptop")
+BOB = Identity("bob", (("authorization", "Bearer b"),), client="bob-laptop")
+DOC = "file:///doc"
+OTHER = "file:///other"
+UPDATED = "notifications/resources/updated"
+DEBOUNCE_S = 0.05
+"""The pause after a change of what a context watches before its stream is asked for again."""
 WAIT_S = 5.0
 """The longest a test waits for what it expects (it comes in a few turns of the loop when all is well)."""
 
@@ -373,3 +390,8 @@ def make_bench(era: str = "legacy", capabilities: JsonObject | None = None, conf
         clock=clock,
     )
     return bench
+
+
+def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """What was logged as a warning or worse."""
+    return [record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING]

@@ -6,58 +6,22 @@ notifications give. A scripted upstream that can push, a clock moved by hand, an
 
 from __future__ import annotations
 
-import logging
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import replace
 from typing import cast
 
 import pytest
 
 from sidecar.changes import WatchKind
-from sidecar.identity import Identity
-from sidecar.watch import native_stream
-from tests.unit.watch.native_harness import (
+from tests.unit.watch.native.native_harness import (
+    ALICE,
+    BOB,
+    DEBOUNCE_S,
+    DOC,
+    OTHER,
+    UPDATED,
     Bench,
-    FixedJitter,
     JsonObject,
     make_bench,
 )
-
-ALICE = Identity("alice", (("authorization", "Bearer a"),), client="alice-laptop")
-BOB = Identity("bob", (("authorization", "Bearer b"),), client="bob-laptop")
-DOC = "file:///doc"
-OTHER = "file:///other"
-UPDATED = "notifications/resources/updated"
-DEBOUNCE_S = 0.05
-"""The pause after a change of what a context watches before its stream is asked for again."""
-
-
-@pytest.fixture(autouse=True)
-def _middle_jitter(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Backoff is its base exactly (the jitter's factor 0.5 + 0.5); tests that need another set their own."""
-    monkeypatch.setattr(native_stream, "RETRY", replace(native_stream.RETRY, rand=FixedJitter(0.5).random))
-    yield
-
-
-def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING]
-
-
-@pytest.fixture
-async def legacy(caplog: pytest.LogCaptureFixture) -> AsyncIterator[Bench]:
-    bench = make_bench("legacy")
-    yield bench
-    await bench.native.aclose()
-    assert _warnings(caplog) == [], "nothing failed unless the test asked for it"
-
-
-@pytest.fixture
-async def modern(caplog: pytest.LogCaptureFixture) -> AsyncIterator[Bench]:
-    bench = make_bench("modern")
-    yield bench
-    await bench.native.aclose()
-    assert _warnings(caplog) == [], "nothing failed unless the test asked for it"
-
 
 # -- 2025-11-25: the context's session stream, URIs subscribed one by one ----------------------------------------
 

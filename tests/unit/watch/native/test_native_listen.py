@@ -8,57 +8,23 @@ upstream that can push, a clock moved by hand, and waits on what the fakes repor
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import replace
 
 import pytest
 
 from sidecar.changes import WatchKey
-from sidecar.identity import Identity
-from sidecar.watch import native_stream
-from tests.unit.watch.native_harness import (
+from tests.unit.watch.native.native_harness import (
     ACKNOWLEDGED,
+    ALICE,
+    DEBOUNCE_S,
+    DOC,
+    OTHER,
+    UPDATED,
     Bench,
-    FixedJitter,
     JsonObject,
     acknowledge_all,
     make_bench,
+    warnings_of,
 )
-
-ALICE = Identity("alice", (("authorization", "Bearer a"),), client="alice-laptop")
-BOB = Identity("bob", (("authorization", "Bearer b"),), client="bob-laptop")
-DOC = "file:///doc"
-OTHER = "file:///other"
-UPDATED = "notifications/resources/updated"
-DEBOUNCE_S = 0.05
-"""The pause after a change of what a context watches before its stream is asked for again."""
-
-
-@pytest.fixture(autouse=True)
-def _middle_jitter(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Backoff is its base exactly (the jitter's factor 0.5 + 0.5); tests that need another set their own."""
-    monkeypatch.setattr(native_stream, "RETRY", replace(native_stream.RETRY, rand=FixedJitter(0.5).random))
-    yield
-
-
-def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING]
-
-
-@pytest.fixture
-async def legacy(caplog: pytest.LogCaptureFixture) -> AsyncIterator[Bench]:
-    bench = make_bench("legacy")
-    yield bench
-    await bench.native.aclose()
-    assert _warnings(caplog) == [], "nothing failed unless the test asked for it"
-
-
-@pytest.fixture
-async def modern(caplog: pytest.LogCaptureFixture) -> AsyncIterator[Bench]:
-    bench = make_bench("modern")
-    yield bench
-    await bench.native.aclose()
-    assert _warnings(caplog) == [], "nothing failed unless the test asked for it"
 
 
 async def test_a_modern_upstream_gets_a_listen_with_the_contexts_filter(modern: Bench) -> None:
@@ -189,7 +155,7 @@ async def test_a_listen_without_acknowledgment_is_given_up_and_opened_again(
     key = WatchKey("resource", DOC, "alice")
     await bench.until(lambda: len(bench.upstream.opened) == 2 and bench.covered() == {key})
     await bench.native.aclose()
-    assert _warnings(caplog) == []
+    assert warnings_of(caplog) == []
 
 
 async def test_a_listen_that_ends_before_its_acknowledgment_is_opened_again(modern: Bench) -> None:
