@@ -1,7 +1,7 @@
 """The upstream's own notifications as hints (`sidecar.watch.native`) when the stream breaks: its keys uncovered,
 reopened with a backoff that doubles to half a minute (jittered, logged once a streak), crashes treated like
 failures, and an upstream that serves no stream asked once and then only polled. A scripted upstream that can
-push, a clock moved by hand, and waits on what the fakes report (`tests/unit/watch/native_harness.py`).
+push, a clock moved by hand, and waits on what the fakes report (`tests/unit/watch/native/native_harness.py`).
 """
 
 from __future__ import annotations

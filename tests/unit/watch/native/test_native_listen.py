@@ -2,7 +2,7 @@
 context with the context's filter, covering only what the upstream acknowledged, refiltered without a gap (the
 new listen acknowledged before the old one closes), and given up when no acknowledgment comes. A scripted
 upstream that can push, a clock moved by hand, and waits on what the fakes report
-(`tests/unit/watch/native_harness.py`).
+(`tests/unit/watch/native/native_harness.py`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The upstream's own notifications as hints (`sidecar.watch.native`) from a 2025-11-25 upstream: the context's
 session stream with one subscription per URI, what it covers (only what the upstream honoured), and the hints its
 notifications give. A scripted upstream that can push, a clock moved by hand, and waits on what the fakes report
-(`tests/unit/watch/native_harness.py`).
+(`tests/unit/watch/native/native_harness.py`).
 """
 
 from __future__ import annotations

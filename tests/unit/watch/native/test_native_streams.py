@@ -2,7 +2,7 @@
 kept while any stream of the context holds a key, a public key covered by any context's stream, nothing held
 when the feature is off or the upstream unknown, the credential leaving memory with the context's last hold,
 and shutdown closing every stream. A scripted upstream that can push, a clock moved by hand, and waits on what
-the fakes report (`tests/unit/watch/native_harness.py`).
+the fakes report (`tests/unit/watch/native/native_harness.py`).
 """
 
 from __future__ import annotations
