@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import orjson
 
@@ -77,7 +78,9 @@ def _handle(kind: str, uri: str | None, context: str = "anonymous") -> Handle:
 def test_a_new_session_is_unused_unended_and_holds_nothing() -> None:
     metrics = Metrics()
     identity = Identity("ctx-a")
+    before = time.monotonic()
     session = LegacySession("s-9", "up-3", identity, metrics)
+    assert before <= session.last_seen <= time.monotonic(), "an unused session's idle time counts from now"
     assert (session.session_id, session.upstream_session, session.identity) == ("s-9", "up-3", identity)
     assert session.used is False and session.ended is False and session.lists_watched is False
     assert session.get_streams == 0
@@ -132,3 +135,22 @@ async def test_a_get_stream_writes_the_upstreams_frames_and_our_signals_until_th
     await serving
     assert session.ended and upstream.empty()
     assert _sample(metrics, "mcp_sidecar_keepalives_total") == 0, "never a whole quiet interval"
+
+
+async def test_a_get_stream_on_an_ended_session_ends_at_once() -> None:
+    session, _ = _session()
+    session.close("deleted")
+    events = _Events()
+    await session.serve_get(events, asyncio.Queue(), keepalive_s=3_600)  # type: ignore[arg-type]
+    assert events.frames == []
+
+
+async def test_a_get_stream_quiet_for_a_whole_interval_hears_a_comment() -> None:
+    session, metrics = _session()
+    events = _Events()
+    serving = asyncio.ensure_future(session.serve_get(events, asyncio.Queue(), keepalive_s=0.01))  # type: ignore[arg-type]
+    await events.wait_for(1)
+    session.close("deleted")
+    await serving
+    assert set(events.frames) == {COMMENT}
+    assert _sample(metrics, "mcp_sidecar_keepalives_total") == len(events.frames)

@@ -174,6 +174,8 @@ def test_the_log_names_an_anonymous_clients_uris_and_says_nothing_when_only_list
     caplog.set_level(logging.INFO, logger="sidecar.downstream.listen_filter")
     log_left_out("m", [LeftOut.unsupported("promptsListChanged", "prompts")], ANONYMOUS_IDENTITY)
     assert _records(caplog) == []
-    log_left_out("m", [LeftOut.not_found("x://a")], ANONYMOUS_IDENTITY)
+    log_left_out(
+        "m", [LeftOut.unsupported("promptsListChanged", "prompts"), LeftOut.not_found("x://a")], ANONYMOUS_IDENTITY
+    )
     (record,) = _records(caplog)
     assert record.uris == {"not_found": ["x://a"]}  # type: ignore[attr-defined]

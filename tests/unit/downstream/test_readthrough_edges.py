@@ -173,3 +173,15 @@ async def test_a_queued_request_is_joined_by_its_own_client_before_it_reaches_up
     queued.release.set()
     await leader
     assert await same_client == (None, ok(result()))
+
+
+async def test_pages_asked_for_after_a_look_that_saw_the_list_as_it_still_is_are_kept_among_older_ones() -> None:
+    rt, _ = cache()
+    key = WatchKey("tools_list", None, "alice")
+    rt.observed(key, "L", 1)
+    await store(rt, result(), method="tools/list", params={}, ticket=1)
+    for cursor in range(30):
+        await store(rt, result(), method="tools/list", params={"cursor": str(cursor)}, ticket=4)
+    rt.observed(key, "L", 5)
+    assert rt.lookup("tools/list", {}, "alice") is None, "asked at the first look, not after it"
+    assert all(rt.lookup("tools/list", {"cursor": str(c)}, "alice") is not None for c in range(30))
