@@ -7,6 +7,8 @@ complete result. The driver's part (waiting) is what `step` returns.
 
 from __future__ import annotations
 
+import typing
+
 import orjson
 import pytest
 
@@ -14,6 +16,7 @@ from sidecar.changes import WatchKey
 from sidecar.downstream.legacy_session import LegacySession
 from sidecar.downstream.listen_filter import parse_filter
 from sidecar.downstream.listen_stream import ListenStream, Step, frame_around_id
+from sidecar.downstream.pending import PendingSignals
 from sidecar.identity import ANONYMOUS_IDENTITY
 from sidecar.observability.metrics import Metrics
 from sidecar.protocol.errors import InvalidParams
@@ -289,3 +292,12 @@ def test_a_refused_credential_ends_the_whole_stream_with_the_complete_result() -
     assert stream.end_reason == "auth"
     assert stream.step() is Step.DONE
     assert writer.events() == [complete_result(3)]
+
+
+def test_the_pending_set_counts_merges_on_any_counter_its_protocol_describes() -> None:
+    metrics = Metrics()
+    counter_type = typing.get_type_hints(PendingSignals.__init__)["coalesced"]
+    assert counter_type.inc(metrics.coalesced) is None, "a protocol's stub: it describes, never counts"
+    pending = PendingSignals(metrics.coalesced)
+    assert pending.add(UPDATED, "x://a", 1.0) and not pending.add(UPDATED, "x://a", 2.0)
+    assert metrics.coalesced._value.get() == 1 and dict(pending) == {(UPDATED, "x://a"): 1.0}
