@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import orjson
 
+from sidecar.changes import WatchKey
 from sidecar.downstream.event_stream import COMMENT, message_event
 from sidecar.downstream.legacy_session import LegacySession
-from sidecar.identity import ANONYMOUS_IDENTITY
+from sidecar.identity import ANONYMOUS_IDENTITY, Identity
 from sidecar.observability.metrics import Metrics
 from sidecar.protocol.frames import session_notification
+from sidecar.watch.handles import Handle
 
 UPDATED = "notifications/resources/updated"
 TOOLS = "notifications/tools/list_changed"
@@ -64,3 +69,88 @@ def test_a_notification_is_counted_only_once_it_was_written() -> None:
     writing = session.outgoing(None, quiet=False)
     next(writing)  # the write of it fails (the client went away): the stream asks for nothing more
     assert _sample(metrics, "mcp_sidecar_notifications_total", method=UPDATED) == 0
+
+
+def _handle(kind: str, uri: str | None, context: str = "anonymous") -> Handle:
+    return Handle(WatchKey(kind, uri, context), context, lambda handle: None)  # type: ignore[arg-type]
+
+
+def test_a_new_session_is_unused_unended_and_holds_nothing() -> None:
+    metrics = Metrics()
+    identity = Identity("ctx-a")
+    before = time.monotonic()
+    session = LegacySession("s-9", "up-3", identity, metrics)
+    assert before <= session.last_seen <= time.monotonic(), "an unused session's idle time counts from now"
+    assert (session.session_id, session.upstream_session, session.identity) == ("s-9", "up-3", identity)
+    assert session.used is False and session.ended is False and session.lists_watched is False
+    assert session.get_streams == 0
+    assert session.subscriptions == {} and session.list_handles == [] and session.handles == []
+    assert session.opened_at == session.last_seen
+
+
+def test_a_refused_credential_ends_that_subscription_or_list_only() -> None:
+    session, _ = _session()
+    a, b = _handle("resource", "x://a"), _handle("resource", "x://b")
+    tools, prompts = _handle("tools_list", None), _handle("prompts_list", None)
+    session.subscriptions = {"x://a": a, "x://b": b}
+    session.list_handles = [tools, prompts]
+    assert session.handles == [a, b, tools, prompts]
+    assert session.revoke(a.key) == [a]
+    assert session.subscriptions == {"x://b": b}
+    assert session.revoke(WatchKey("resource", "x://gone", "anonymous")) == []
+    assert session.revoke(tools.key) == [tools]
+    assert session.list_handles == [prompts] and session.subscriptions == {"x://b": b}
+
+
+class _Events:
+    """A GET stream's connection: records what is sent, and lets the test wait for a number of frames."""
+
+    def __init__(self) -> None:
+        self.frames: list[bytes] = []
+        self.changed = asyncio.Event()
+
+    async def send(self, frame: bytes) -> None:
+        self.frames.append(frame)
+        self.changed.set()
+
+    async def wait_for(self, count: int) -> None:
+        while len(self.frames) < count:
+            self.changed.clear()
+            await self.changed.wait()
+
+
+async def test_a_get_stream_writes_the_upstreams_frames_and_our_signals_until_the_session_ends() -> None:
+    session, metrics = _session()
+    events, upstream = _Events(), asyncio.Queue[bytes]()
+    serving = asyncio.ensure_future(session.serve_get(events, upstream, keepalive_s=3_600))  # type: ignore[arg-type]
+    session.signal(UPDATED, "x://a", 0.0)
+    await events.wait_for(1)
+    upstream.put_nowait(b"event: message\r\ndata: {}\r\n\r\n")
+    await events.wait_for(2)
+    assert events.frames == [
+        message_event(orjson.dumps(session_notification(UPDATED, "x://a"))),
+        b"event: message\r\ndata: {}\r\n\r\n",
+    ]
+    session.close("deleted")
+    await serving
+    assert session.ended and upstream.empty()
+    assert _sample(metrics, "mcp_sidecar_keepalives_total") == 0, "never a whole quiet interval"
+
+
+async def test_a_get_stream_on_an_ended_session_ends_at_once() -> None:
+    session, _ = _session()
+    session.close("deleted")
+    events = _Events()
+    await session.serve_get(events, asyncio.Queue(), keepalive_s=3_600)  # type: ignore[arg-type]
+    assert events.frames == []
+
+
+async def test_a_get_stream_quiet_for_a_whole_interval_hears_a_comment() -> None:
+    session, metrics = _session()
+    events = _Events()
+    serving = asyncio.ensure_future(session.serve_get(events, asyncio.Queue(), keepalive_s=0.01))  # type: ignore[arg-type]
+    await events.wait_for(1)
+    session.close("deleted")
+    await serving
+    assert set(events.frames) == {COMMENT}
+    assert _sample(metrics, "mcp_sidecar_keepalives_total") == len(events.frames)

@@ -7,12 +7,16 @@ complete result. The driver's part (waiting) is what `step` returns.
 
 from __future__ import annotations
 
+import typing
+
 import orjson
 import pytest
 
+from sidecar.changes import WatchKey
 from sidecar.downstream.legacy_session import LegacySession
 from sidecar.downstream.listen_filter import parse_filter
 from sidecar.downstream.listen_stream import ListenStream, Step, frame_around_id
+from sidecar.downstream.pending import PendingSignals
 from sidecar.identity import ANONYMOUS_IDENTITY
 from sidecar.observability.metrics import Metrics
 from sidecar.protocol.errors import InvalidParams
@@ -256,3 +260,44 @@ def test_a_frame_built_around_the_id_is_the_notification_byte_for_byte(
 ) -> None:
     before, after = frame_around_id(method, uri)
     assert before + orjson.dumps(subscription_id) + after == orjson.dumps(notification(subscription_id, method, uri))
+
+
+def test_a_new_stream_has_ended_for_no_reason_yet_holds_nothing_and_its_first_signal_wakes_the_fan_out() -> None:
+    woken: list[ListenStream] = []
+    stream = ListenStream("l-1", Metrics(), on_pending=woken.append, on_written=lambda method, at: None)
+    assert stream.end_reason == "client", "a stream that ends unasked ended because its client left"
+    assert stream.ended is False and stream.handles == [] and stream.pending_count == 0
+    stream.signal(UPDATED, "x://a", 0.0)
+    assert woken == [stream]
+
+
+def test_delivery_latency_counts_from_the_first_change_the_client_had_not_heard_of() -> None:
+    written: list[tuple[str, float]] = []
+    stream = ListenStream("l-1", Metrics(), on_pending=lambda s: None, on_written=lambda m, at: written.append((m, at)))
+    writer = RecordingWriter(room=0)
+    stream.begin(writer)
+    stream.signal(UPDATED, "x://a", 1.5)
+    stream.signal(UPDATED, "x://a", 2.5)
+    writer.read(1)
+    stream.flush()
+    assert written == [(UPDATED, 1.5)]
+
+
+@pytest.mark.invariant(13)
+def test_a_refused_credential_ends_the_whole_stream_with_the_complete_result() -> None:
+    stream, _ = _stream(3)
+    writer = RecordingWriter()
+    stream.begin(writer)
+    assert stream.revoke(WatchKey("resource", "x://a", "ctx")) == [], "its handles are released as it ends"
+    assert stream.end_reason == "auth"
+    assert stream.step() is Step.DONE
+    assert writer.events() == [complete_result(3)]
+
+
+def test_the_pending_set_counts_merges_on_any_counter_its_protocol_describes() -> None:
+    metrics = Metrics()
+    counter_type = typing.get_type_hints(PendingSignals.__init__)["coalesced"]
+    assert counter_type.inc(metrics.coalesced) is None, "a protocol's stub: it describes, never counts"
+    pending = PendingSignals(metrics.coalesced)
+    assert pending.add(UPDATED, "x://a", 1.0) and not pending.add(UPDATED, "x://a", 2.0)
+    assert metrics.coalesced._value.get() == 1 and dict(pending) == {(UPDATED, "x://a"): 1.0}
