@@ -191,6 +191,18 @@ def test_a_refused_poll_concerns_only_the_context_it_was_polled_as() -> None:
     play.step(PollRefused(private))  # after its watch ended: no context's streams end
 
 
+def test_a_context_whose_poll_was_refused_holds_nothing_again_until_its_own_read_succeeds() -> None:
+    play = book()
+    public = started(play, 1, 1, ALICE, PUBLIC_V1, 1)
+    assert play.engine.poller(public) == ALICE
+    play.step(PollRefused(public), Revoke(public, "alice"))
+    play.step(Release(public, "alice"), Uncover("alice", "resource", DOC), Untrack(public), SetTimer(2, LINGER_S))
+    # Not a joiner: its credential is neither kept nor polled with, nor the linger cut short, before it proves access.
+    play.step(Subscribe(2, "resource", DOC, ALICE), Look(3, "resource", DOC, ALICE, paced=False))
+    play.step(LookFailed(3, DOWN), Fail(2, DOWN))
+    assert play.engine.holders(public) == 0 and play.engine.poller(public) is None
+
+
 def test_forwarded_reads_are_looks_at_the_watches_they_concern_and_writes_are_hints() -> None:
     play = book()
     watched = started(play, 1, 1, ALICE, V1, 1)

@@ -81,6 +81,12 @@ def test_a_hint_travels_the_bus_as_an_entry_no_context_can_be_and_comes_back_who
     assert from_bus(frozenset({"source-hint:{not json", "anon"})) == (frozenset({"anon"}), [])
 
 
+def test_an_entry_this_release_cannot_read_hides_nothing_after_it_in_the_announcement() -> None:
+    hint = SourceHint(("catalog://plans/1",), ())
+    written, hints = from_bus(["source-hint:{not json", "ctx-alice", 'source-hint:{"u": 1}', hint.to_bus()])
+    assert written == {"ctx-alice"} and hints == [hint]
+
+
 # -- the registry ---------------------------------------------------------------------------------------------
 
 CAROL = Identity("carol", (("authorization", "Bearer c"),), client="carol-laptop")
