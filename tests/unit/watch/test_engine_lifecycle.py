@@ -221,6 +221,9 @@ def test_forwarded_reads_are_looks_at_the_watches_they_concern_and_writes_are_hi
     play.step(Forwarded("resources/read", {"uri": DOC}, ALICE, {"error": {"code": -32603}}, 10))
     play.step(Forwarded("tools/call", {"name": "edit"}, BOB, {"result": {}}, 11), HintWrite("bob"))
     play.step(Forwarded("resources/list", {}, BOB, {"result": {}}, 12))
+    # Other reads that name the URI show no content of it (a legacy subscribe's empty result is no new content).
+    play.step(Forwarded("resources/subscribe", {"uri": DOC}, ALICE, {"result": {}}, 13))
+    play.step(Forwarded("prompts/get", {"name": "p", "uri": DOC}, ALICE, {"result": result}, 14))
 
 
 def test_a_forwarded_public_read_is_evidence_for_the_public_watch_but_a_not_found_is_not() -> None:

@@ -148,6 +148,7 @@ def test_an_observation_older_than_the_baseline_is_ignored() -> None:
 def test_a_covered_key_polls_at_its_usual_interval_unless_a_backstop_is_set() -> None:
     usual = Schedule(CONFIG, rand=lambda: 0.5)
     assert usual.backstop_s(2000) == usual.interval_s(2000)
+    assert usual.backstop_s(2000, 10_000) == usual.interval_s(2000, 10_000) == 10.0  # the key's rule, as uncovered
     stretched = Schedule(CONFIG.model_copy(update={"native_backstop_ms": 60_000}), rand=lambda: 0.5)
     assert stretched.backstop_s(2000) == 60.0
 

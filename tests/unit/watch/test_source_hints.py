@@ -32,6 +32,9 @@ from tests.unit.watch.scripted_upstream import contents
         ("a*b*c", "a-c-b", False),  # the parts in order
         ("a*b*b", "ab", False),  # a part is not counted twice
         ("ab*ba", "aba", False),  # the first and the last part do not overlap
+        ("x*b*b*y", "xby", False),  # nor do two middle parts: each is found after the one before
+        ("x*a*a*z", "xaz", False),
+        ("x*b*c*y", "xbcby", True),  # each middle part found leftmost, so the later parts still fit after it
         ("*", "", True),
         ("**", "anything", True),
         ("x://?[a]", "x://?[a]", True),  # only * is special
