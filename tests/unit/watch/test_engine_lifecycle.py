@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 
 from sidecar.changes import ChangeEvent
+from sidecar.config.polling_rules import PollingRule
 from sidecar.identity import PUBLIC
 from sidecar.protocol.errors import UpstreamUnavailable
-from sidecar.watch.engine import Stage
+from sidecar.watch.engine import Engine, Stage
 from sidecar.watch.engine.commands import (
     Adopt,
     Answer,
@@ -40,6 +41,7 @@ from sidecar.watch.engine.events import (
 )
 from sidecar.watch.fingerprint import ABSENT
 from sidecar.watch.observe import Observation
+from sidecar.watch.rules import Rules
 from tests.unit.watch.engine_cast import (
     ALICE,
     ALICE_PHONE,
@@ -52,6 +54,7 @@ from tests.unit.watch.engine_cast import (
     PUBLIC_V1,
     V1,
     V2,
+    Book,
     book,
     key,
     started,
@@ -219,11 +222,30 @@ def test_forwarded_reads_are_looks_at_the_watches_they_concern_and_writes_are_hi
     not_found = {"error": {"code": -32002, "message": "Resource not found"}}
     play.step(Forwarded("resources/read", {"uri": DOC}, ALICE, not_found, 9), Apply(watched, GONE, 9))
     play.step(Forwarded("resources/read", {"uri": DOC}, ALICE, {"error": {"code": -32603}}, 10))
+    invalid = {"error": {"code": -32602, "message": "Resource not found"}}  # the other not-found code
+    play.step(Forwarded("resources/read", {"uri": DOC}, ALICE, invalid, 10), Apply(watched, GONE, 10))
     play.step(Forwarded("tools/call", {"name": "edit"}, BOB, {"result": {}}, 11), HintWrite("bob"))
     play.step(Forwarded("resources/list", {}, BOB, {"result": {}}, 12))
     # Other reads that name the URI show no content of it (a legacy subscribe's empty result is no new content).
     play.step(Forwarded("resources/subscribe", {"uri": DOC}, ALICE, {"result": {}}, 13))
     play.step(Forwarded("prompts/get", {"name": "p", "uri": DOC}, ALICE, {"result": result}, 14))
+
+
+def test_a_forwarded_read_is_fingerprinted_under_its_uris_rule() -> None:
+    ignoring = PollingRule.model_validate({"match": DOC, "ignore": {"json_pointers": ["/generatedAt"]}})
+    play = Book(Engine(linger_s=LINGER_S, absent_ttl_s=5.0, rate_per_s=1_000.0, rules=Rules([ignoring])))
+    watched = started(play, 1, 1, ALICE, V1, 1)
+
+    def read(text: str) -> dict[str, object]:
+        return {"result": {"contents": [{"uri": DOC, "text": text}]}}
+
+    first = play.feed(Forwarded("resources/read", {"uri": DOC}, ALICE, read('{"n": 1, "generatedAt": 1}'), 5))
+    noise = play.feed(Forwarded("resources/read", {"uri": DOC}, ALICE, read('{"n": 1, "generatedAt": 2}'), 6))
+    real = play.feed(Forwarded("resources/read", {"uri": DOC}, ALICE, read('{"n": 2, "generatedAt": 2}'), 7))
+    seen = [command for command in first + noise + real if isinstance(command, Apply)]
+    assert [command.key for command in seen] == [watched] * 3
+    fingerprints = [command.observation.fingerprint for command in seen]
+    assert fingerprints[0] == fingerprints[1] != fingerprints[2], "only what the rule does not ignore is a change"
 
 
 def test_a_forwarded_public_read_is_evidence_for_the_public_watch_but_a_not_found_is_not() -> None:
