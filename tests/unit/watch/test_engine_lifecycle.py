@@ -20,8 +20,10 @@ from sidecar.watch.engine.commands import (
     Fail,
     HintWrite,
     Look,
+    PublishFirst,
     Revoke,
     SetTimer,
+    StartWatch,
     StopWatch,
     Track,
     Uncover,
@@ -34,6 +36,7 @@ from sidecar.watch.engine.events import (
     LookDone,
     LookFailed,
     PollRefused,
+    Published,
     Refused,
     Release,
     Subscribe,
@@ -94,6 +97,19 @@ def test_a_client_coming_back_while_it_lingers_is_answered_after_a_look_that_sta
     play.step(TimerFired(2))  # called off: it does not end a watch held again
     play.step(LookDone(3, 5, V2), Apply(watched, V2, 5), Answer(2, watched), Answer(4, watched))
     assert play.engine.holders(watched) == 2
+
+
+def test_joiners_of_two_watches_at_once_each_wait_for_a_look_at_their_own() -> None:
+    play = book()
+    doc = started(play, 1, 1, ALICE, V1, 1)
+    other = key("alice", OTHER)
+    play.step(Subscribe(2, "resource", OTHER, ALICE), Look(2, "resource", OTHER, ALICE, paced=False))
+    play.step(LookDone(2, 2, V1), StartWatch(other, V1, 2), PublishFirst(2, other, V1.fingerprint))
+    play.step(Published(2), Track(other), Cover(ALICE, "resource", OTHER), Answer(2, other))
+    play.step(Subscribe(3, "resource", DOC, ALICE_PHONE), Look(3, "resource", DOC, ALICE_PHONE, paced=False))
+    play.step(Subscribe(4, "resource", OTHER, ALICE_PHONE), Look(4, "resource", OTHER, ALICE_PHONE, paced=False))
+    play.step(LookDone(4, 4, V2), Apply(other, V2, 4), Answer(4, other))
+    play.step(LookDone(3, 3, V1), Apply(doc, V1, 3), Answer(3, doc))
 
 
 def test_contexts_joining_a_public_watch_share_a_look_once_each_proved_access() -> None:
