@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 
 from sidecar.changes import ChangeEvent
+from sidecar.config.polling_rules import PollingRule
 from sidecar.identity import PUBLIC
 from sidecar.protocol.errors import UpstreamUnavailable
-from sidecar.watch.engine import Stage
+from sidecar.watch.engine import Engine, Stage
 from sidecar.watch.engine.commands import (
     Adopt,
     Answer,
@@ -19,8 +20,10 @@ from sidecar.watch.engine.commands import (
     Fail,
     HintWrite,
     Look,
+    PublishFirst,
     Revoke,
     SetTimer,
+    StartWatch,
     StopWatch,
     Track,
     Uncover,
@@ -33,6 +36,7 @@ from sidecar.watch.engine.events import (
     LookDone,
     LookFailed,
     PollRefused,
+    Published,
     Refused,
     Release,
     Subscribe,
@@ -40,6 +44,7 @@ from sidecar.watch.engine.events import (
 )
 from sidecar.watch.fingerprint import ABSENT
 from sidecar.watch.observe import Observation
+from sidecar.watch.rules import Rules
 from tests.unit.watch.engine_cast import (
     ALICE,
     ALICE_PHONE,
@@ -52,6 +57,7 @@ from tests.unit.watch.engine_cast import (
     PUBLIC_V1,
     V1,
     V2,
+    Book,
     book,
     key,
     started,
@@ -91,6 +97,19 @@ def test_a_client_coming_back_while_it_lingers_is_answered_after_a_look_that_sta
     play.step(TimerFired(2))  # called off: it does not end a watch held again
     play.step(LookDone(3, 5, V2), Apply(watched, V2, 5), Answer(2, watched), Answer(4, watched))
     assert play.engine.holders(watched) == 2
+
+
+def test_joiners_of_two_watches_at_once_each_wait_for_a_look_at_their_own() -> None:
+    play = book()
+    doc = started(play, 1, 1, ALICE, V1, 1)
+    other = key("alice", OTHER)
+    play.step(Subscribe(2, "resource", OTHER, ALICE), Look(2, "resource", OTHER, ALICE, paced=False))
+    play.step(LookDone(2, 2, V1), StartWatch(other, V1, 2), PublishFirst(2, other, V1.fingerprint))
+    play.step(Published(2), Track(other), Cover(ALICE, "resource", OTHER), Answer(2, other))
+    play.step(Subscribe(3, "resource", DOC, ALICE_PHONE), Look(3, "resource", DOC, ALICE_PHONE, paced=False))
+    play.step(Subscribe(4, "resource", OTHER, ALICE_PHONE), Look(4, "resource", OTHER, ALICE_PHONE, paced=False))
+    play.step(LookDone(4, 4, V2), Apply(other, V2, 4), Answer(4, other))
+    play.step(LookDone(3, 3, V1), Apply(doc, V1, 3), Answer(3, doc))
 
 
 def test_contexts_joining_a_public_watch_share_a_look_once_each_proved_access() -> None:
@@ -191,6 +210,18 @@ def test_a_refused_poll_concerns_only_the_context_it_was_polled_as() -> None:
     play.step(PollRefused(private))  # after its watch ended: no context's streams end
 
 
+def test_a_context_whose_poll_was_refused_holds_nothing_again_until_its_own_read_succeeds() -> None:
+    play = book()
+    public = started(play, 1, 1, ALICE, PUBLIC_V1, 1)
+    assert play.engine.poller(public) == ALICE
+    play.step(PollRefused(public), Revoke(public, "alice"))
+    play.step(Release(public, "alice"), Uncover("alice", "resource", DOC), Untrack(public), SetTimer(2, LINGER_S))
+    # Not a joiner: its credential is neither kept nor polled with, nor the linger cut short, before it proves access.
+    play.step(Subscribe(2, "resource", DOC, ALICE), Look(3, "resource", DOC, ALICE, paced=False))
+    play.step(LookFailed(3, DOWN), Fail(2, DOWN))
+    assert play.engine.holders(public) == 0 and play.engine.poller(public) is None
+
+
 def test_forwarded_reads_are_looks_at_the_watches_they_concern_and_writes_are_hints() -> None:
     play = book()
     watched = started(play, 1, 1, ALICE, V1, 1)
@@ -207,8 +238,30 @@ def test_forwarded_reads_are_looks_at_the_watches_they_concern_and_writes_are_hi
     not_found = {"error": {"code": -32002, "message": "Resource not found"}}
     play.step(Forwarded("resources/read", {"uri": DOC}, ALICE, not_found, 9), Apply(watched, GONE, 9))
     play.step(Forwarded("resources/read", {"uri": DOC}, ALICE, {"error": {"code": -32603}}, 10))
+    invalid = {"error": {"code": -32602, "message": "Resource not found"}}  # the other not-found code
+    play.step(Forwarded("resources/read", {"uri": DOC}, ALICE, invalid, 10), Apply(watched, GONE, 10))
     play.step(Forwarded("tools/call", {"name": "edit"}, BOB, {"result": {}}, 11), HintWrite("bob"))
     play.step(Forwarded("resources/list", {}, BOB, {"result": {}}, 12))
+    # Other reads that name the URI show no content of it (a legacy subscribe's empty result is no new content).
+    play.step(Forwarded("resources/subscribe", {"uri": DOC}, ALICE, {"result": {}}, 13))
+    play.step(Forwarded("prompts/get", {"name": "p", "uri": DOC}, ALICE, {"result": result}, 14))
+
+
+def test_a_forwarded_read_is_fingerprinted_under_its_uris_rule() -> None:
+    ignoring = PollingRule.model_validate({"match": DOC, "ignore": {"json_pointers": ["/generatedAt"]}})
+    play = Book(Engine(linger_s=LINGER_S, absent_ttl_s=5.0, rate_per_s=1_000.0, rules=Rules([ignoring])))
+    watched = started(play, 1, 1, ALICE, V1, 1)
+
+    def read(text: str) -> dict[str, object]:
+        return {"result": {"contents": [{"uri": DOC, "text": text}]}}
+
+    first = play.feed(Forwarded("resources/read", {"uri": DOC}, ALICE, read('{"n": 1, "generatedAt": 1}'), 5))
+    noise = play.feed(Forwarded("resources/read", {"uri": DOC}, ALICE, read('{"n": 1, "generatedAt": 2}'), 6))
+    real = play.feed(Forwarded("resources/read", {"uri": DOC}, ALICE, read('{"n": 2, "generatedAt": 2}'), 7))
+    seen = [command for command in first + noise + real if isinstance(command, Apply)]
+    assert [command.key for command in seen] == [watched] * 3
+    fingerprints = [command.observation.fingerprint for command in seen]
+    assert fingerprints[0] == fingerprints[1] != fingerprints[2], "only what the rule does not ignore is a change"
 
 
 def test_a_forwarded_public_read_is_evidence_for_the_public_watch_but_a_not_found_is_not() -> None:

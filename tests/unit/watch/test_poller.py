@@ -50,6 +50,14 @@ def test_backoff_doubles_up_to_its_cap() -> None:
     assert [schedule.backoff_s(n) for n in range(1, 6)] == [1.0, 2.0, 4.0, 8.0, 8.0]
 
 
+def test_an_interval_under_the_read_budget_is_jittered_but_never_past_max_interval() -> None:
+    low = Schedule(CONFIG, rand=lambda: 0.0)
+    high = Schedule(CONFIG, rand=lambda: 0.999999)
+    assert low.budgeted_s(10_000) == pytest.approx(9.0) and high.budgeted_s(10_000) == pytest.approx(11.0, rel=1e-4)
+    # The budget covering every key gives each its wanted interval: jittered up, it would pass max_interval_ms.
+    assert high.budgeted_s(60_000) == 60.0 and low.budgeted_s(60_000) == pytest.approx(54.0)
+
+
 def test_backoff_is_jittered_even_when_interval_jitter_is_off() -> None:
     schedule = Schedule(CONFIG.model_copy(update={"jitter": 0.0}), rand=lambda: 0.0)
     assert schedule.backoff_s(1) < 1.0
@@ -148,6 +156,7 @@ def test_an_observation_older_than_the_baseline_is_ignored() -> None:
 def test_a_covered_key_polls_at_its_usual_interval_unless_a_backstop_is_set() -> None:
     usual = Schedule(CONFIG, rand=lambda: 0.5)
     assert usual.backstop_s(2000) == usual.interval_s(2000)
+    assert usual.backstop_s(2000, 10_000) == usual.interval_s(2000, 10_000) == 10.0  # the key's rule, as uncovered
     stretched = Schedule(CONFIG.model_copy(update={"native_backstop_ms": 60_000}), rand=lambda: 0.5)
     assert stretched.backstop_s(2000) == 60.0
 

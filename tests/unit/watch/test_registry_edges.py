@@ -250,3 +250,21 @@ async def test_a_watch_the_upstream_can_push_is_subscribed_upstream_while_held_a
     world.clock.advance(8.0)  # the linger's end
     await eventually(lambda: world.watches() == {}, what="the linger ends both watches")
     assert world.gauge("mcp_sidecar_native_watches") == 0
+
+
+async def test_revalidate_hints_the_writers_own_watches_and_tells_the_other_replicas_who_wrote() -> None:
+    coordinator = Coordinator()
+    world = make_world(coordinator=coordinator)
+    world.upstream.private[(DOC, "alice")] = contents(DOC, "alice's")
+    world.upstream.private[(DOC, "bob")] = contents(DOC, "bob's")
+    for identity in (ALICE, BOB):
+        assert await world.registry.acquire("resource", DOC, identity) is not None
+    assert world.clock.advance(1.0) == 0
+    world.upstream.calls.clear()
+    world.registry.revalidate(ALICE)
+    armed = world.clock.armed
+    assert world.clock.advance(0) == 1, "alice's own watch looks at once, bob's does not"
+    await eventually(lambda: world.clock.armed == armed + 1, what="the hinted look ended and armed the next")
+    assert world.upstream.calls == [("resources/read", DOC, "alice")]
+    await eventually(lambda: coordinator.announced == [frozenset({"alice"})], what="the other replicas told who wrote")
+    await world.registry.aclose()

@@ -182,6 +182,12 @@ def test_a_stopped_watch_never_polls_again() -> None:
     busy.step(Stop())
     busy.step(Looked(2.0, True))
     busy.step(Finished())  # stopped while it polled: nothing is armed after it
+    shortened = [2.0]
+    budgeted = _book(interval=shortened)
+    budgeted.step(Begin(), SetTimer(1, 2.0))
+    budgeted.step(Stop(), CancelTimer(1))
+    shortened[0] = 0.5
+    budgeted.at(1.0).step(Tighten())  # the read budget shortening every interval re-arms nothing stopped
 
 
 def test_a_hint_after_a_poll_polls_min_interval_after_that_poll() -> None:

@@ -32,6 +32,9 @@ from tests.unit.watch.scripted_upstream import contents
         ("a*b*c", "a-c-b", False),  # the parts in order
         ("a*b*b", "ab", False),  # a part is not counted twice
         ("ab*ba", "aba", False),  # the first and the last part do not overlap
+        ("x*b*b*y", "xby", False),  # nor do two middle parts: each is found after the one before
+        ("x*a*a*z", "xaz", False),
+        ("x*b*c*y", "xbcby", True),  # each middle part found leftmost, so the later parts still fit after it
         ("*", "", True),
         ("**", "anything", True),
         ("x://?[a]", "x://?[a]", True),  # only * is special
@@ -79,6 +82,12 @@ def test_a_hint_travels_the_bus_as_an_entry_no_context_can_be_and_comes_back_who
     written, hints = from_bus(frozenset({entry, "ctx-alice", "public"}))
     assert written == {"ctx-alice", "public"} and hints == [hint]
     assert from_bus(frozenset({"source-hint:{not json", "anon"})) == (frozenset({"anon"}), [])
+
+
+def test_an_entry_this_release_cannot_read_hides_nothing_after_it_in_the_announcement() -> None:
+    hint = SourceHint(("catalog://plans/1",), ())
+    written, hints = from_bus(["source-hint:{not json", "ctx-alice", 'source-hint:{"u": 1}', hint.to_bus()])
+    assert written == {"ctx-alice"} and hints == [hint]
 
 
 # -- the registry ---------------------------------------------------------------------------------------------
