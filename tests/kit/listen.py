@@ -22,7 +22,7 @@ from typing import Any
 
 import aiohttp
 
-from tests.kit.sse import COMMENT, SseParser
+from tests.kit.sse import read_events
 from tests.kit.waiting import WAIT_S
 from tests.kit.wire import ACK, SUB_ID_KEY, UPDATED, headers, listen_request
 
@@ -105,20 +105,8 @@ class ListenStream:
         return ack
 
     async def _read(self, response: aiohttp.ClientResponse) -> None:
-        parser = SseParser()
-        loop = asyncio.get_running_loop()
         try:
-            async for raw in response.content:
-                found = parser.feed(raw.decode().rstrip("\r\n"))
-                if found == COMMENT:
-                    self.comment_times.append(loop.time())
-                elif isinstance(found, dict):
-                    self.frames.append(found)
-                else:
-                    continue
-                self._arrived.set()
-        except (aiohttp.ClientError, ConnectionError):
-            pass  # the server or the proxy went away: `ended` says so
+            await read_events(response, self.frames, self.comment_times, self._arrived)
         finally:
             self.ended = True
             self._arrived.set()

@@ -10,7 +10,7 @@ from typing import Any
 
 import aiohttp
 
-from tests.kit.sse import COMMENT, SseParser
+from tests.kit.sse import read_events
 from tests.kit.waiting import WAIT_S
 from tests.kit.wire import LEGACY_HEADERS, LEGACY_INITIALIZE, UPDATED
 
@@ -60,20 +60,8 @@ class Session:
         self._reader = asyncio.get_running_loop().create_task(self._read(response))
 
     async def _read(self, response: aiohttp.ClientResponse) -> None:
-        parser = SseParser()
-        loop = asyncio.get_running_loop()
         try:
-            async for raw in response.content:
-                found = parser.feed(raw.decode().rstrip("\r\n"))
-                if found == COMMENT:
-                    self.comment_times.append(loop.time())
-                elif isinstance(found, dict):
-                    self.frames.append(found)
-                else:
-                    continue
-                self._arrived.set()
-        except (aiohttp.ClientError, ConnectionError):
-            pass  # the sidecar went away
+            await read_events(response, self.frames, self.comment_times, self._arrived)
         finally:
             response.release()
 

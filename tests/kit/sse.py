@@ -6,13 +6,15 @@ A stream read as it arrives (`sse_messages`), a whole body read at once (`parse_
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from typing import Any, Final
 
 import aiohttp
 
-__all__ = ["COMMENT", "SseParser", "parse_sse", "sse_messages"]
+__all__ = ["COMMENT", "SseParser", "parse_sse", "read_events", "sse_messages"]
 
 COMMENT: Final = ":"
 """What `SseParser.feed` returns for a comment line (a keep-alive)."""
@@ -53,3 +55,22 @@ async def sse_messages(resp: aiohttp.ClientResponse) -> AsyncIterator[dict[str, 
         found = parser.feed(raw.decode().rstrip("\r\n"))
         if isinstance(found, dict):
             yield found
+
+
+async def read_events(
+    response: aiohttp.ClientResponse, frames: list[dict[str, Any]], comment_times: list[float], arrived: asyncio.Event
+) -> None:
+    """Read a live event stream into `frames` (each event's JSON) and `comment_times` (the loop's time of each
+    comment), setting `arrived` after each; returns when the server or a proxy ends the stream."""
+    parser = SseParser()
+    loop = asyncio.get_running_loop()
+    with contextlib.suppress(aiohttp.ClientError, ConnectionError):  # gone: the caller's `ended` says so
+        async for raw in response.content:
+            found = parser.feed(raw.decode().rstrip("\r\n"))
+            if found == COMMENT:
+                comment_times.append(loop.time())
+            elif isinstance(found, dict):
+                frames.append(found)
+            else:
+                continue
+            arrived.set()
