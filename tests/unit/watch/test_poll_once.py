@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -14,50 +15,20 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from sidecar.changes import ChangeEvent, WatchKey
+from sidecar.changes import WatchKey
 from sidecar.config import PollingConfig
 from sidecar.observability.metrics import Metrics
 from sidecar.observability.tracing import MAX_LINKS
 from sidecar.protocol.errors import UpstreamBadResponse, UpstreamError, UpstreamHTTPError, UpstreamUnavailable
 from sidecar.watch import poller
-from sidecar.watch.clock import LOOP_CLOCK, Clock, Timer
+from sidecar.watch.clock import Timer
 from sidecar.watch.engine.polls import LogLimiter
 from sidecar.watch.observe import Observation
-from sidecar.watch.poller import Reader, Watch
-from sidecar.watch.schedule import Schedule
-from sidecar.watch.tickets import Tickets
+from sidecar.watch.poller import Watch
+from tests.unit.watch.watches import make_watch
 
 CONFIG = PollingConfig(default_interval_ms=5000, min_interval_ms=250, max_interval_ms=60000, jitter=0.1)
-PUBLIC_KEY = WatchKey("resource", "x://1", "public")
-
-
-async def _drop(_: ChangeEvent) -> None:
-    return None
-
-
-def _watch(
-    reader: Reader,
-    *,
-    key: WatchKey = PUBLIC_KEY,
-    metrics: Metrics | None = None,
-    gate: asyncio.Semaphore | None = None,
-    clock: Clock = LOOP_CLOCK,
-    on_auth_failure: Callable[[Watch, UpstreamHTTPError], None] = lambda *_: None,
-) -> Watch:
-    tickets = Tickets()
-    return Watch(
-        key,
-        Observation("fp-0", None, True),
-        ticket=tickets.take(),
-        schedule=Schedule(CONFIG),
-        reader=reader,
-        sink=_drop,
-        gate=gate or asyncio.Semaphore(1),
-        tickets=tickets,
-        metrics=metrics or Metrics(),
-        on_auth_failure=on_auth_failure,
-        clock=clock,
-    )
+_watch = functools.partial(make_watch, config=CONFIG)
 
 
 class _Timer:

@@ -4,22 +4,20 @@ runs it: `test_poll_once`)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
-from collections.abc import Callable
 
 import pytest
 
 from sidecar.changes import ChangeEvent, WatchKey
 from sidecar.config import PollingConfig
-from sidecar.observability.metrics import Metrics
-from sidecar.protocol.errors import UpstreamHTTPError
-from sidecar.watch.clock import LOOP_CLOCK, Clock
 from sidecar.watch.engine.polls import LogLimiter
 from sidecar.watch.observe import Observation
-from sidecar.watch.poller import ObservationListener, Reader, Sink, Watch
+from sidecar.watch.poller import Watch
 from sidecar.watch.schedule import Schedule
 from sidecar.watch.tickets import Tickets
+from tests.unit.watch.watches import make_watch
 
 CONFIG = PollingConfig(
     default_interval_ms=5000,
@@ -63,44 +61,7 @@ def test_backoff_is_jittered_even_when_interval_jitter_is_off() -> None:
     assert schedule.backoff_s(1) < 1.0
 
 
-PUBLIC_KEY = WatchKey("resource", "x://1", "public")
-
-
-async def _never(_: Watch) -> Observation | None:
-    raise AssertionError("not polled in this test")
-
-
-async def _drop(_: ChangeEvent) -> None:
-    return None
-
-
-def _watch(
-    reader: Reader = _never,
-    sink: Sink = _drop,
-    tickets: Tickets | None = None,
-    *,
-    key: WatchKey = PUBLIC_KEY,
-    metrics: Metrics | None = None,
-    gate: asyncio.Semaphore | None = None,
-    clock: Clock = LOOP_CLOCK,
-    observed: ObservationListener = lambda key, fingerprint, ticket: None,
-    on_auth_failure: Callable[[Watch, UpstreamHTTPError], None] = lambda *_: None,
-) -> Watch:
-    tickets = tickets or Tickets()
-    return Watch(
-        key,
-        Observation("fp-0", None, True),
-        ticket=tickets.take(),
-        schedule=Schedule(CONFIG),
-        reader=reader,
-        sink=sink,
-        gate=gate or asyncio.Semaphore(1),
-        tickets=tickets,
-        metrics=metrics or Metrics(),
-        on_auth_failure=on_auth_failure,
-        observed=observed,
-        clock=clock,
-    )
+_watch = functools.partial(make_watch, config=CONFIG)
 
 
 @pytest.mark.invariant(7)
