@@ -23,23 +23,34 @@ _MOST_TIMERS_PER_ADVANCE = 10_000
 """Far more than any test here fires in one advance: more means a callback re-arms at a past time without end."""
 
 
+def _nothing() -> None:
+    pass
+
+
 class _ManualTimer:
-    def __init__(self, when: float, callback: Callable[[], None]) -> None:
+    def __init__(self, when: float, callback: Callable[[], None], changed: Callable[[], None]) -> None:
         self._when = when
         self.callback = callback
         self.cancelled = False
+        self._changed = changed
 
     def when(self) -> float:
         return self._when
 
     def cancel(self) -> None:
         self.cancelled = True
+        self._changed()
 
 
 class ManualClock:
-    """A Clock whose time moves only when the test says so."""
+    """A Clock whose time moves only when the test says so.
 
-    def __init__(self) -> None:
+    `changed`, when given, is called on every arm and cancel: a test bench that waits on "something changed" (the
+    native-notification bench's `Signal`) hears the clock as it hears its other fakes.
+    """
+
+    def __init__(self, changed: Callable[[], None] = _nothing) -> None:
+        self._changed = changed
         self._now = 0.0
         self._timers: list[tuple[float, int, _ManualTimer]] = []
         self._order = itertools.count()
@@ -53,12 +64,13 @@ class ManualClock:
         return self._now
 
     def call_at(self, when: float, callback: Callable[[], None]) -> _ManualTimer:
-        timer = _ManualTimer(when, callback)
+        timer = _ManualTimer(when, callback, self._changed)
         self.armed += 1
         for count, waiter in self._armed_waiters:
             if self.armed >= count and not waiter.done():
                 waiter.set_result(None)
         heapq.heappush(self._timers, (when, next(self._order), timer))
+        self._changed()
         return timer
 
     def pending(self) -> int:
@@ -116,6 +128,7 @@ class ManualClock:
                 self._now = max(self._now, when)
                 timer.callback()
                 return
+        raise AssertionError("no timer is armed")
 
 
 async def run_polls(clock: ManualClock, seconds: float) -> None:

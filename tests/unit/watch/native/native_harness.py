@@ -4,7 +4,7 @@ that record their hints, and a clock moved by hand, each of which tells the benc
 Nothing here looks at asyncio's internals. A test waits for what it expects to see with `Bench.until`, which
 checks its condition again each time one of the fakes reports a change (a stream opened or closed, a call, a
 hint, a key covered, a gauge moved, a timer armed) and fails after a bounded wait. Time moves only by
-`HandClock.advance`, which fires the timers that came due and returns; what they woke runs when the test next
+`ManualClock.advance`, which fires the timers that came due and returns; what they woke runs when the test next
 awaits, so a test first waits until the timer it means to fire is armed (`Bench.timer_at`).
 """
 
@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import heapq
-import itertools
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -30,6 +28,7 @@ from sidecar.upstream.answers import UpstreamInfo
 from sidecar.upstream.base import Upstream
 from sidecar.watch.native import NativeNotifications
 from sidecar.watch.poller import Watch
+from tests.unit.watch.manual_clock import ManualClock
 from tests.unit.watch.scripted_upstream import URL, ScriptedUpstream
 
 __all__ = [
@@ -44,7 +43,6 @@ __all__ = [
     "UPDATED",
     "Bench",
     "FixedJitter",
-    "HandClock",
     "HeardWatch",
     "JsonObject",
     "Opened",
@@ -93,69 +91,6 @@ class Signal:
                 if condition():
                     return
                 await self._event.wait()
-
-
-class _HandTimer:
-    def __init__(self, when: float, callback: Callable[[], None], changed: Signal) -> None:
-        self._when = when
-        self.callback = callback
-        self.cancelled = False
-        self._changed = changed
-
-    def when(self) -> float:
-        return self._when
-
-    def cancel(self) -> None:
-        self.cancelled = True
-        self._changed()
-
-
-class HandClock:
-    """A Clock whose time moves only when the test says so; arming or cancelling a timer is a change."""
-
-    def __init__(self, changed: Signal) -> None:
-        self._now = 0.0
-        self._timers: list[tuple[float, int, _HandTimer]] = []
-        self._order = itertools.count()
-        self._changed = changed
-
-    def now(self) -> float:
-        return self._now
-
-    def call_at(self, when: float, callback: Callable[[], None]) -> _HandTimer:
-        timer = _HandTimer(when, callback, self._changed)
-        heapq.heappush(self._timers, (when, next(self._order), timer))
-        self._changed()
-        return timer
-
-    def due(self) -> list[float]:
-        """When each armed timer is due (cancelled ones left out), soonest first."""
-        return sorted(when for when, _, timer in self._timers if not timer.cancelled)
-
-    def fire_next(self) -> None:
-        """Move time to the next armed timer and fire it (what it wakes runs once the test awaits)."""
-        while self._timers:
-            when, _, timer = heapq.heappop(self._timers)
-            if not timer.cancelled:
-                self._now = max(self._now, when)
-                timer.callback()
-                return
-        raise AssertionError("no timer is armed")
-
-    def advance(self, seconds: float) -> int:
-        """Move time on by `seconds`, firing each timer due by then at its own time; returns how many fired.
-        What they wake runs once the test awaits."""
-        until = self._now + seconds
-        fired = 0
-        while self._timers and self._timers[0][0] <= until + 1e-9:
-            when, _, timer = heapq.heappop(self._timers)
-            if timer.cancelled:
-                continue
-            self._now = max(self._now, when)
-            timer.callback()
-            fired += 1
-        self._now = max(self._now, until)
-        return fired
 
 
 @dataclass
@@ -320,7 +255,7 @@ class _ReportingNotifications(NativeNotifications):
 @dataclass
 class Bench:
     changed: Signal
-    clock: HandClock
+    clock: ManualClock
     upstream: PushingUpstream
     metrics: Metrics
     native: NativeNotifications
@@ -377,7 +312,7 @@ async def ended(tasks: set[asyncio.Task[Any]]) -> None:
 
 def make_bench(era: str = "legacy", capabilities: JsonObject | None = None, config: PollingConfig = CONFIG) -> Bench:
     changed = Signal()
-    clock = HandClock(changed)
+    clock = ManualClock(changed)
     upstream = PushingUpstream(changed, era, capabilities)
     metrics = Metrics()
     bench = Bench(changed, clock, upstream, metrics, cast(NativeNotifications, None))
