@@ -1,0 +1,111 @@
+"""Invariants 4 and 22 on the replica path: what one replica hears over Redis from another.
+
+A change heard from another replica reaches only the streams that asked for its key: a private change only its own
+context's streams, on every replica (4). A source hint given to one replica is announced over Redis, and the
+replica polling the hinted watch looks; only a look that sees different content notifies anyone (22). Their
+one-process twins are in tests/integration/test_invariant_paths_sessions.py and test_invariant_paths_hints.py.
+
+Real redis-server, two `mcp-sidecar run` processes, the SDK shop upstream (which counts the reads it answers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.cluster import RedisServer, Replica, sidecar_replicas
+from tests.kit import ListenStream, eventually
+from tests.peers import Upstream, start_upstream
+
+PRICE = "catalog://price"
+PROFILE = "catalog://profile"
+STATIC = "catalog://extra/static"
+"""Never changes."""
+UPDATED = "notifications/resources/updated"
+TOKEN = "s3cret-hint-token"
+TEN_MINUTES = {"default_interval_ms": 600_000, "max_interval_ms": 600_000, "min_interval_ms": 10, "linger_ms": 100}
+"""Only a hint makes a watch look within a test's waits."""
+POLLED = {"min_interval_ms": 100, "default_interval_ms": 300, "max_interval_ms": 300}
+
+
+@pytest.fixture
+async def shop() -> AsyncIterator[Upstream]:
+    """Reads and lists with no ttlMs (polled at the configured default), and a resource that never changes."""
+    async with await start_upstream("modern", read_ttl_ms=0, list_ttl_ms=0) as up:
+        await up.add("resource", "static")
+        yield up
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True)) as session:
+        yield session
+
+
+@pytest.mark.invariant(4)
+async def test_a_private_change_heard_from_another_replica_reaches_only_its_own_contexts_streams(
+    tmp_path: Path, shop: Upstream, redis: RedisServer, http: aiohttp.ClientSession
+) -> None:
+    # Bob and alice each listen on both replicas: whichever replica polls bob's profile, the other hears its change
+    # over Redis, where alice's watch of the same URI (another context) is in the same bucket.
+    async with sidecar_replicas(tmp_path, shop.url, redis.url, 2, polling=POLLED) as replicas:
+        bobs = [
+            ListenStream(http, r.url, f"bob-{n}", [PROFILE], authorization="Bearer bob") for n, r in enumerate(replicas)
+        ]
+        alices = [
+            ListenStream(http, r.url, f"alice-{n}", [PROFILE, PRICE], authorization="Bearer alice")
+            for n, r in enumerate(replicas)
+        ]
+        try:
+            for stream in (*bobs, *alices):
+                await stream.open()
+            await shop.bump_profile("bob")
+            for bob in bobs:
+                assert (await bob.next_update())["params"]["uri"] == PROFILE
+            # Had bob's change reached alice on either replica, it would sit before the price's on her stream.
+            await shop.set_price(140)
+            for alice in alices:
+                assert (await alice.next_update())["params"]["uri"] == PRICE
+        finally:
+            for stream in (*bobs, *alices):
+                await stream.close()
+
+
+async def _hint(http: aiohttp.ClientSession, replica: Replica, body: dict[str, Any]) -> None:
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    async with http.post(f"http://127.0.0.1:{replica.admin_port}/hints", json=body, headers=headers) as resp:
+        assert resp.status == 202, await resp.text()
+
+
+async def _looked(shop: Upstream, uri: str, before: int) -> None:
+    async def more() -> bool:
+        return await shop.count("resources/read", uri) > before
+
+    await eventually(more, what=f"a look at {uri}")
+
+
+@pytest.mark.invariant(22)
+async def test_a_hint_given_to_another_replica_for_an_unchanged_resource_notifies_nobody(
+    tmp_path: Path, shop: Upstream, redis: RedisServer, http: aiohttp.ClientSession
+) -> None:
+    token_file = tmp_path / "hints-token"
+    token_file.write_text(TOKEN + "\n", encoding="utf-8")
+    hints = {"token_file": str(token_file)}
+    async with sidecar_replicas(tmp_path, shop.url, redis.url, 2, polling=TEN_MINUTES, hints=hints) as replicas:
+        watcher, hinted = replicas  # streams on the first only: it polls both keys; the second has no watch
+        stream = ListenStream(http, watcher.url, "w", [STATIC, PRICE])
+        await stream.open()
+        try:
+            before = await shop.count("resources/read", STATIC)
+            await _hint(http, hinted, {"uris": [STATIC]})  # nothing changed there
+            await _looked(shop, STATIC, before)  # the watcher heard it over Redis and looked
+            await shop.set_price(170)
+            await _hint(http, hinted, {"uris": [PRICE]})
+            frame = await stream.next_update()  # a false alarm for the static resource would come first
+            assert frame["params"]["uri"] == PRICE
+        finally:
+            await stream.close()
