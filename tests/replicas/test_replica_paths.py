@@ -1,9 +1,12 @@
-"""Invariants 4 and 22 on the replica path: what one replica hears over Redis from another.
+"""Invariants 4, 21 and 22 on the replica path: what one replica hears over Redis from another, and the budget
+they share.
 
 A change heard from another replica reaches only the streams that asked for its key: a private change only its own
-context's streams, on every replica (4). A source hint given to one replica is announced over Redis, and the
-replica polling the hinted watch looks; only a look that sees different content notifies anyone (22). Their
-one-process twins are in tests/integration/test_invariant_paths_sessions.py and test_invariant_paths_hints.py.
+context's streams, on every replica (4). The read budget is the fleet's: two replicas polling keys of their own
+stay within it together, counted by the upstream (21). A source hint given to one replica is announced over Redis,
+and the replica polling the hinted watch looks; only a look that sees different content notifies anyone (22).
+Their one-process twins are in tests/integration/test_invariant_paths_sessions.py, test_read_budget.py and
+test_invariant_paths_hints.py.
 
 Real redis-server, two `mcp-sidecar run` processes, the SDK shop upstream (which counts the reads it answers).
 """
@@ -16,9 +19,11 @@ from typing import Any
 
 import aiohttp
 import pytest
+import redis.asyncio as aioredis
 
+from sidecar.bus.layout import REPLICAS
 from tests.cluster import RedisServer, Replica, sidecar_replicas
-from tests.kit import ListenStream, eventually
+from tests.kit import ListenStream, Streams, eventually
 from tests.peers import Upstream, start_upstream
 
 PRICE = "catalog://price"
@@ -109,3 +114,41 @@ async def test_a_hint_given_to_another_replica_for_an_unchanged_resource_notifie
             assert frame["params"]["uri"] == PRICE
         finally:
             await stream.close()
+
+
+@pytest.mark.invariant(21)
+async def test_two_replicas_polling_keys_of_their_own_share_sixty_reads_a_second_counted_by_the_upstream(
+    tmp_path: Path, redis: RedisServer, admin: aioredis.Redis, http: aiohttp.ClientSession
+) -> None:
+    # Each replica alone is interested in (and so polls) 150 keys that want a read every 200 ms: 1,500 reads a second
+    # wanted by the fleet against a budget of 60, which each replica shares with the other live one.
+    polling = {"min_interval_ms": 200, "max_interval_ms": 10_000, "max_reads_per_s": 60, "max_baselines_per_s": 1_000}
+    async with (
+        await start_upstream("modern", read_ttl_ms=200) as up,
+        sidecar_replicas(tmp_path, up.url, redis.url, 2, polling=polling) as replicas,
+    ):
+        streams = Streams(http, [])
+        try:
+            for n, replica in enumerate(replicas):
+                await streams.open(replica.url, f"r{n}", [f"catalog://items/{n}-{k}" for k in range(150)])
+
+            async def both_live() -> bool:
+                return await admin.zcard(REPLICAS) == 2
+
+            await eventually(both_live, what="both replicas heartbeat on Redis")
+            await up.reset_log()
+
+            async def read_enough() -> bool:
+                return await up.count("resources/read") >= 300
+
+            await eventually(read_enough, what="300 polls answered")
+            # The later half of them: by then (150 reads at most 60 a second: seconds) each replica has beaten since
+            # the other joined, and shares the budget with it. The rule by the upstream's own clock: no span of its
+            # reads holds more than the budget allows.
+            reads = [entry for entry in await up.log() if entry["method"] == "resources/read"][150:300]
+            span_s = reads[-1]["at"] - reads[0]["at"]
+            assert len(reads) <= 60 * span_s + 2, (len(reads), span_s)
+            shares = [(await replica.metrics()).total("mcp_sidecar_read_budget_per_second") for replica in replicas]
+            assert shares == [30.0, 30.0]  # what each reports of its share agrees
+        finally:
+            await streams.aclose()
