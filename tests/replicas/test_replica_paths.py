@@ -1,12 +1,13 @@
-"""Invariants 4, 21 and 22 on the replica path: what one replica hears over Redis from another, and the budget
+"""Invariants 4, 14, 21 and 22 on the replica path: what one replica hears over Redis from another, and the budget
 they share.
 
 A change heard from another replica reaches only the streams that asked for its key: a private change only its own
-context's streams, on every replica (4). The read budget is the fleet's: two replicas polling keys of their own
-stay within it together, counted by the upstream (21). A source hint given to one replica is announced over Redis,
-and the replica polling the hinted watch looks; only a look that sees different content notifies anyone (22).
-Their one-process twins are in tests/integration/test_invariant_paths_sessions.py, test_read_budget.py and
-test_invariant_paths_hints.py.
+context's streams, on every replica (4). A change made while the upstream was down is told on every replica once
+it answers again, the streams on both kept open meanwhile (14). The read budget is the fleet's: two replicas
+polling keys of their own stay within it together, counted by the upstream (21). A source hint given to one
+replica is announced over Redis, and the replica polling the hinted watch looks; only a look that sees different
+content notifies anyone (22). Their one-process twins are in tests/integration/test_invariant_paths_sessions.py,
+test_listen.py, test_read_budget.py and test_invariant_paths_hints.py.
 
 Real redis-server, two `mcp-sidecar run` processes, the SDK shop upstream (which counts the reads it answers).
 """
@@ -150,5 +151,38 @@ async def test_two_replicas_polling_keys_of_their_own_share_sixty_reads_a_second
             assert len(reads) <= 60 * span_s + 2, (len(reads), span_s)
             shares = [(await replica.metrics()).total("mcp_sidecar_read_budget_per_second") for replica in replicas]
             assert shares == [30.0, 30.0]  # what each reports of its share agrees
+        finally:
+            await streams.aclose()
+
+
+@pytest.mark.invariant(14)
+async def test_a_change_made_while_the_upstream_was_down_is_told_on_every_replica_once_it_answers_again(
+    tmp_path: Path, redis: RedisServer, http: aiohttp.ClientSession
+) -> None:
+    # A minute of backoff after the first failed poll: the change made during the outage reaches the streams within
+    # the test only through the recovery (each replica retries the upstream on its own pace, and the lease owner's
+    # first answer makes its failing watch look at once), never through the backoff running out.
+    backing_off = {**POLLED, "backoff_initial_ms": 60_000, "backoff_max_ms": 60_000}
+    async with (
+        await start_upstream("modern", read_ttl_ms=300) as up,
+        sidecar_replicas(tmp_path, up.url, redis.url, 2, polling=backing_off) as replicas,
+    ):
+        streams = Streams(http, [PRICE])
+        try:
+            opened = [await streams.open(replica.url, replica.name) for replica in replicas]
+            await up.set_price(120)
+            for stream in opened:
+                await stream.wait_update(PRICE)
+            marks = [stream.mark() for stream in opened]
+            await up.kill()
+
+            async def failed() -> bool:
+                scrapes = [await replica.metrics() for replica in replicas]
+                return sum(m.total("mcp_sidecar_polls_total", kind="resource", outcome="error") for m in scrapes) >= 1
+
+            await eventually(failed, what="the owner's poll failed")
+            await up.restart()  # price=100 again: a change from 120, made while the upstream was down
+            for stream, mark in zip(opened, marks, strict=True):
+                await stream.wait_update(PRICE, since=mark)  # on the streams that stayed open
         finally:
             await streams.aclose()
