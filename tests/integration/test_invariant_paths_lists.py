@@ -1,7 +1,8 @@
-"""The invariants on a stream that listens to list kinds only (1, 3, 4, 6, 13 and 16): a list change is a signal
+"""The invariants on a stream that listens to list kinds only (1, 3, 4, 6, 8, 13 and 16): a list change is a signal
 carrying the listen id and nothing else, only for the kinds the stream asked for; polls that see the baseline tell
-nothing; shutdown ends the stream with the complete result; and joining a live list watch is a sync point. Their
-twins on resource streams are in test_listen.py and test_coherence.py.
+nothing; many streams of one list kind share its reads; shutdown ends the stream with the complete result; and
+joining a live list watch is a sync point. Their twins on resource streams are in test_listen.py,
+test_listen_contexts_and_lists.py and test_coherence.py.
 
 Raw listen streams (the kit's client), the SDK shop upstream whose lists are changed through its admin routes.
 """
@@ -15,7 +16,9 @@ import aiohttp
 import pytest
 
 from sidecar.app import METRICS
-from tests.kit import SUB_ID_KEY, ListenStream, eventually, rpc, serve_sidecar
+from sidecar.config.sections import DEFAULT_JITTER
+from tests.integration.listen_watches import answered, most_in_flight
+from tests.kit import SUB_ID_KEY, ListenStream, eventually, listening, rpc, serve_sidecar
 from tests.peers import Upstream, start_upstream
 
 POLLED = {"min_interval_ms": 100, "default_interval_ms": 300, "max_interval_ms": 300}
@@ -134,3 +137,33 @@ async def test_polls_that_see_a_lists_baseline_tell_nothing_and_its_first_change
             assert stream.pending() == []
         finally:
             await stream.close()
+
+
+@pytest.mark.invariant(8)
+async def test_sixty_streams_of_the_tools_list_share_its_first_read_and_one_read_per_poll(shop: Upstream) -> None:
+    connector = aiohttp.TCPConnector(limit=0)  # a connection per stream
+    async with serve_sidecar(shop.url, polling=POLLED) as sidecar, aiohttp.ClientSession(connector=connector) as http:
+        streams = [ListenStream(http, sidecar.url, n, toolsListChanged=True) for n in range(60)]
+        async with listening(*streams, at_once=True):
+            # Joining cost by the upstream's own times: the first read, shared, and the joiners' sync point (16),
+            # one look shared by every listen arriving while it is in flight; never more of them in hand at once.
+            joining: list[dict[str, Any]] = []
+
+            async def joined() -> bool:
+                joining[:] = [entry for entry in await shop.log() if entry["method"] == "tools/list"]
+                return answered(joining)
+
+            await eventually(joined)
+            assert most_in_flight(joining) <= 2
+            # Steady cost: one read per poll interval that passed (300 ms less its jitter at the shortest), not one
+            # per stream, by the upstream's clock.
+            polled = sidecar.app[METRICS].polls.labels("tools_list", "ok")
+            seen = polled._value.get()
+            await eventually(lambda: polled._value.get() >= seen + 3)
+            steady = [entry for entry in await shop.log() if entry["method"] == "tools/list"][len(joining) :]
+            shortest_s = 0.3 * (1 - DEFAULT_JITTER)
+            assert len(steady) >= 3
+            assert len(steady) <= (steady[-1]["at"] - steady[0]["at"]) / shortest_s + 1
+            await shop.add("tool", "fresh")
+            told = [await stream.next() for stream in streams]
+            assert told == [_list_changed("tools", n) for n in range(60)]
