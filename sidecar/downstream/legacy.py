@@ -200,9 +200,9 @@ class LegacySessions:
                 self._hub.detach(session, handle)
                 handle.release()
             return {}
-        if uri in session.subscriptions:
-            return {}
-        if len(session.subscriptions) >= self._config.max_uris_per_stream:
+        # A subscribe of a URI the session holds is a sync point all the same (invariant 16): it joins the watch's
+        # look below, and the extra hold is let go at the end.
+        if uri not in session.subscriptions and len(session.subscriptions) >= self._config.max_uris_per_stream:
             self._metrics.limit_rejections.labels("max_uris_per_stream").inc()
             over = InvalidParams(
                 f"a session may subscribe to at most {self._config.max_uris_per_stream} URIs", {"uri": uri}
@@ -221,7 +221,7 @@ class LegacySessions:
         if session.session_id not in self._sessions:  # ended while the baseline was read
             handle.release()
             raise _session_not_found()
-        if uri in session.subscriptions:  # a concurrent subscribe of the same URI got there first
+        if uri in session.subscriptions:  # held already (the same subscribe again, or a concurrent one got there first)
             handle.release()
             return {}
         session.subscriptions[uri] = handle

@@ -92,3 +92,23 @@ async def test_the_upstream_back_makes_a_sessions_backed_off_watch_look_at_once_
         assert status == 404  # the upstream answers again (the restart lost the session it rode on)
         told = await session.wait_updates(2)  # on the GET stream that stayed open through the outage
         assert told[1] == {"jsonrpc": "2.0", "method": UPDATED, "params": {"uri": PRICE}}
+
+
+@pytest.mark.invariant(16)
+async def test_a_session_subscribing_again_to_a_uri_it_holds_is_a_sync_point_and_still_holds_it_once(
+    cached_shop: Upstream, http: aiohttp.ClientSession
+) -> None:
+    async with (
+        serve_sidecar(cached_shop.url, polling=SLOW, streams=QUICK_COMMENTS) as sidecar,
+        sessions(http, sidecar.url, None) as (session,),
+    ):
+        await session.subscribe(PRICE)
+        assert text_of(await read_resource(http, sidecar.url, PRICE)) == "price=100"  # cached a minute
+        await cached_shop.set_price(140)  # behind the sidecar's back: no write through it hints the watch
+        await session.subscribe(PRICE)  # the same subscribe again: answered once the watch's look is applied
+        assert text_of(await read_resource(http, sidecar.url, PRICE)) == "price=140"
+        (watch,) = [watch for watch in sidecar.app[REGISTRY].watches() if watch.key.kind == "resource"]
+        assert watch.refs == 1  # the second subscribe's hold was let go: one session, one hold
+        status, answer = await session.call("resources/unsubscribe", {"uri": PRICE})
+        assert status == 200 and answer["result"] == {}, answer
+        await eventually(lambda: watch.refs == 0, what="the one unsubscribe let go of the watch")
