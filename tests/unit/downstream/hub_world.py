@@ -57,6 +57,8 @@ class Client:
         self.stalls = False
         """Past a full buffer, `drain` gives up as a stalled client's does (`stall_timeout_s` passed)."""
         self.gone_before_open = False
+        self.drains = 0
+        """Times the stream's driver waited for the client to read (its buffer full, signals pending)."""
         self.frames: list[bytes] = []
         self._changed = asyncio.Event()
         self._read = asyncio.Event()
@@ -87,6 +89,8 @@ class Client:
         while not self.writable and self.connected:
             if self.stalls:
                 raise StreamStalled
+            self.drains += 1
+            self._changed.set()
             self._read.clear()
             await self._read.wait()
 
@@ -139,6 +143,7 @@ class Listening:
             ack_or_end.cancel()
             self.task.result()  # raises what the listen was answered with
             raise AssertionError("the listen ended without an ack")
+        ack_or_end.result()
         return self.client.messages()[0]
 
     async def ended(self) -> None:

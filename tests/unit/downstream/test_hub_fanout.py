@@ -80,7 +80,8 @@ async def test_the_fan_out_writes_a_slice_of_streams_then_lets_other_work_run_th
     assert told == [1024], "1,024 streams written, then the loop runs other work, then the rest"
 
 
-async def test_signals_merge_while_a_slow_client_reads_and_reach_it_once_it_reads(hubs: Hubs) -> None:
+@pytest.mark.invariant(11)
+async def test_signals_merge_while_a_slow_client_reads_and_reach_it_as_it_reads(hubs: Hubs) -> None:
     hub = hubs()
     hub.world.upstream.resources[DOC] = contents(DOC, "v1")
     hub.world.upstream.resources[OTHER] = contents(OTHER, "v1")
@@ -90,10 +91,12 @@ async def test_signals_merge_while_a_slow_client_reads_and_reach_it_once_it_read
     doc, other = hub.key(DOC), hub.key(OTHER)
     for key in (doc, other, doc, doc):
         hub.publish(key)
+    await slow.client.until(lambda: slow.client.drains == 1, "the stream waits for its client to read")
     assert slow.client.updates() == []
     slow.client.read(1)
-    await slow.client.until(lambda: len(slow.client.updates()) == 1, "one more frame once the client read one")
-    slow.client.read(5)
+    await slow.client.until(lambda: slow.client.drains == 2, "one more frame, then the stream waits again")
+    assert slow.client.updates() == [DOC]
+    slow.client.read(1)
     await slow.client.until(lambda: len(slow.client.updates()) == 2, "the other signal")
     assert slow.client.updates() == [DOC, OTHER], "four changes of two URIs are two notifications"
 
@@ -105,12 +108,15 @@ async def test_a_refused_credential_ends_only_that_contexts_streams_on_that_key(
     hub.world.upstream.resources[OTHER] = contents(OTHER, "v1", cacheScope="public")
     alice = hub.listen([DOC], 1, ALICE)
     bob = hub.listen([DOC, OTHER], 2, BOB)
+    bob_doc = hub.listen([DOC], 4, BOB)
     bob_other = hub.listen([OTHER], 3, BOB)
-    await _acked(hub, alice, bob, bob_other)
+    await _acked(hub, alice, bob, bob_doc, bob_other)
     hub.world.registry.refused("resources/read", {"uri": DOC}, BOB)
     await bob.ended()
+    await bob_doc.ended()
     assert bob.client.messages()[-1] == complete_result(2), "ended gracefully: its client re-authenticates"
-    assert hub.gauge("mcp_sidecar_streams_ended_total", reason="auth") == 1
+    assert bob_doc.client.messages()[-1] == complete_result(4)
+    assert hub.gauge("mcp_sidecar_streams_ended_total", reason="auth") == 2
     hub.publish(WatchKey("resource", DOC, PUBLIC))
     hub.publish(WatchKey("resource", OTHER, PUBLIC))
     await alice.client.until(lambda: alice.client.updates() == [DOC], "alice still hears DOC")
@@ -140,6 +146,20 @@ async def test_a_refused_credential_drops_that_sessions_subscription_and_lets_go
     session.subscriptions.pop(OTHER).release()
 
 
+async def test_a_refusal_of_a_key_no_stream_holds_any_more_ends_no_other_stream(hubs: Hubs) -> None:
+    hub = hubs()
+    hub.world.upstream.resources[DOC] = contents(DOC, "v1", cacheScope="public")
+    hub.world.upstream.resources[OTHER] = contents(OTHER, "v1", cacheScope="public")
+    gone, stays = hub.listen([DOC], 1, BOB), hub.listen([OTHER], 2, BOB)
+    await _acked(hub, gone, stays)
+    gone.task.cancel()
+    await asyncio.gather(gone.task, return_exceptions=True)
+    hub.world.registry.refused("resources/read", {"uri": DOC}, BOB)  # DOC's watch lingers, held by no stream
+    assert hub.world.refusals == [(WatchKey("resource", DOC, PUBLIC), "bob")]
+    hub.publish(WatchKey("resource", OTHER, PUBLIC))
+    await stays.client.until(lambda: stays.client.updates() == [OTHER], "bob's other stream still hears")
+
+
 async def test_a_stream_gone_before_its_pass_is_not_written_to(hubs: Hubs) -> None:
     hub = hubs()
     hub.world.upstream.resources[DOC] = contents(DOC, "v1")
@@ -155,7 +175,10 @@ async def test_a_stream_gone_before_its_pass_is_not_written_to(hubs: Hubs) -> No
 async def test_a_fan_out_is_traced_with_its_watch_and_the_streams_told(hubs: Hubs, spans: InMemorySpanExporter) -> None:
     hub = hubs()
     hub.world.upstream.resources[DOC] = contents(DOC, "v1")
-    await _acked(hub, hub.listen([DOC], 1), hub.listen([DOC], 2))
+    listens = [hub.listen([DOC], n) for n in range(3)]
+    await _acked(hub, *listens)
+    listens[0].task.cancel()  # a stream that ended is told nothing more
+    await asyncio.gather(listens[0].task, return_exceptions=True)
     spans.clear()
     key = hub.key(DOC)
     hub.publish(key)

@@ -16,7 +16,7 @@ from sidecar.backoff import JITTER
 from sidecar.identity import ANONYMOUS_IDENTITY
 from sidecar.protocol.constants import META_LEFT_OUT
 from sidecar.protocol.envelope import parse_message
-from sidecar.protocol.errors import InvalidParams, Overloaded, UpstreamHTTPError
+from sidecar.protocol.errors import InvalidParams, Overloaded, UpstreamHTTPError, UpstreamRpcError
 from sidecar.protocol.frames import ack_notification, complete_result
 from tests.unit.downstream.hub_world import Client, HubWorld
 from tests.unit.watch.registry_world import ALICE, DOC, JUST, OTHER
@@ -77,23 +77,53 @@ async def test_a_uri_whose_join_crashes_is_left_out_as_an_internal_error_and_the
     hub.world.upstream.resources[DOC] = contents(DOC, "v1")
     hub.world.upstream.resources[OTHER] = contents(OTHER, "v1")
 
+    hub.world.upstream.pages["tools/list"] = [{"tools": []}]
+
     def crash_on_other() -> None:
-        if hub.world.upstream.calls[-1][1] == OTHER:
+        if hub.world.upstream.calls[-1][:2] in (("resources/read", OTHER), ("tools/list", None)):
             raise RuntimeError("a bug")
 
     hub.world.upstream.before_answer = crash_on_other
-    ack = await hub.listen([DOC, OTHER], 1).acked()
+    ack = await hub.listen([DOC, OTHER], 1, toolsListChanged=True).acked()
     assert ack["params"]["notifications"] == {"resourceSubscriptions": [DOC]}
-    assert ack["params"]["_meta"][META_LEFT_OUT] == [{"uri": OTHER, "code": -32603, "message": "Internal error"}]
-    assert "subscribing failed" in [record.getMessage() for record in caplog.records]
+    assert ack["params"]["_meta"][META_LEFT_OUT] == [
+        {"notification": "toolsListChanged", "code": -32603, "message": "Internal error"},
+        {"uri": OTHER, "code": -32603, "message": "Internal error"},
+    ]
+    crashes = [record for record in caplog.records if record.getMessage() == "subscribing failed"]
+    assert sorted(record.kind for record in crashes) == ["resource", "tools_list"]  # type: ignore[attr-defined]
     caplog.clear()
+
+
+async def test_a_part_the_upstream_refuses_is_left_out_with_the_refusal_and_the_others_are_joined(
+    hubs: Hubs,
+) -> None:
+    hub = hubs()
+    hub.world.upstream.resources[DOC] = contents(DOC, "v1")
+    hub.world.upstream.resources[OTHER] = contents(OTHER, "v1")
+    hub.world.upstream.errors["tools/list"] = {"code": -32000, "message": "tools are off today"}
+    refusal = UpstreamHTTPError(URL, 403, "Forbidden")
+
+    def refuse_other() -> None:
+        if hub.world.upstream.calls[-1][:2] == ("resources/read", OTHER):
+            raise refusal
+
+    hub.world.upstream.before_answer = refuse_other
+    ack = await hub.listen([DOC, OTHER], 1, toolsListChanged=True).acked()
+    assert ack["params"]["notifications"] == {"resourceSubscriptions": [DOC]}
+    tools_refusal = UpstreamRpcError(URL, {"code": -32000, "message": "tools are off today"}).to_rpc()
+    assert ack["params"]["_meta"][META_LEFT_OUT] == [
+        {"notification": "toolsListChanged", "code": tools_refusal.code, "message": tools_refusal.message},
+        {"uri": OTHER, "code": refusal.to_rpc().code, "message": refusal.to_rpc().message},
+    ]
 
 
 async def test_a_listen_with_no_id_is_invalid_params(hubs: Hubs) -> None:
     hub = hubs()
     message = parse_message(orjson.dumps({"jsonrpc": "2.0", "method": "subscriptions/listen", "params": {}}))
-    with pytest.raises(InvalidParams, match="must be a request with an id"):
+    with pytest.raises(InvalidParams) as refused:
         await hub.hub.listen(message, ANONYMOUS_IDENTITY, Client())
+    assert refused.value.message == "subscriptions/listen must be a request with an id"
 
 
 async def test_past_max_streams_a_listen_is_overloaded_until_a_stream_ends(hubs: Hubs) -> None:
@@ -123,8 +153,9 @@ async def test_shutdown_ends_every_stream_with_the_complete_result_and_refuses_n
         assert listening.client.closed
     assert [listening.client.messages()[-1] for listening in streams] == [complete_result(1), complete_result("two")]
     assert hub.gauge("mcp_sidecar_streams_ended_total", reason="shutdown") == 2
-    with pytest.raises(Overloaded, match="shutting down"):
+    with pytest.raises(Overloaded) as refused:
         await hub.listen([DOC], 3).ended()
+    assert refused.value.message == "the sidecar is shutting down; listen again elsewhere or after the restart"
     assert hub.world.watches() == {hub.key(DOC): 0}, "their watches let go"
 
 
