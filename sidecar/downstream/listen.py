@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Protocol
 
 import orjson
 from aiohttp import web
@@ -27,7 +26,7 @@ from sidecar.downstream.listen_filter import (
     log_left_out,
     parse_filter,
 )
-from sidecar.downstream.listen_stream import ListenStream, Step
+from sidecar.downstream.listen_stream import Connection, ListenStream, SignalSink, Step
 from sidecar.identity import Identity
 from sidecar.observability.metrics import Metrics
 from sidecar.observability.tracing import tracing
@@ -35,9 +34,10 @@ from sidecar.protocol.envelope import Message
 from sidecar.protocol.errors import InvalidParams, Overloaded, RpcError, UpstreamError
 from sidecar.protocol.frames import ack_notification
 from sidecar.upstream.base import LearnEra
+from sidecar.watch.clock import LOOP_CLOCK, Clock, Timer
 from sidecar.watch.registry import Handle, WatchRegistry
 
-__all__ = ["ListenStream", "SignalSink", "StreamHub", "SubscriptionFilter", "parse_filter"]
+__all__ = ["Connection", "ListenStream", "SignalSink", "StreamHub", "SubscriptionFilter", "parse_filter"]
 
 logger = logging.getLogger(__name__)
 
@@ -47,28 +47,20 @@ _MAX_AGE_JITTER = 0.1
 """Streams opened together (a reconnect wave) end spread over a tenth of `max_age_s`, not in one instant."""
 
 
-class SignalSink(Protocol):
-    """Something the hub delivers change signals to: a listen stream, or a legacy session."""
-
-    @property
-    def handles(self) -> list[Handle]: ...
-
-    def signal(self, method: str, uri: str | None, detected_at: float) -> None: ...
-
-    def close(self, reason: str) -> None: ...
-
-    def revoke(self, key: WatchKey) -> list[Handle]:
-        """Its context was refused `key` upstream: stop delivering it; returns the handles to release now."""
-        ...
-
-
 class StreamHub:
     """Every open listen stream of this process, indexed by the watch keys they hold."""
 
     def __init__(
-        self, registry: WatchRegistry, upstream: LearnEra, bus: Bus, config: StreamsConfig, metrics: Metrics
+        self,
+        registry: WatchRegistry,
+        upstream: LearnEra,
+        bus: Bus,
+        config: StreamsConfig,
+        metrics: Metrics,
+        clock: Clock = LOOP_CLOCK,
     ) -> None:
         self._registry = registry
+        self._clock = clock
         self._upstream = upstream
         self._config = config
         self._metrics = metrics
@@ -137,6 +129,14 @@ class StreamHub:
                     handle.release()
 
     async def handle_listen(self, request: web.Request, message: Message, identity: Identity) -> web.StreamResponse:
+        # pragma: no mutate block (the socket's edge: the integration tests pin it; a unit test has no request)
+        config = self._config
+        events = EventStream(request, high_water=config.write_buffer_bytes, stall_timeout_s=config.stall_timeout_s)
+        await self.listen(message, identity, events)
+        return events.response
+
+    async def listen(self, message: Message, identity: Identity, events: Connection) -> None:
+        """One listen stream on `events`, from the checks and the ack to its end."""
         if message.id is None:
             raise InvalidParams("subscriptions/listen must be a request with an id")
         wanted = parse_filter(message.params, self._config.max_uri_length)
@@ -150,9 +150,6 @@ class StreamHub:
         self._streams.add(stream)
         self._metrics.listen_streams.inc()
         self._keepalive.start()
-        events = EventStream(
-            request, high_water=self._config.write_buffer_bytes, stall_timeout_s=self._config.stall_timeout_s
-        )
         try:
             ack = await self._subscribe(stream, wanted, identity)
             # A stream may live for hours: keep only what it needs. The callers' frames still hold `message` (its
@@ -185,14 +182,13 @@ class StreamHub:
             self._end(stream)
             self._dirty.pop(stream, None)
         await events.close()
-        return events.response
 
-    def _expiry(self, stream: ListenStream) -> asyncio.TimerHandle | None:
+    def _expiry(self, stream: ListenStream) -> Timer | None:
         max_age_s = self._config.max_age_s
         if not max_age_s:
             return None
         age_s = max_age_s * (1 - _MAX_AGE_JITTER * JITTER.random())
-        return asyncio.get_running_loop().call_later(age_s, stream.close, "max_age")
+        return self._clock.call_at(self._clock.now() + age_s, lambda: stream.close("max_age"))
 
     async def _subscribe(self, stream: ListenStream, wanted: SubscriptionFilter, identity: Identity) -> Ack:
         # The probe (when this is the first contact) goes as the client: a protected upstream would refuse an
@@ -259,7 +255,7 @@ class StreamHub:
         await self._keepalive.stop()
 
 
-async def _serve(stream: ListenStream, events: EventStream) -> None:
+async def _serve(stream: ListenStream, events: Connection) -> None:
     """A stream's driver from the ack on: it awaits what the stream's rules leave to wait for (a slow client,
     the next signal or the close) and nothing else."""
     stream.begin(events)

@@ -2,7 +2,8 @@
 
 It never awaits and owns no socket (hypercorn's cut between a protocol and its server): it writes through a
 `Writer` (the SSE response, or a test's recording fake) and says, from `step`, what its driver must wait for next.
-The driver (`StreamHub` in `listen.py`) does the waiting: for room in the send buffer, or for the next signal.
+The driver (`StreamHub` in `listen.py`) does the waiting on a `Connection` (a `Writer` it can also drain): for room
+in the send buffer, or for the next signal. The hub delivers to it, as to a 2025-11-25 session, as a `SignalSink`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
     from sidecar.protocol.envelope import RequestId
     from sidecar.watch.handles import Handle
 
-__all__ = ["ListenStream", "Step", "Writer", "frame_around_id"]
+__all__ = ["Connection", "ListenStream", "SignalSink", "Step", "Writer", "frame_around_id"]
 
 _ID_SLOT = "\x00"
 _ID_SLOT_JSON = b'"\\u0000"'
@@ -58,6 +59,16 @@ class Writer(Protocol):
     def write_comment(self) -> None: ...
 
 
+class Connection(Writer, Protocol):
+    """A listen stream's connection: `EventStream` on a socket (so the hub's rules are tested without one)."""
+
+    async def open(self) -> None: ...
+
+    async def drain(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
 class Step(enum.Enum):
     """What a stream's driver does next."""
 
@@ -67,6 +78,21 @@ class Step(enum.Enum):
     """Nothing to write: wait until `waiter` is woken (a signal that did not fit, or the close)."""
     DONE = "done"
     """The end frame is written, or the client is gone: the stream is over."""
+
+
+class SignalSink(Protocol):
+    """Something the hub delivers change signals to: a listen stream, or a legacy session."""
+
+    @property
+    def handles(self) -> list[Handle]: ...
+
+    def signal(self, method: str, uri: str | None, detected_at: float) -> None: ...
+
+    def close(self, reason: str) -> None: ...
+
+    def revoke(self, key: WatchKey) -> list[Handle]:
+        """Its context was refused `key` upstream: stop delivering it; returns the handles to release now."""
+        ...
 
 
 class ListenStream:

@@ -42,6 +42,7 @@ def test_the_committed_record_judges_each_survivor_of_the_engine() -> None:
                 "sidecar.protocol.envelope.",
                 "sidecar.fair_share.",
                 "sidecar.identity.",
+                "sidecar.downstream.listen.",
                 "sidecar.downstream.listen_stream.",
                 "sidecar.downstream.listen_filter.",
                 "sidecar.downstream.pending.",

@@ -51,6 +51,23 @@ async def test_a_client_whose_only_waiter_is_cancelled_as_its_turn_comes_is_pass
     assert (share.in_flight, share.queued, share.active_clients) == (0, 0, 0)
 
 
+async def test_a_client_whose_only_waiter_gave_up_is_no_longer_counted_once_its_turn_is_passed_over() -> None:
+    # The slot frees in the step its waiter was cancelled, before that waiter's task resumes: what /metrics and the
+    # status page read from then on counts no client with nothing in flight and nothing waiting.
+    metrics = Metrics()
+    share = FairShare(capacity=1, per_client=1, max_queued_per_client=8, metrics=metrics)
+    await share.acquire("a", within_s=30, limit="queue_wait")
+    waiting = asyncio.ensure_future(share.acquire("b", within_s=30, limit="queue_wait"))
+    await eventually(lambda: share.queued == 1, what="b waits its turn")
+    waiting.cancel()
+    share.release("a")
+    assert share.active_clients == 0
+    assert metrics.registry.get_sample_value("mcp_sidecar_clients_active") == 0
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert (share.in_flight, share.queued, share.active_clients) == (0, 0, 0)
+
+
 async def test_a_request_that_gave_up_leaves_no_turn_behind_for_its_client() -> None:
     share = fair_share(capacity=1)
     requests = Requests(share)

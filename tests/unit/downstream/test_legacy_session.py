@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 import orjson
 
@@ -14,6 +15,7 @@ from sidecar.identity import ANONYMOUS_IDENTITY, Identity
 from sidecar.observability.metrics import Metrics
 from sidecar.protocol.frames import session_notification
 from sidecar.watch.handles import Handle
+from tests.kit import WAIT_S
 
 UPDATED = "notifications/resources/updated"
 TOOLS = "notifications/tools/list_changed"
@@ -114,9 +116,16 @@ class _Events:
         self.changed.set()
 
     async def wait_for(self, count: int) -> None:
-        while len(self.frames) < count:
-            self.changed.clear()
-            await self.changed.wait()
+        await self.until(lambda: len(self.frames) >= count)
+
+    async def until(self, predicate: Callable[[], bool]) -> None:
+        try:
+            async with asyncio.timeout(WAIT_S):
+                while not predicate():
+                    self.changed.clear()
+                    await self.changed.wait()
+        except TimeoutError:
+            raise AssertionError(f"not within {WAIT_S} s; sent {self.frames}") from None
 
 
 async def test_a_get_stream_writes_the_upstreams_frames_and_our_signals_until_the_session_ends() -> None:
@@ -135,6 +144,55 @@ async def test_a_get_stream_writes_the_upstreams_frames_and_our_signals_until_th
     await serving
     assert session.ended and upstream.empty()
     assert _sample(metrics, "mcp_sidecar_keepalives_total") == 0, "never a whole quiet interval"
+
+
+class _Upstream(asyncio.Queue[bytes]):
+    """The upstream session's frames, telling the test each time the GET stream asks for the next one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asks = 0
+        self.asked = asyncio.Event()
+
+    async def get(self) -> bytes:
+        self.asks += 1
+        self.asked.set()
+        return await super().get()  # waiting in the queue as of this step
+
+    async def until_asked(self, times: int) -> None:
+        async with asyncio.timeout(WAIT_S):
+            while self.asks < times:
+                self.asked.clear()
+                await self.asked.wait()
+
+
+FRAME = b"event: message\r\ndata: {}\r\n\r\n"
+
+
+async def test_an_upstream_frame_after_a_round_our_signal_ended_is_written() -> None:
+    # A round that ends without an upstream frame leaves its wait on the upstream's queue pending: not cancelled,
+    # it would take the next frame, which nobody then writes (the client never sees that upstream message).
+    session, _ = _session()
+    events, upstream = _Events(), _Upstream()
+    serving = asyncio.ensure_future(session.serve_get(events, upstream, keepalive_s=3_600))  # type: ignore[arg-type]
+    await upstream.until_asked(1)
+    session.signal(UPDATED, "x://a", 0.0)
+    await upstream.until_asked(2)  # the next round waits, the first round's wait gone
+    upstream.put_nowait(FRAME)
+    await events.until(lambda: FRAME in events.frames)
+    session.close("deleted")
+    await serving
+
+
+async def test_an_upstream_frame_after_a_quiet_interval_is_written() -> None:
+    session, _ = _session()
+    events, upstream = _Events(), _Upstream()
+    serving = asyncio.ensure_future(session.serve_get(events, upstream, keepalive_s=0.001))  # type: ignore[arg-type]
+    await upstream.until_asked(2)  # a quiet interval ended the first round, with both of its waits pending
+    upstream.put_nowait(FRAME)
+    await events.until(lambda: FRAME in events.frames)
+    session.close("deleted")
+    await serving
 
 
 async def test_a_get_stream_on_an_ended_session_ends_at_once() -> None:
