@@ -168,8 +168,23 @@ class StreamHub:
             )
             del ack
             expiry = self._expiry(stream)
+            # The stream's driver from the ack on, inline (a coroutine of its own would cost every idle stream its
+            # frame): it awaits what the stream's rules leave to wait for (a slow client, the next signal or the
+            # close) and nothing else.
             try:
-                await _serve(stream, events)
+                stream.begin(events)
+                try:
+                    while (step := stream.step()) is not Step.DONE:
+                        if step is Step.DRAIN:
+                            await events.drain()  # StreamStalled: the client stopped reading
+                            continue
+                        stream.waiter = waiter = asyncio.get_running_loop().create_future()
+                        try:
+                            await waiter
+                        finally:
+                            stream.waiter = None
+                finally:
+                    stream.finish()
             finally:
                 if expiry is not None:
                     expiry.cancel()
@@ -253,22 +268,3 @@ class StreamHub:
     async def aclose(self) -> None:
         self._unsubscribe()
         await self._keepalive.stop()
-
-
-async def _serve(stream: ListenStream, events: Connection) -> None:
-    """A stream's driver from the ack on: it awaits what the stream's rules leave to wait for (a slow client,
-    the next signal or the close) and nothing else."""
-    stream.begin(events)
-    loop = asyncio.get_running_loop()
-    try:
-        while (step := stream.step()) is not Step.DONE:
-            if step is Step.DRAIN:
-                await events.drain()  # StreamStalled: the client stopped reading
-                continue
-            stream.waiter = waiter = loop.create_future()
-            try:
-                await waiter
-            finally:
-                stream.waiter = None
-    finally:
-        stream.finish()
