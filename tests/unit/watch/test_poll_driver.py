@@ -99,7 +99,7 @@ def _watch(
 async def _poll(clock: ManualClock, *, armed: int = 1) -> None:
     """Fire the next timer and wait for the poll it starts to end: the next one armed (`armed` timers pending)."""
     clock.fire_next()
-    await eventually(lambda: clock.pending() == armed)
+    await clock.until(lambda: clock.pending() == armed, f"the poll ended with {armed} timers armed")
 
 
 @pytest.fixture

@@ -99,25 +99,29 @@ async def test_polls_never_exceed_the_budget_and_every_key_is_read_within_its_ma
     uris = _uris()
     await engine.watch(uris)
     start, first = engine.clock.now(), len(engine.reads())
-    seconds = 30.0
-    for _ in range(int(seconds * 10)):
+    for _ in range(300):
         await run_polls(engine.clock, 0.1)
     polls = engine.reads()[first:]
-    assert len(polls) <= BUDGET.max_reads_per_s * seconds + 1
-    assert len(polls) >= 0.8 * BUDGET.max_reads_per_s * seconds, "the budget is spent, not left idle"
+    # The rule, over the time that actually elapsed on the engine's clock (not a count over wall time): at most the
+    # budget's reads a second (plus the one on the window's edge), and the budget spent, not left idle: the wanted
+    # schedule asks for 1,500 a second, so all of the scheduled share (nine tenths) goes to polls, less jitter.
+    elapsed = engine.clock.now() - start
+    assert elapsed == pytest.approx(30.0)
+    assert len(polls) <= BUDGET.max_reads_per_s * elapsed + 1
+    assert len(polls) >= 0.8 * BUDGET.max_reads_per_s * elapsed, "the budget is spent, not left idle"
     assert set(polls) == set(uris), "no key went unread for its maximum interval"
-    assert engine.clock.now() - start == pytest.approx(seconds)
 
 
 @pytest.mark.invariant(21)
 async def test_hinted_polls_count_against_the_budget(engine: Engine) -> None:
     await engine.watch(_uris()[:40])
-    first = len(engine.reads())
-    seconds = 10.0
-    for _ in range(int(seconds * 20)):
+    start, first = engine.clock.now(), len(engine.reads())
+    for _ in range(200):
         engine.registry.revalidate(ANONYMOUS_IDENTITY)  # a write every 50 ms hints every public watch
         await run_polls(engine.clock, 0.05)
-    assert len(engine.reads()) - first <= BUDGET.max_reads_per_s * seconds + 1
+    elapsed = engine.clock.now() - start
+    assert elapsed == pytest.approx(10.0)
+    assert len(engine.reads()) - first <= BUDGET.max_reads_per_s * elapsed + 1
 
 
 async def _staleness(policy: str) -> tuple[list[float], float]:
