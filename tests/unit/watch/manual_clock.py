@@ -129,6 +129,11 @@ class ManualClock:
         """Until `armed` reaches `count` (told as it happens, not polled); see `until`."""
         await self.until(lambda: self.armed >= count, what or f"{count} timers armed")
 
+    def armed_by(self, owner: object) -> bool:
+        """Whether a timer whose callback is a method of `owner` (a watch's next poll) is armed."""
+        armed = [timer.callback for _, _, timer in self._timers if not timer.cancelled]
+        return any(getattr(callback, "__self__", None) is owner for callback in armed)
+
     def due(self) -> list[float]:
         """When each armed timer is due (cancelled ones left out), soonest first."""
         return sorted(when for when, _, timer in self._timers if not timer.cancelled)

@@ -185,6 +185,39 @@ async def test_a_rule_sets_a_keys_interval_and_ignores_its_noise() -> None:
         await engine.registry.aclose()
 
 
+async def test_a_watch_stopped_and_started_again_starts_from_a_fresh_change_rate() -> None:
+    """A key's change rate is learnt by its watch: once the watch ends, a watch of the same key started later is
+    allocated like a key never seen (as a brand-new key started with it is), not at the pace its old one earned."""
+    config = BUDGET.model_copy(update={"max_reads_per_s": 10, "jitter": 0.0, "linger_ms": 1000})
+    engine = Engine(config)
+    try:
+        hot, new = "bench://hot/0", "bench://new/0"
+        cold = [f"bench://cold/{n}" for n in range(38)]
+        engine.upstream.resources[hot] = contents(hot, "0")
+        engine.upstream.resources[new] = contents(new, "0")
+        await engine.watch(cold)
+        handle = await engine.registry.acquire("resource", hot, ANONYMOUS_IDENTITY)
+        assert handle is not None
+        for tick in range(200):  # 20 s of a key changing at every look: the budget goes to it
+            engine.upstream.resources[hot] = contents(hot, str(tick))
+            await run_polls(engine.clock, 0.1)
+        learnt = engine.reads().count(hot)
+        assert learnt >= 20, f"a key seen changing is polled far more often than every 10 s: {learnt} reads in 20 s"
+        (watch,) = [watch for watch in engine.registry.watches() if watch.key.uri == hot]
+        handle.release()
+        await run_polls(engine.clock, 1.0)  # its linger runs out at the end: the watch stops
+        assert watch not in engine.registry.watches()
+        await engine.clock.until(lambda: not engine.clock.armed_by(watch), "the stopped watch's next poll called off")
+        for uri in (hot, new):
+            assert await engine.registry.acquire("resource", uri, ANONYMOUS_IDENTITY) is not None
+        before = engine.reads()
+        await run_polls(engine.clock, 10.0)
+        after = engine.reads()[len(before) :]
+        assert after.count(hot) <= after.count(new) + 1, (after.count(hot), after.count(new))
+    finally:
+        await engine.registry.aclose()
+
+
 # -- the budget on its own: watches, polls and a clock set by hand in, slots and intervals out -------------------
 
 
