@@ -22,7 +22,7 @@ from sidecar.observability.metrics import Metrics
 from sidecar.upstream.base import Upstream
 from sidecar.watch.budget import ReadBudget
 from sidecar.watch.clock import Timer
-from sidecar.watch.registry import WatchRegistry
+from tests.unit.watch.bounded_registry import BoundedRegistry
 from tests.unit.watch.manual_clock import ManualClock, run_polls
 from tests.unit.watch.scripted_upstream import ScriptedUpstream, contents
 
@@ -68,7 +68,7 @@ class Engine:
         self.bus = MemoryBus()
         self.metrics = Metrics()
         fair = FairShare(capacity=64, per_client=64, max_queued_per_client=10_000, metrics=self.metrics)
-        self.registry = WatchRegistry(
+        self.registry = BoundedRegistry(
             cast(Upstream, self.upstream), config, self.bus, self.metrics, fair, clock=self.clock
         )
         self.told: list[tuple[float, ChangeEvent]] = []
