@@ -121,7 +121,8 @@ async def test_polls_at_the_timers_the_plan_arms_and_publishes_a_change_once(
     clock: ManualClock, upstream: Upstream
 ) -> None:
     events: list[ChangeEvent] = []
-    watch = _watch(clock, upstream, events)
+    metrics = Metrics()
+    watch = _watch(clock, upstream, events, metrics=metrics)
     assert clock.pending() == 1 and upstream.polled_at == []
     await _poll(clock)
     upstream.fingerprint = "fp-1"
@@ -129,6 +130,8 @@ async def test_polls_at_the_timers_the_plan_arms_and_publishes_a_change_once(
     await _poll(clock)
     assert upstream.polled_at == [2.0, 4.0, 6.0]
     assert [event.fingerprint for event in events] == ["fp-1"]
+    found = metrics.registry.get_sample_value("mcp_sidecar_poll_changes_total", {"kind": "resource"})
+    assert found == 1, "one of the three polls found a change"
     await watch.stop()
     assert clock.pending() == 0
 
