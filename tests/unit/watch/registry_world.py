@@ -152,6 +152,7 @@ def make_world(
     per_client: int = 4,
     bus: MemoryBus | None = None,
     coordinator: Coordinator | None = None,
+    replicas: Callable[[], int] = lambda: 1,
 ) -> World:
     clock = ManualClock()
     upstream = ScriptedUpstream()
@@ -159,7 +160,14 @@ def make_world(
     metrics = Metrics()
     fair_share = FairShare(capacity=capacity, per_client=per_client, max_queued_per_client=8, metrics=metrics)
     registry = BoundedRegistry(
-        cast(Upstream, upstream), config, bus, metrics, fair_share, coordinator=coordinator, clock=clock
+        cast(Upstream, upstream),
+        config,
+        bus,
+        metrics,
+        fair_share,
+        coordinator=coordinator,
+        clock=clock,
+        replicas=replicas,
     )
     world = World(clock, upstream, bus, metrics, fair_share, registry)
     bus.subscribe(world.events.append)

@@ -339,6 +339,7 @@ async def test_a_caller_cancelled_as_it_is_answered_lets_go_of_the_watch_it_was_
         await late
     assert world.watches() == {key: 0}, "the holder it was given is released with it"
     await world.step(5.0, looks=1)  # it polls while it lingers
+    assert world.upstream.reads(DOC) == ["alice"], "and not with the credential of the caller that left"
     world.clock.advance(3.0)
     await eventually(lambda: world.watches() == {}, what="and the watch lingers, then ends")
     await world.registry.aclose()
