@@ -9,6 +9,7 @@ import asyncio
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from sidecar.bus.memory import MemoryBus
 from sidecar.changes import ChangeEvent, WatchKey
 from sidecar.identity import PUBLIC
 from sidecar.observability.tracing import tracing
@@ -304,4 +305,28 @@ async def test_revalidate_hints_the_writers_own_watches_and_tells_the_other_repl
     await eventually(lambda: world.clock.armed == armed + 1, what="the hinted look ended and armed the next")
     assert world.upstream.calls == [("resources/read", DOC, "alice")]
     await eventually(lambda: coordinator.announced == [frozenset({"alice"})], what="the other replicas told who wrote")
+    await world.registry.aclose()
+
+
+async def test_a_watch_taken_up_again_while_it_lingers_has_its_linger_called_off(world: World) -> None:
+    world.upstream.resources[DOC] = contents(DOC, "v1")
+    first = await world.registry.acquire("resource", DOC, ALICE)
+    assert first is not None
+    first.release()
+    assert world.clock.due() == [5.0, 8.0], "its next poll, and the end of its linger"
+    assert await world.registry.acquire("resource", DOC, ALICE) is not None
+    assert world.clock.due() == [5.0], "its next poll only: the linger's timer is called off"
+
+
+class _DownBus(MemoryBus):
+    async def publish(self, event: ChangeEvent) -> None:
+        raise ConnectionError("the bus is down")
+
+
+async def test_a_first_look_whose_publish_fails_fails_its_callers_with_the_bus_error() -> None:
+    world = make_world(bus=_DownBus())
+    world.upstream.resources[DOC] = contents(DOC, "v1")
+    with pytest.raises(ConnectionError, match="the bus is down"):
+        await world.registry.acquire("resource", DOC, ALICE)
+    assert world.registry.waiting == 0
     await world.registry.aclose()
