@@ -20,6 +20,7 @@ from sidecar.observability.metrics import Metrics
 from sidecar.upstream.base import Upstream
 from sidecar.watch.fingerprint import fingerprint_contents
 from sidecar.watch.registry import WatchRegistry
+from tests.unit.watch.bounded_registry import BoundedRegistry
 from tests.unit.watch.manual_clock import ManualClock
 from tests.unit.watch.scripted_upstream import ScriptedUpstream, contents
 
@@ -151,14 +152,22 @@ def make_world(
     per_client: int = 4,
     bus: MemoryBus | None = None,
     coordinator: Coordinator | None = None,
+    replicas: Callable[[], int] = lambda: 1,
 ) -> World:
     clock = ManualClock()
     upstream = ScriptedUpstream()
     bus = bus or MemoryBus()
     metrics = Metrics()
     fair_share = FairShare(capacity=capacity, per_client=per_client, max_queued_per_client=8, metrics=metrics)
-    registry = WatchRegistry(
-        cast(Upstream, upstream), config, bus, metrics, fair_share, coordinator=coordinator, clock=clock
+    registry = BoundedRegistry(
+        cast(Upstream, upstream),
+        config,
+        bus,
+        metrics,
+        fair_share,
+        coordinator=coordinator,
+        clock=clock,
+        replicas=replicas,
     )
     world = World(clock, upstream, bus, metrics, fair_share, registry)
     bus.subscribe(world.events.append)

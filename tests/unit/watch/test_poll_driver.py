@@ -17,6 +17,7 @@ from sidecar.changes import ChangeEvent, LocalCoordinator, PollCoordinator, Watc
 from sidecar.config import PollingConfig
 from sidecar.observability.metrics import Metrics
 from sidecar.protocol.errors import UpstreamUnavailable
+from sidecar.watch.budget import ReadBudget
 from sidecar.watch.observe import Observation
 from sidecar.watch.poller import Watch
 from sidecar.watch.schedule import HintBudget, Schedule
@@ -71,6 +72,7 @@ def _watch(
     metrics: Metrics | None = None,
     uri: str = "x://1",
     schedule: Schedule | None = None,
+    reads: ReadBudget | None = None,
 ) -> Watch:
     tickets = Tickets()
 
@@ -91,6 +93,8 @@ def _watch(
         coordinator=coordinator or LocalCoordinator(),
         budget=budget,
         clock=clock,
+        reads=reads,
+        holders=lambda key: 1,  # one stream holds it
     )
     watch.start()
     return watch
@@ -99,7 +103,7 @@ def _watch(
 async def _poll(clock: ManualClock, *, armed: int = 1) -> None:
     """Fire the next timer and wait for the poll it starts to end: the next one armed (`armed` timers pending)."""
     clock.fire_next()
-    await eventually(lambda: clock.pending() == armed)
+    await clock.until(lambda: clock.pending() == armed, f"the poll ended with {armed} timers armed")
 
 
 @pytest.fixture
@@ -117,7 +121,8 @@ async def test_polls_at_the_timers_the_plan_arms_and_publishes_a_change_once(
     clock: ManualClock, upstream: Upstream
 ) -> None:
     events: list[ChangeEvent] = []
-    watch = _watch(clock, upstream, events)
+    metrics = Metrics()
+    watch = _watch(clock, upstream, events, metrics=metrics)
     assert clock.pending() == 1 and upstream.polled_at == []
     await _poll(clock)
     upstream.fingerprint = "fp-1"
@@ -125,6 +130,8 @@ async def test_polls_at_the_timers_the_plan_arms_and_publishes_a_change_once(
     await _poll(clock)
     assert upstream.polled_at == [2.0, 4.0, 6.0]
     assert [event.fingerprint for event in events] == ["fp-1"]
+    found = metrics.registry.get_sample_value("mcp_sidecar_poll_changes_total", {"kind": "resource"})
+    assert found == 1, "one of the three polls found a change"
     await watch.stop()
     assert clock.pending() == 0
 
@@ -145,6 +152,18 @@ async def test_a_crashing_poll_is_logged_and_backs_off_like_a_failure(
     assert {(getattr(r, "watch", None), getattr(r, "kind", None)) for r in crashes} == {
         (watch.key.short_hash, "resource")
     }
+    await watch.stop()
+
+
+async def test_a_poll_that_succeeds_after_a_failure_ends_the_backoff(clock: ManualClock, upstream: Upstream) -> None:
+    watch = _watch(clock, upstream, [])
+    upstream.failing = True
+    await _poll(clock)  # fails: the next poll a backoff later (1 s)
+    upstream.failing = False
+    for _ in range(3):
+        await _poll(clock)  # answered: from then on at its interval (2 s)
+    assert upstream.polled_at == [2.0, 3.0, 5.0, 7.0]
+    assert watch.consecutive_errors == 0
     await watch.stop()
 
 
@@ -216,3 +235,58 @@ async def test_stopping_a_watch_ends_its_poll_in_flight_and_stopping_twice_is_ha
     assert upstream.in_flight == 0
     assert clock.pending() == 0, "nothing armed after it"
     assert upstream.polled_at == [2.0]
+
+
+def _budgeted(clock: ManualClock, upstream: Upstream, metrics: Metrics) -> list[Watch]:
+    """Two watches wanting a poll every 2 s each (1 a second) under a budget of 1 read a second (0.9 of it for
+    regular polls): from the allocation a second on, each is given 1 / 0.45 s (their first polls, armed before it,
+    are due at 2 s)."""
+    config = CONFIG.model_copy(update={"max_reads_per_s": 1, "jitter": 0.0})
+    watches: list[Watch] = []
+    reads = ReadBudget(config, metrics, clock, watches=lambda: watches, may_poll=lambda key: True)
+    schedule = Schedule(config)
+    for n in range(2):
+        watches.append(_watch(clock, upstream, [], metrics=metrics, uri=f"x://{n}", schedule=schedule, reads=reads))
+    clock.advance_to(1.0)
+    assert [watch.interval_s for watch in watches] == pytest.approx([1 / 0.45] * 2)
+    return watches
+
+
+async def test_a_poll_over_the_read_budget_waits_for_its_slot_and_only_that_wait_is_counted(
+    clock: ManualClock, upstream: Upstream
+) -> None:
+    metrics = Metrics()
+    watches = _budgeted(clock, upstream, metrics)
+    armed = clock.armed
+    assert clock.advance(1.0) == 2
+    await clock.until_armed(armed + 2, "one poll ended, the other waiting for its slot")
+    assert upstream.polled_at == [2.0], "the first takes the free slot at once"
+    labels = {"limit": "read_budget"}
+    assert metrics.registry.get_sample_value("mcp_sidecar_queue_wait_seconds_count", labels) == 1
+    assert metrics.registry.get_sample_value("mcp_sidecar_queue_wait_seconds_sum", labels) == pytest.approx(1.0)
+    armed = clock.armed
+    assert clock.advance(1.0) == 1
+    await clock.until_armed(armed + 1, "the second poll, in its slot a second later")
+    assert upstream.polled_at == [2.0, 3.0]
+    for watch in watches:
+        await watch.stop()
+
+
+@pytest.mark.invariant(21)
+async def test_hinted_polls_take_their_slots_as_hinted_and_leave_the_regular_ones_less_of_the_budget(
+    clock: ManualClock, upstream: Upstream
+) -> None:
+    watches = _budgeted(clock, upstream, Metrics())
+    before = watches[0].interval_s
+    for watch in watches:
+        watch.hint()  # polled at once (min_interval_ms has passed since their first look), in slots a second apart
+    armed = clock.armed
+    assert clock.advance(0.0) == 2
+    await clock.until_armed(armed + 2, "one hinted poll ended, the other waiting for its slot")
+    armed = clock.armed
+    assert clock.advance(1.0) == 1
+    await clock.until_armed(armed + 1, "the second hinted poll ended")
+    assert len(upstream.polled_at) == 2
+    assert watches[0].interval_s > 1.1 * before, "the budget's allocation leaves room for the hinted polls"
+    for watch in watches:
+        await watch.stop()

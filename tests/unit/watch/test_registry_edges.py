@@ -9,9 +9,11 @@ import asyncio
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from sidecar.bus.memory import MemoryBus
 from sidecar.changes import ChangeEvent, WatchKey
 from sidecar.identity import PUBLIC
 from sidecar.observability.tracing import tracing
+from sidecar.protocol.errors import UpstreamUnavailable
 from sidecar.upstream.answers import UpstreamInfo
 from tests.kit import eventually
 from tests.unit.watch.registry_world import (
@@ -28,7 +30,7 @@ from tests.unit.watch.registry_world import (
     fp,
     make_world,
 )
-from tests.unit.watch.scripted_upstream import contents
+from tests.unit.watch.scripted_upstream import URL, contents
 
 
 async def test_shutdown_stops_every_watch_and_cancels_first_reads_in_flight() -> None:
@@ -56,6 +58,42 @@ async def test_shutdown_stops_every_watch_and_cancels_first_reads_in_flight() ->
     assert world.clock.advance(60.0) == 0, "nothing is left to poll after shutdown, hinted or not"
     assert world.upstream.calls == [], "nothing polls after shutdown, hinted or not"
     live.release()
+
+
+async def test_shutdown_returns_once_a_first_read_in_flight_has_ended() -> None:
+    world = make_world()
+    world.upstream.resources[DOC] = contents(DOC, "v1")
+    world.upstream.gate = asyncio.Event()
+    starting = asyncio.create_task(world.registry.acquire("resource", DOC, ALICE))
+    await eventually(lambda: world.upstream.reads(DOC) == ["alice"])
+    await world.registry.aclose()
+    assert world.registry.looks_in_flight == 0, "nothing it started is left running"
+    with pytest.raises(asyncio.CancelledError):
+        await starting
+
+
+async def test_a_caller_cancelled_in_the_step_a_shared_first_read_fails_leaves_the_others_told() -> None:
+    world = make_world()
+    world.upstream.failure = UpstreamUnavailable(URL, "connection refused")
+    leaving, staying = (asyncio.create_task(world.registry.acquire("resource", DOC, ALICE)) for _ in range(2))
+    world.upstream.before_answer = leaving.cancel  # as the read's failure comes back
+    with pytest.raises(asyncio.CancelledError):
+        await leaving
+    with pytest.raises(UpstreamUnavailable):
+        await staying
+    assert world.upstream.reads(DOC) == ["alice"], "one read for both"
+    assert world.watches() == {} and world.registry.waiting == 0
+    await world.registry.aclose()
+
+
+@pytest.mark.invariant(21)
+async def test_a_replica_spends_its_share_of_the_fleets_read_budget() -> None:
+    world = make_world(CONFIG.model_copy(update={"max_reads_per_s": 60}), replicas=lambda: 3)
+    world.upstream.resources[DOC] = contents(DOC, "v1")
+    assert await world.registry.acquire("resource", DOC, ALICE) is not None
+    await world.step(5.0, looks=1)
+    assert world.gauge("mcp_sidecar_read_budget_per_second") == 20, "60 a second over 3 live replicas"
+    await world.registry.aclose()
 
 
 async def test_shutdown_leaves_nothing_scheduled_and_finishes_what_it_had_started(
@@ -267,4 +305,28 @@ async def test_revalidate_hints_the_writers_own_watches_and_tells_the_other_repl
     await eventually(lambda: world.clock.armed == armed + 1, what="the hinted look ended and armed the next")
     assert world.upstream.calls == [("resources/read", DOC, "alice")]
     await eventually(lambda: coordinator.announced == [frozenset({"alice"})], what="the other replicas told who wrote")
+    await world.registry.aclose()
+
+
+async def test_a_watch_taken_up_again_while_it_lingers_has_its_linger_called_off(world: World) -> None:
+    world.upstream.resources[DOC] = contents(DOC, "v1")
+    first = await world.registry.acquire("resource", DOC, ALICE)
+    assert first is not None
+    first.release()
+    assert world.clock.due() == [5.0, 8.0], "its next poll, and the end of its linger"
+    assert await world.registry.acquire("resource", DOC, ALICE) is not None
+    assert world.clock.due() == [5.0], "its next poll only: the linger's timer is called off"
+
+
+class _DownBus(MemoryBus):
+    async def publish(self, event: ChangeEvent) -> None:
+        raise ConnectionError("the bus is down")
+
+
+async def test_a_first_look_whose_publish_fails_fails_its_callers_with_the_bus_error() -> None:
+    world = make_world(bus=_DownBus())
+    world.upstream.resources[DOC] = contents(DOC, "v1")
+    with pytest.raises(ConnectionError, match="the bus is down"):
+        await world.registry.acquire("resource", DOC, ALICE)
+    assert world.registry.waiting == 0
     await world.registry.aclose()

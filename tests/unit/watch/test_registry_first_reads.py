@@ -11,7 +11,7 @@ import contextlib
 import pytest
 
 from sidecar.changes import WatchKey
-from sidecar.identity import PUBLIC
+from sidecar.identity import PUBLIC, Identity
 from sidecar.protocol.errors import TooManyRequests, UpstreamUnavailable
 from sidecar.watch.fingerprint import ABSENT
 from tests.kit import eventually
@@ -254,6 +254,48 @@ async def test_first_reads_over_a_clients_rate_wait_their_turn_in_its_own_fair_s
     await world.registry.aclose()
 
 
+@pytest.mark.invariant(20)
+async def test_a_paced_first_read_of_a_new_credential_waits_in_a_lane_of_its_own_within_its_address() -> None:
+    """A credential the upstream has not accepted yet takes its turn among its address's requests in a lane of its
+    own: a newcomer behind a busy address waits one turn of each lane, not the address's whole queue, and two
+    newcomers do not share one lane."""
+    world = make_world(CONFIG.model_copy(update={"max_baselines_per_s": 1.0}), capacity=2, per_client=1)
+    address = "203.0.113.7"
+    anonymous = Identity(ANON.context, client=address)
+    dan, eve = (
+        Identity(name, (("authorization", f"Bearer {name}"),), client=address, lane=name) for name in ("dan", "eve")
+    )
+    uris = [f"file:///{n}" for n in range(3)]
+    for uri in (DOC, *uris):
+        world.upstream.resources[uri] = contents(uri, "v1")
+    assert await world.registry.acquire("resource", DOC, anonymous) is not None, "the address's rate is spent"
+    await world.fair_share.acquire(address, within_s=60, limit="test")  # one of its requests is upstream
+
+    def newcomers_read() -> list[str]:
+        reads = [context for method, _, context in world.upstream.calls if method == "resources/read"]
+        return [context for context in reads if context in ("dan", "eve")]
+
+    served: list[tuple[str, list[str]]] = []
+
+    async def forwarded(name: str) -> None:  # the address's own requests, waiting in its own lane
+        async with world.fair_share.slot(address, within_s=60, limit="test"):
+            served.append((name, newcomers_read()))
+
+    own = [asyncio.create_task(forwarded(name)) for name in ("first", "second")]
+    await eventually(lambda: world.fair_share.queued == 2)
+    firsts = [
+        asyncio.create_task(world.registry.acquire("resource", uri, who))
+        for uri, who in zip(uris, (dan, dan, eve), strict=True)
+    ]
+    await eventually(lambda: world.fair_share.queued == 5, what="the newcomers' three first reads in their turn")
+    world.fair_share.release(address)
+    await asyncio.gather(*own)
+    assert all(await asyncio.gather(*firsts))
+    assert served == [("first", []), ("second", ["dan", "eve"])], "one turn each for the address's lanes, in order"
+    assert newcomers_read() == ["dan", "eve", "dan"]
+    await world.registry.aclose()
+
+
 async def test_a_first_read_that_waits_too_long_for_its_turn_is_refused() -> None:
     config = CONFIG.model_copy(update={"max_baselines_per_s": 1.0, "baseline_wait_s": 0.001})
     world = make_world(config, capacity=2, per_client=1)
@@ -297,6 +339,7 @@ async def test_a_caller_cancelled_as_it_is_answered_lets_go_of_the_watch_it_was_
         await late
     assert world.watches() == {key: 0}, "the holder it was given is released with it"
     await world.step(5.0, looks=1)  # it polls while it lingers
+    assert world.upstream.reads(DOC) == ["alice"], "and not with the credential of the caller that left"
     world.clock.advance(3.0)
     await eventually(lambda: world.watches() == {}, what="and the watch lingers, then ends")
     await world.registry.aclose()

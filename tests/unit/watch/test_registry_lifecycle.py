@@ -308,3 +308,14 @@ async def test_starting_and_ending_a_watch_are_logged_without_its_uri(
         ("watch started", handle.key.short_hash, "resource"),
         ("watch stopped", handle.key.short_hash, "resource"),
     ]
+
+
+async def test_a_missing_resource_is_read_again_by_the_same_context_once_an_interval_has_passed(world: World) -> None:
+    moment = 1 / 1024  # exact in binary, and shorter than a thousandth of the interval
+    assert await world.registry.acquire("resource", DOC, ALICE) is None
+    world.clock.advance(5.0 - moment)  # the default interval (CONFIG: 5 s)
+    assert await world.registry.acquire("resource", DOC, ALICE) is None
+    assert world.upstream.reads(DOC) == ["alice"], "known missing: not read again so soon"
+    world.clock.advance(moment)
+    assert await world.registry.acquire("resource", DOC, ALICE) is None
+    assert world.upstream.reads(DOC) == ["alice", "alice"], "read again once the interval has passed"
