@@ -12,15 +12,15 @@ __all__ = ["Handle"]
 class Handle:
     """One stream's interest in one watch; `release` is idempotent."""
 
-    __slots__ = ("_on_release", "_released", "context", "key")
+    __slots__ = ("_on_release", "context", "key")
 
     def __init__(self, key: WatchKey, context: str, on_release: Callable[[Handle], None]) -> None:
         self.key = key
         self.context = context
-        self._on_release = on_release
-        self._released = False
+        self._on_release: Callable[[Handle], None] | None = on_release
+        """Whom to tell of the release; None once told (so a second release tells nobody)."""
 
     def release(self) -> None:
-        if not self._released:
-            self._released = True
-            self._on_release(self)
+        on_release, self._on_release = self._on_release, None
+        if on_release is not None:
+            on_release(self)
