@@ -4,9 +4,11 @@ the modules that send tokens (`pytestmark = pytest.mark.usefixtures("tokens_neve
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
+
+from tests.peers import Upstream, start_upstream
 
 TOKENS = ("tok-Alpha.9~+/=", "alice", "bob", "u1", "u2", "u3", "alice-again")
 """Every token a test here sends: none may appear in any log record."""
@@ -24,3 +26,10 @@ def tokens_never_logged(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
         text = f"{record.getMessage()} {record.exc_text or ''} {vars(record)}"
         for secret in (*TOKENS, "Bearer"):
             assert secret not in text, f"{secret!r} logged by {record.name}: {record.getMessage()}"
+
+
+@pytest.fixture
+async def cached_shop() -> AsyncIterator[Upstream]:
+    """The shop upstream with its reads and lists cached a minute: a read stays stale unless a look refreshes it."""
+    async with await start_upstream("modern", read_ttl_ms=60_000, list_ttl_ms=60_000) as up:
+        yield up

@@ -19,6 +19,7 @@ from mcp import Client
 from mcp.shared.exceptions import MCPDeprecationWarning
 
 from tests.kit import ListenStream, read_resource, rpc, serve_sidecar, text_of
+from tests.kit.polling import FAST
 from tests.peers import Upstream, start_upstream
 
 PRICE = "catalog://price"
@@ -27,8 +28,6 @@ TOOLS_CHANGED = "notifications/tools/list_changed"
 MINUTE_MS = 60_000
 SLOW = {"default_interval_ms": MINUTE_MS, "max_interval_ms": MINUTE_MS, "min_interval_ms": 50, "linger_ms": MINUTE_MS}
 """Nobody's poll comes in time: only a first look or a joiner's look can make a read fresh."""
-POLLED = {"min_interval_ms": 100, "default_interval_ms": 300, "max_interval_ms": 300}
-"""Polls every 300 ms while the upstream's ttlMs (a minute) keeps the cached answer: only a change drops it."""
 
 
 @pytest.fixture
@@ -54,7 +53,7 @@ async def _text(http: aiohttp.ClientSession, url: str, uri: str, token: str | No
 async def test_after_a_tools_list_changed_notification_the_cached_tools_list_is_gone(
     shop: Upstream, http: aiohttp.ClientSession
 ) -> None:
-    async with serve_sidecar(shop.url, polling=POLLED) as sidecar:
+    async with serve_sidecar(shop.url, polling=FAST) as sidecar:
         stream = ListenStream(http, sidecar.url, "tools", toolsListChanged=True)
         ack = await stream.open()
         try:
@@ -91,7 +90,7 @@ async def test_a_new_tools_listener_reads_the_list_its_first_look_saw_not_the_ca
 async def test_a_change_to_a_second_contexts_private_resource_drops_that_contexts_cached_answer(
     shop: Upstream, http: aiohttp.ClientSession
 ) -> None:
-    async with serve_sidecar(shop.url, polling=POLLED) as sidecar:
+    async with serve_sidecar(shop.url, polling=FAST) as sidecar:
         alice = ListenStream(http, sidecar.url, "alice", [PROFILE], authorization="Bearer alice")
         bob = ListenStream(http, sidecar.url, "bob", [PROFILE], authorization="Bearer bob")
         await alice.open()
@@ -187,7 +186,7 @@ async def test_after_a_2025_session_is_told_of_a_change_no_reader_gets_the_old_a
 ) -> None:
     updates = _Updates()
     async with (
-        serve_sidecar(shop.url, polling=POLLED) as sidecar,
+        serve_sidecar(shop.url, polling=FAST) as sidecar,
         Client(sidecar.url, mode="legacy", cache=None, message_handler=updates) as session,
     ):
         with warnings.catch_warnings():

@@ -19,6 +19,7 @@ import pytest
 from sidecar.app import HUB, METRICS
 from sidecar.observability.metrics import Metrics
 from tests.kit import SUB_ID_KEY, ListenStream, eventually, read_resource, rpc, serve_sidecar, text_of
+from tests.kit.polling import QUICK_COMMENTS, SLOW
 from tests.peers.faulty import Fault, FaultyUpstream
 
 SEEN = "x://seen"
@@ -27,10 +28,6 @@ HUNG = "x://hung"
 """Its first read never comes back (until the upstream stops)."""
 UPDATED = "notifications/resources/updated"
 POLLED = {"min_interval_ms": 50, "default_interval_ms": 100, "max_interval_ms": 100}
-SLOW = {"default_interval_ms": 60_000, "max_interval_ms": 60_000, "min_interval_ms": 50, "linger_ms": 60_000}
-"""No poll comes in time (with the upstream's minute of ttlMs) and a watch nobody holds lingers: a look comes only
-from a write's hint or a listen's own look."""
-QUICK_COMMENTS = {"keepalive_s": 0.2}
 
 
 def _changes(metrics: Metrics) -> float:

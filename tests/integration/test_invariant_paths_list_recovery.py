@@ -8,7 +8,6 @@ through its admin routes.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -16,22 +15,10 @@ import pytest
 
 from sidecar.app import METRICS, REGISTRY
 from tests.kit import SUB_ID_KEY, ListenStream, eventually, read_resource, rpc, serve_sidecar
-from tests.peers import Upstream, start_upstream
+from tests.kit.polling import FAST, QUICK_COMMENTS, SLOW
+from tests.peers import Upstream
 
 TOOLS_CHANGED = "notifications/tools/list_changed"
-SLOW = {"default_interval_ms": 60_000, "max_interval_ms": 60_000, "min_interval_ms": 50, "linger_ms": 60_000}
-"""Nobody's poll comes in time, and a list watch nobody listens to lingers: only a listen's own look can make a
-list fresh."""
-QUICK_COMMENTS = {"keepalive_s": 0.2}
-"""A quiet stream hears a comment every 0.2 s: the marks that a whole quiet interval went by."""
-FAST = {"min_interval_ms": 100, "default_interval_ms": 300, "max_interval_ms": 300}
-
-
-@pytest.fixture
-async def cached_shop() -> AsyncIterator[Upstream]:
-    """Its lists cached a minute."""
-    async with await start_upstream("modern", read_ttl_ms=60_000, list_ttl_ms=60_000) as up:
-        yield up
 
 
 def _tools_changed(listen_id: Any) -> dict[str, Any]:

@@ -19,23 +19,13 @@ from sidecar.app import METRICS
 from sidecar.config.sections import DEFAULT_JITTER
 from tests.integration.listen_watches import answered, most_in_flight
 from tests.kit import SUB_ID_KEY, ListenStream, eventually, listening, rpc, serve_sidecar
+from tests.kit.polling import FAST, SLOW
 from tests.peers import Upstream, start_upstream
-
-POLLED = {"min_interval_ms": 100, "default_interval_ms": 300, "max_interval_ms": 300}
-SLOW = {"default_interval_ms": 60_000, "max_interval_ms": 60_000, "min_interval_ms": 50, "linger_ms": 60_000}
-"""Nobody's poll comes in time: only a joiner's look can make a read fresh."""
 
 
 @pytest.fixture
 async def shop() -> AsyncIterator[Upstream]:
     async with await start_upstream("modern", read_ttl_ms=300, list_ttl_ms=300) as up:
-        yield up
-
-
-@pytest.fixture
-async def cached_shop() -> AsyncIterator[Upstream]:
-    """Its lists cached a minute."""
-    async with await start_upstream("modern", read_ttl_ms=60_000, list_ttl_ms=60_000) as up:
         yield up
 
 
@@ -51,7 +41,7 @@ def _list_changed(kind: str, listen_id: Any) -> dict[str, Any]:
 async def test_a_list_change_is_a_bare_signal_with_the_listen_id_and_shutdown_completes_the_stream(
     shop: Upstream, http: aiohttp.ClientSession, listen_id: Any
 ) -> None:
-    async with serve_sidecar(shop.url, polling=POLLED) as sidecar:
+    async with serve_sidecar(shop.url, polling=FAST) as sidecar:
         stream = ListenStream(http, sidecar.url, listen_id, toolsListChanged=True, promptsListChanged=True)
         ack = await stream.open()
         try:
@@ -75,7 +65,7 @@ async def test_a_list_change_is_a_bare_signal_with_the_listen_id_and_shutdown_co
 async def test_a_stream_of_one_list_kind_hears_nothing_of_another_kind_or_of_resources(
     shop: Upstream, http: aiohttp.ClientSession
 ) -> None:
-    async with serve_sidecar(shop.url, polling=POLLED) as sidecar:
+    async with serve_sidecar(shop.url, polling=FAST) as sidecar:
         prompts = ListenStream(http, sidecar.url, "prompts", promptsListChanged=True)
         everything = ListenStream(
             http, sidecar.url, "all", ["catalog://price"], toolsListChanged=True, promptsListChanged=True
@@ -124,7 +114,7 @@ async def test_joining_a_live_tools_list_watch_is_a_sync_point_the_next_list_rea
 async def test_polls_that_see_a_lists_baseline_tell_nothing_and_its_first_change_is_told(
     shop: Upstream, http: aiohttp.ClientSession
 ) -> None:
-    async with serve_sidecar(shop.url, polling=POLLED) as sidecar:
+    async with serve_sidecar(shop.url, polling=FAST) as sidecar:
         polled = sidecar.app[METRICS].polls.labels("tools_list", "ok")
         stream = ListenStream(http, sidecar.url, "tools", toolsListChanged=True)
         await stream.open()
@@ -142,7 +132,7 @@ async def test_polls_that_see_a_lists_baseline_tell_nothing_and_its_first_change
 @pytest.mark.invariant(8)
 async def test_sixty_streams_of_the_tools_list_share_its_first_read_and_one_read_per_poll(shop: Upstream) -> None:
     connector = aiohttp.TCPConnector(limit=0)  # a connection per stream
-    async with serve_sidecar(shop.url, polling=POLLED) as sidecar, aiohttp.ClientSession(connector=connector) as http:
+    async with serve_sidecar(shop.url, polling=FAST) as sidecar, aiohttp.ClientSession(connector=connector) as http:
         streams = [ListenStream(http, sidecar.url, n, toolsListChanged=True) for n in range(60)]
         async with listening(*streams, at_once=True):
             # Joining cost by the upstream's own times: the first read, shared, and the joiners' sync point (16),

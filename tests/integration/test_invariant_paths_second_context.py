@@ -16,11 +16,10 @@ import aiohttp
 import pytest
 
 from tests.kit import ListenStream, headers, listen_request, read_resource, rpc, serve_sidecar, text_of
+from tests.kit.polling import SLOW
 from tests.peers import start_upstream
 
 PRICE = "catalog://price"
-SLOW = {"default_interval_ms": 60_000, "max_interval_ms": 60_000, "min_interval_ms": 50, "linger_ms": 60_000}
-"""Nobody's poll comes in time: only a subscription's own look can make a read fresh."""
 
 pytestmark = pytest.mark.usefixtures("tokens_never_logged")  # tests/integration/conftest.py
 

@@ -13,13 +13,13 @@ import aiohttp
 import pytest
 
 from tests.kit import serve_sidecar
+from tests.kit.polling import FAST
 from tests.kit.session import sessions
 from tests.peers import Upstream, start_upstream
 
 PRICE = "catalog://price"
 ITEM = "catalog://items/1"
 """Its text names the price: it changes whenever the price does."""
-POLLED = {"min_interval_ms": 100, "default_interval_ms": 300, "max_interval_ms": 300}
 
 
 @pytest.fixture
@@ -34,7 +34,7 @@ async def test_a_session_subscribe_it_cannot_honour_is_refused_and_never_told(
 ) -> None:
     streams = {"max_uris_per_stream": 1}
     async with (
-        serve_sidecar(shop.url, polling=POLLED, streams=streams) as sidecar,
+        serve_sidecar(shop.url, polling=FAST, streams=streams) as sidecar,
         sessions(http, sidecar.url, None, None) as (limited, other),
     ):
         status, missing = await limited.call("resources/subscribe", {"uri": "catalog://nope"})
@@ -57,7 +57,7 @@ async def test_a_quiet_session_get_stream_gets_a_keepalive_comment_every_quiet_i
     shop: Upstream, http: aiohttp.ClientSession
 ) -> None:
     async with (
-        serve_sidecar(shop.url, polling=POLLED, streams={"keepalive_s": 0.2}) as sidecar,
+        serve_sidecar(shop.url, polling=FAST, streams={"keepalive_s": 0.2}) as sidecar,
         sessions(http, sidecar.url, None) as (session,),
     ):
         await session.subscribe(PRICE)  # watched, and nothing changes
@@ -74,7 +74,7 @@ async def test_bad_input_on_a_session_gets_its_error_and_status_and_another_sess
     shop: Upstream, http: aiohttp.ClientSession
 ) -> None:
     async with (
-        serve_sidecar(shop.url, polling=POLLED) as sidecar,
+        serve_sidecar(shop.url, polling=FAST) as sidecar,
         sessions(http, sidecar.url, None, None) as (bad, good),
     ):
         await good.subscribe(PRICE)

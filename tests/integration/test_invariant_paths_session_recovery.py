@@ -8,31 +8,17 @@ Raw HTTP as a 2025-11-25 client sends it (the kit's session client), the SDK sho
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import aiohttp
 import pytest
 
 from sidecar.app import METRICS, REGISTRY
 from tests.kit import eventually, read_resource, rpc, serve_sidecar, text_of
+from tests.kit.polling import FAST, QUICK_COMMENTS, SLOW
 from tests.kit.session import Session, sessions
-from tests.peers import Upstream, start_upstream
+from tests.peers import Upstream
 
 PRICE = "catalog://price"
 UPDATED = "notifications/resources/updated"
-SLOW = {"default_interval_ms": 60_000, "max_interval_ms": 60_000, "min_interval_ms": 50, "linger_ms": 60_000}
-"""Nobody's poll comes in time, and an unsubscribed watch lingers: only a subscribe's own look can make a read
-fresh."""
-QUICK_COMMENTS = {"keepalive_s": 0.2}
-"""A quiet GET stream hears a comment every 0.2 s: the marks that a whole quiet interval went by."""
-FAST = {"min_interval_ms": 100, "default_interval_ms": 300, "max_interval_ms": 300}
-
-
-@pytest.fixture
-async def cached_shop() -> AsyncIterator[Upstream]:
-    """Its reads cached a minute."""
-    async with await start_upstream("modern", read_ttl_ms=60_000, list_ttl_ms=60_000) as up:
-        yield up
 
 
 async def _quiet_interval(session: Session) -> None:

@@ -14,6 +14,7 @@ import pytest
 
 from sidecar.app import METRICS
 from tests.kit import ListenStream, eventually, read_resource, serve_sidecar, text_of
+from tests.kit.polling import FAST, SLOW
 from tests.kit.session import sessions
 from tests.peers import Upstream, start_upstream
 
@@ -22,9 +23,6 @@ PROFILE = "catalog://profile"
 STATIC = "catalog://extra/static"
 """Never changes: a session subscribed to it alone must never be told of the price."""
 UPDATED = "notifications/resources/updated"
-POLLED = {"min_interval_ms": 100, "default_interval_ms": 300, "max_interval_ms": 300}
-SLOW = {"default_interval_ms": 60_000, "max_interval_ms": 60_000, "min_interval_ms": 50, "linger_ms": 60_000}
-"""Nobody's poll comes in time: only a subscribe's own look can make a read fresh."""
 
 
 @pytest.fixture
@@ -39,7 +37,7 @@ async def shop() -> AsyncIterator[Upstream]:
 async def test_a_session_is_told_only_the_uri_and_only_of_what_it_subscribed_to(
     shop: Upstream, http: aiohttp.ClientSession
 ) -> None:
-    async with serve_sidecar(shop.url, polling=POLLED) as sidecar, sessions(http, sidecar.url, None, None) as (a, b):
+    async with serve_sidecar(shop.url, polling=FAST) as sidecar, sessions(http, sidecar.url, None, None) as (a, b):
         await a.subscribe(PRICE)
         await b.subscribe(STATIC)
         await shop.set_price(140)
@@ -58,7 +56,7 @@ async def test_a_private_change_reaches_only_the_session_of_its_own_context(
     shop: Upstream, http: aiohttp.ClientSession
 ) -> None:
     async with (
-        serve_sidecar(shop.url, polling=POLLED) as sidecar,
+        serve_sidecar(shop.url, polling=FAST) as sidecar,
         sessions(http, sidecar.url, "alice", "bob") as (alice, bob),
     ):
         await alice.subscribe(PROFILE)
@@ -76,7 +74,7 @@ async def test_a_private_change_reaches_only_the_session_of_its_own_context(
 async def test_polls_that_see_a_sessions_baseline_tell_it_nothing_and_the_first_change_is_told(
     shop: Upstream, http: aiohttp.ClientSession
 ) -> None:
-    async with serve_sidecar(shop.url, polling=POLLED) as sidecar, sessions(http, sidecar.url, None) as (session,):
+    async with serve_sidecar(shop.url, polling=FAST) as sidecar, sessions(http, sidecar.url, None) as (session,):
         polled = sidecar.app[METRICS].polls.labels("resource", "ok")
         await session.subscribe(PRICE)
         seen = polled._value.get()

@@ -25,6 +25,7 @@ import redis.asyncio as aioredis
 from sidecar.bus.layout import REPLICAS
 from tests.cluster import RedisServer, Replica, sidecar_replicas
 from tests.kit import ListenStream, Streams, eventually
+from tests.kit.polling import FAST
 from tests.peers import Upstream, start_upstream
 
 PRICE = "catalog://price"
@@ -35,7 +36,6 @@ UPDATED = "notifications/resources/updated"
 TOKEN = "s3cret-hint-token"
 TEN_MINUTES = {"default_interval_ms": 600_000, "max_interval_ms": 600_000, "min_interval_ms": 10, "linger_ms": 100}
 """Only a hint makes a watch look within a test's waits."""
-POLLED = {"min_interval_ms": 100, "default_interval_ms": 300, "max_interval_ms": 300}
 
 
 @pytest.fixture
@@ -58,7 +58,7 @@ async def test_a_private_change_heard_from_another_replica_reaches_only_its_own_
 ) -> None:
     # Bob and alice each listen on both replicas: whichever replica polls bob's profile, the other hears its change
     # over Redis, where alice's watch of the same URI (another context) is in the same bucket.
-    async with sidecar_replicas(tmp_path, shop.url, redis.url, 2, polling=POLLED) as replicas:
+    async with sidecar_replicas(tmp_path, shop.url, redis.url, 2, polling=FAST) as replicas:
         bobs = [
             ListenStream(http, r.url, f"bob-{n}", [PROFILE], authorization="Bearer bob") for n, r in enumerate(replicas)
         ]
@@ -162,7 +162,7 @@ async def test_a_change_made_while_the_upstream_was_down_is_told_on_every_replic
     # A minute of backoff after the first failed poll: the change made during the outage reaches the streams within
     # the test only through the recovery (each replica retries the upstream on its own pace, and the lease owner's
     # first answer makes its failing watch look at once), never through the backoff running out.
-    backing_off = {**POLLED, "backoff_initial_ms": 60_000, "backoff_max_ms": 60_000}
+    backing_off = {**FAST, "backoff_initial_ms": 60_000, "backoff_max_ms": 60_000}
     async with (
         await start_upstream("modern", read_ttl_ms=300) as up,
         sidecar_replicas(tmp_path, up.url, redis.url, 2, polling=backing_off) as replicas,
