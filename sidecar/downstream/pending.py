@@ -16,7 +16,7 @@ SignalKey = tuple[str, str | None]
 
 
 class _Counter(Protocol):
-    def inc(self, amount: float = 1) -> None: ...
+    def inc(self) -> None: ...  # one signal merged: prometheus_client's Counter.inc, whose amount defaults to 1
 
 
 class PendingSignals(dict[SignalKey, float]):
