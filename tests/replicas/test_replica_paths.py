@@ -148,7 +148,10 @@ async def test_two_replicas_polling_keys_of_their_own_share_sixty_reads_a_second
             # reads holds more than the budget allows.
             reads = [entry for entry in await up.log() if entry["method"] == "resources/read"][150:300]
             span_s = reads[-1]["at"] - reads[0]["at"]
-            assert len(reads) <= 60 * span_s + 2, (len(reads), span_s)
+            # Slack for each replica's bucket: a few reads of burst on top of the rate (150 reads came in 2.46 s on a
+            # loaded machine, one over a slack of 2). The fleet-wide rule broken (each replica spending all 60) gives
+            # about 120 a second: 150 reads in 1.24 s against a bound of 84.
+            assert len(reads) <= 60 * span_s + 10, (len(reads), span_s)
             shares = [(await replica.metrics()).total("mcp_sidecar_read_budget_per_second") for replica in replicas]
             assert shares == [30.0, 30.0]  # what each reports of its share agrees
         finally:
