@@ -28,7 +28,7 @@ def add_check_config_command(commands: Any) -> None:
 def check_config(args: argparse.Namespace) -> int:
     """Print the effective configuration as JSON, secrets masked; a bad key raises ConfigError."""
     config = load_config(args.file)
-    for warning in config.upstream.identity_warnings():
+    for warning in config.warnings():
         print(f"mcp-sidecar: warning: {warning}", file=sys.stderr)
     return _print(json.dumps(shown_config(config), indent=2))
 

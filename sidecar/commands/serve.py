@@ -168,7 +168,7 @@ async def _serve(config: SidecarConfig, ready: asyncio.Event | None, *, reuse_po
         reloads = [certificates.reload] + ([hint_token.reload] if hint_token is not None else [])
         with stop_signals() as stop, _reload_on_sighup(reloads):
             log_configuration(config)  # secrets masked: never a token, a header value or a password
-            for warning in config.upstream.identity_warnings():
+            for warning in config.warnings():
                 logger.warning(warning)
             logger.info(
                 "mcp-sidecar listening",

@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field, SecretStr, ValidationError, model_validator
+from pydantic import Field, PrivateAttr, SecretStr, ValidationError, model_validator
 
 from sidecar.config.base import ConfigError, Section
+from sidecar.config.contradictions import polling_contradictions
 from sidecar.config.hints import HintsConfig
 from sidecar.config.sections import (
     AdminConfig,
@@ -28,6 +29,7 @@ from sidecar.config.sections import (
     StreamsConfig,
     TracingConfig,
 )
+from sidecar.config.suggest import suggestion
 from sidecar.config.upstream import UpstreamConfig
 
 __all__ = [
@@ -67,6 +69,9 @@ class SidecarConfig(Section):
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     tracing: TracingConfig = Field(default_factory=TracingConfig)
 
+    _origins: dict[tuple[str, str], str] = PrivateAttr(default_factory=dict)
+    """(section, key) -> the environment variable that set it, so a warning names what the operator wrote."""
+
     @model_validator(mode="before")
     @classmethod
     def _upstream_section_checked(cls, data: Any) -> Any:
@@ -75,6 +80,15 @@ class SidecarConfig(Section):
         if isinstance(data, dict) and "upstream" not in data:
             return {**data, "upstream": {}}
         return data
+
+    def warnings(self) -> list[str]:
+        """What loads but deserves a word: values that contradict each other, identity headers declared otherwise."""
+        return polling_contradictions(self.polling, self._key_name) + self.upstream.identity_warnings()
+
+    def _key_name(self, dotted: str) -> str:
+        section, _, key = dotted.partition(".")
+        variable = self._origins.get((section, key))
+        return f"{dotted} (from {variable})" if variable else dotted
 
     def with_overrides(self, overrides: dict[str, dict[str, Any]]) -> SidecarConfig:
         """A copy with `{section: {key: value}}` applied and validated again (see `load_config` for the upstream)."""
@@ -162,7 +176,9 @@ def load_config(
         origins[(parts[0], parts[1])] = key
     _choose_upstream(data, {f"{section}.{key}" for section, key in origins})
     _merge(data, overrides or {})
-    return _validate(data, origins)
+    config = _validate(data, origins)
+    config._origins = origins
+    return config
 
 
 def _choose_upstream(data: dict[str, Any], named: set[str]) -> None:
@@ -183,9 +199,11 @@ def _validate(data: dict[str, Any], origins: dict[tuple[str, str], str] | None =
         for error in exc.errors():
             loc = tuple(str(part) for part in error["loc"])
             key = _dotted(error["loc"]) or "(top level)"
-            message = (
-                "unknown key" if error["type"] == "extra_forbidden" else error["msg"].removeprefix("Value error, ")
-            )
+            if error["type"] == "extra_forbidden":
+                hint = suggestion(SidecarConfig, error["loc"])
+                message = f"unknown key; {hint}" if hint else "unknown key"
+            else:
+                message = error["msg"].removeprefix("Value error, ")
             variable = (origins or {}).get((loc[0], loc[1])) if len(loc) >= 2 else None
             problems.append(f"{key}: {message}" + (f" (from {variable})" if variable else ""))
         raise ConfigError("\n".join(problems)) from exc
