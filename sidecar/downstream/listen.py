@@ -28,6 +28,7 @@ from sidecar.downstream.listen_filter import (
 )
 from sidecar.downstream.listen_stream import Connection, ListenStream, SignalSink, Step
 from sidecar.identity import Identity
+from sidecar.observability.log_budget import LogBudget
 from sidecar.observability.metrics import Metrics
 from sidecar.observability.tracing import tracing
 from sidecar.protocol.envelope import Message
@@ -71,6 +72,8 @@ class StreamHub:
         """Streams with pending signals, in the order they got them, for the next fan-out pass."""
         self._flush_scheduled = False
         self._delivered = Delivered(metrics)
+        self._ended_lines = LogBudget(clock=clock.now)
+        """One info line per ended stream, up to a few a second per reason: a reconnect wave is a count, not a flood."""
         self._keepalive = KeepAliveTicker(config.keepalive_s, lambda: self._streams, metrics.keepalives.inc)
         self._unsubscribe: Callable[[], None] = bus.subscribe(self._on_change)
         registry.on_auth_failure(self._on_auth_failure)
@@ -151,7 +154,11 @@ class StreamHub:
         self._metrics.listen_streams.inc()
         self._keepalive.start()
         try:
-            ack = await self._subscribe(stream, wanted, identity)
+            try:
+                ack = await self._subscribe(stream, wanted, identity)
+            except (UpstreamError, RpcError):
+                stream.end_reason = "refused"  # the listen is answered with the error instead of an ack
+                raise
             # A stream may live for hours: keep only what it needs. The callers' frames still hold `message` (its
             # id was taken above; nothing reads it after a listen), so its parsed body is emptied, not just dropped.
             message.raw.clear()
@@ -255,9 +262,12 @@ class StreamHub:
         stream.handles.clear()
         self._metrics.listen_streams.dec()
         self._metrics.streams_ended.labels(stream.end_reason).inc()
-        logger.debug(
-            "listen stream ended", extra={"subscription_id": stream.subscription_id, "reason": stream.end_reason}
-        )
+        held = self._ended_lines.take(stream.end_reason)
+        if held is not None:
+            extra: dict[str, object] = {"subscription_id": stream.subscription_id, "reason": stream.end_reason}
+            if held:
+                extra["not_logged_before"] = held  # streams ended for the same reason since the last such line
+            logger.info("listen stream ended", extra=extra)
 
     async def close_all(self, reason: str = "shutdown") -> None:
         """Graceful shutdown: every stream gets the complete result; callers wait for their handlers."""

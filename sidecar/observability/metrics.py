@@ -52,7 +52,7 @@ _RESTART_REASONS = ("exited", "unresponsive", "handshake_failed", "start_failed"
 _STDERR_OUTCOMES = ("logged", "dropped")
 HINT_OUTCOMES = ("accepted", "unauthorized", "bad_request", "too_large")
 """How a `POST /hints` was answered: 202, 401, 400, 413."""
-_END_REASONS = ("client", "shutdown", "auth", "max_age")
+_END_REASONS = ("client", "shutdown", "auth", "max_age", "stalled", "refused")
 # No `_created` series beside every counter and histogram: Prometheus does not use them (it infers resets), and
 # they double the series an operator scrapes and stores. Process-wide, as prometheus_client keeps the switch.
 disable_created_metrics()  # type: ignore[no-untyped-call]

@@ -254,7 +254,7 @@ async def test_a_stream_is_logged_as_it_opens_with_what_it_left_out_and_as_it_en
 ) -> None:
     hub = hubs()
     hub.world.upstream.resources[DOC] = contents(DOC, "v1")
-    caplog.set_level(logging.DEBUG, logger="sidecar.downstream")
+    caplog.set_level(logging.INFO, logger="sidecar.downstream")
     listening = hub.listen([DOC, MISSING], "l-9")
     await listening.acked()
     listening.task.cancel()
@@ -266,3 +266,44 @@ async def test_a_stream_is_logged_as_it_opens_with_what_it_left_out_and_as_it_en
     assert (left.subscription_id, left.left_out) == ("l-9", {"not_found": 1})  # type: ignore[attr-defined]
     ended = lines["listen stream ended"]
     assert (ended.subscription_id, ended.reason) == ("l-9", "client")  # type: ignore[attr-defined]
+
+
+async def test_a_listen_refused_whole_is_logged_as_ended_for_that_reason(
+    hubs: Hubs, caplog: pytest.LogCaptureFixture
+) -> None:
+    hub = hubs()
+    hub.world.upstream.failure = UpstreamHTTPError(URL, 401, "Unauthorized")
+    caplog.set_level(logging.INFO, logger="sidecar.downstream")
+    with pytest.raises(UpstreamHTTPError):
+        await hub.listen([DOC], "r-1", ALICE).ended()
+    (ended,) = [record for record in caplog.records if record.getMessage() == "listen stream ended"]
+    assert (ended.subscription_id, ended.reason) == ("r-1", "refused")  # type: ignore[attr-defined]
+    assert hub.gauge("mcp_sidecar_streams_ended_total", reason="refused") == 1
+    assert hub.gauge("mcp_sidecar_streams_ended_total", reason="client") == 0
+
+
+async def test_a_wave_of_ended_streams_logs_a_few_lines_a_second_per_reason_and_counts_the_rest(
+    hubs: Hubs, caplog: pytest.LogCaptureFixture
+) -> None:
+    hub = hubs()
+    hub.world.upstream.resources[DOC] = contents(DOC, "v1")
+    caplog.set_level(logging.INFO, logger="sidecar.downstream")
+
+    async def wave(first: int, count: int) -> None:
+        streams = [hub.listen([DOC], n) for n in range(first, first + count)]
+        for listening in streams:
+            await listening.acked()
+        for listening in streams:
+            listening.task.cancel()
+        await asyncio.gather(*(listening.task for listening in streams), return_exceptions=True)
+
+    def ended() -> list[logging.LogRecord]:
+        return [record for record in caplog.records if record.getMessage() == "listen stream ended"]
+
+    await wave(0, 30)
+    assert len(ended()) == 10, "a burst of ten lines, then the rest held back"
+    assert hub.gauge("mcp_sidecar_streams_ended_total", reason="client") == 30, "the metric counts every one"
+    hub.world.clock.advance(1.0)
+    await wave(30, 1)
+    last = ended()[-1]
+    assert len(ended()) == 11 and last.not_logged_before == 20  # type: ignore[attr-defined]
