@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import ssl
 import zlib
 from collections.abc import AsyncIterator
 from typing import Protocol, cast
@@ -18,7 +19,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from sidecar.protocol.errors import UpstreamBadResponse, UpstreamError, UpstreamTimeout, UpstreamUnavailable
 
-__all__ = ["Answer", "Connection", "Pool", "short_reason"]
+__all__ = ["Answer", "Connection", "Pool", "short_reason", "tls_reason"]
 
 _PAUSE_BYTES = 1_048_576
 """Unread body bytes at which the connection stops reading from the socket (a slow client downstream)."""
@@ -373,3 +374,16 @@ class Answer:
 def short_reason(exc: BaseException) -> str:
     text = str(exc) or type(exc).__name__
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+def tls_reason(exc: ssl.SSLError) -> str:
+    """A TLS failure whole, in OpenSSL's own short words (never cut, unlike `short_reason`: the words that say
+    which check failed come last), with where to look when the upstream's certificate is not trusted."""
+    if isinstance(exc, ssl.SSLCertVerificationError) and exc.verify_message:
+        return (
+            f"certificate verify failed: {exc.verify_message} (the upstream's certificate must chain to "
+            "upstream.tls.ca_file, or to the system's trust store when that is not set)"
+        )
+    if exc.reason:
+        return exc.reason.lower().replace("_", " ")  # WRONG_VERSION_NUMBER, TLSV1_ALERT_UNKNOWN_CA, ...
+    return str(exc) or type(exc).__name__

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from urllib.parse import unquote, urlsplit
 
 from sidecar.protocol.errors import ShuttingDown, UpstreamError, UpstreamTimeout, UpstreamUnavailable
-from sidecar.upstream.http.connection import Answer, Connection, short_reason
+from sidecar.upstream.http.connection import Answer, Connection, short_reason, tls_reason
 
 __all__ = ["Answer", "WirePool"]
 
@@ -168,7 +168,7 @@ class WirePool:
         except TimeoutError as exc:
             raise UpstreamTimeout(self.url, "no answer in time") from exc
         except ssl.SSLError as exc:
-            raise UpstreamUnavailable(self.url, f"TLS failed: {short_reason(exc)}") from exc
+            raise UpstreamUnavailable(self.url, f"TLS failed: {tls_reason(exc)}") from exc
         except OSError as exc:
             raise UpstreamUnavailable(self.url, f"cannot connect: {exc.strerror or short_reason(exc)}") from exc
         connection.attach(transport)
