@@ -6,8 +6,9 @@ import logging
 
 from aiohttp import web
 
-from sidecar.app import ADMIN, build_app
+from sidecar.app import ADMIN, HUB, build_app
 from sidecar.config import SidecarConfig
+from sidecar.demo.snippet import sdk_snippet
 from sidecar.demo.upstream import DemoUpstream
 from sidecar.protocol.constants import MODERN_VERSION
 from sidecar.serving import stop_signals
@@ -16,6 +17,9 @@ __all__ = ["run_demo"]
 
 logger = logging.getLogger(__name__)
 
+DEMO_URI = "catalog://plans/basic"
+"""The resource whose price the demo upstream changes every few seconds; every command the demo prints watches it."""
+SNIPPET_FILE = "watch.py"
 _DEMO_POLL_INTERVAL_MS = 1_000  # the demo upstream sends no ttlMs; poll every second so changes show quickly
 
 _CURL = (
@@ -23,15 +27,15 @@ _CURL = (
     "-H 'MCP-Protocol-Version: {version}' -H 'Mcp-Method: subscriptions/listen' -d '"
     '{{"jsonrpc":"2.0","id":1,"method":"subscriptions/listen","params":{{"_meta":{{'
     '"io.modelcontextprotocol/protocolVersion":"{version}","io.modelcontextprotocol/clientCapabilities":{{}}}},'
-    '"notifications":{{"resourceSubscriptions":["catalog://plans/basic"],"toolsListChanged":true}}}}}}'
+    '"notifications":{{"resourceSubscriptions":["{uri}"],"toolsListChanged":true}}}}}}'
     "'"
 )
 _CURL_READ = (
     "curl -s {url} -H 'Content-Type: application/json' -H 'Accept: application/json, text/event-stream' "
-    "-H 'MCP-Protocol-Version: {version}' -H 'Mcp-Method: resources/read' -H 'Mcp-Name: catalog://plans/basic' -d '"
+    "-H 'MCP-Protocol-Version: {version}' -H 'Mcp-Method: resources/read' -H 'Mcp-Name: {uri}' -d '"
     '{{"jsonrpc":"2.0","id":2,"method":"resources/read","params":{{"_meta":{{'
     '"io.modelcontextprotocol/protocolVersion":"{version}","io.modelcontextprotocol/clientCapabilities":{{}}}},'
-    '"uri":"catalog://plans/basic"}}}}'
+    '"uri":"{uri}"}}}}'
     "'"
 )
 
@@ -77,16 +81,20 @@ async def run_demo(config: SidecarConfig) -> int:
         for label, address in addresses:
             print(f"{label:<{width}} {address}", flush=True)
         print("\nListen for changes (the basic plan's price changes every few seconds):\n", flush=True)
-        print(_CURL.format(url=url, version=MODERN_VERSION), flush=True)
+        print(_CURL.format(url=url, version=MODERN_VERSION, uri=DEMO_URI), flush=True)
         print("\nAnd in another terminal, re-read it after each notification:\n", flush=True)
-        print(_CURL_READ.format(url=url, version=MODERN_VERSION), flush=True)
+        print(_CURL_READ.format(url=url, version=MODERN_VERSION, uri=DEMO_URI), flush=True)
+        print(f'\nOr with the official Python SDK (pip install "mcp>=2.3"), as {SNIPPET_FILE}:\n', flush=True)
+        print(sdk_snippet(url, DEMO_URI), flush=True)
         print("\nCtrl-C to stop.", flush=True)
         with stop_signals() as stop:
             await stop.wait()
+        logger.info("mcp-sidecar demo stopping", extra={"streams": app[HUB].stream_count})
     finally:
         await runner.cleanup()
         await admin_runner.cleanup()
         await upstream.aclose()
+    logger.info("mcp-sidecar demo stopped")
     return 0
 
 

@@ -3,6 +3,7 @@ texts, two sidecars on one host, and the demo's admin listener."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import re
@@ -11,6 +12,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -191,3 +193,31 @@ async def test_sigterm_sent_the_moment_it_says_it_listens_is_a_clean_shutdown(mo
         await sidecar.wait_for_line("stderr", LISTENING)
         assert await sidecar.stop(signal.SIGTERM) == 0, sidecar.output()
         assert any("shutting down" in line for line in sidecar.lines["stderr"]), sidecar.output()
+
+
+# -- the demo's own first client ---------------------------------------------------------------------------
+
+
+async def test_the_demo_prints_an_sdk_client_that_watches_its_resource_and_logs_its_stop(tmp_path: Path) -> None:
+    async with cli("demo", "--port", "0", "--admin-port", "0", env=cli_env()) as demo:
+        await demo.wait_for_line("stdout", r"^Ctrl-C to stop\.$")
+        printed = demo.lines["stdout"]
+        start = next(n for n, line in enumerate(printed) if line.startswith("Or with the official Python SDK"))
+        script = tmp_path / "watch.py"
+        script.write_text("\n".join(printed[start + 1 : printed.index("Ctrl-C to stop.")]).strip() + "\n")
+        client = await asyncio.create_subprocess_exec(
+            sys.executable, str(script), cwd=tmp_path, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+        )
+        try:
+            assert client.stdout is not None
+            async with asyncio.timeout(START_TIMEOUT_S):
+                # As printed, it watches the demo's changing resource and re-reads it after a change.
+                assert await client.stdout.readline() == b"watching ['catalog://plans/basic']\n"
+                line = (await client.stdout.readline()).decode()
+            assert re.fullmatch(r"catalog://plans/basic is now price=\d+\n", line), line
+        finally:
+            client.kill()
+            await client.wait()
+        assert await demo.stop(signal.SIGINT) == 0, demo.output()
+    stopped = [line for line in demo.lines["stderr"] if "mcp-sidecar demo stopped" in line]
+    assert stopped, demo.output()

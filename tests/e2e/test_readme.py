@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from sidecar.demo.snippet import sdk_snippet
 from tests.peers import Upstream, start_upstream
 from tests.prereqs import require_binary
 from tests.procs import REPO_ROOT, ServerProcess, child_env, free_port, http_answers
@@ -139,3 +140,19 @@ async def test_the_readme_sdk_client_rereads_after_each_update(tmp_path: Path) -
             for price in (130, 140):
                 await upstream.set_price(price)
                 await client.line(rf"^{re.escape(URI)} is now price={price}$")
+
+
+async def test_the_readme_sdk_client_says_why_a_mistyped_uri_was_left_out(tmp_path: Path) -> None:
+    # A newcomer's first mistake: the URI is not the server's. The script says why instead of waiting in silence.
+    async with _the_readme_sidecar(tmp_path) as (_, port):
+        script = tmp_path / "watch.py"
+        mistyped = readme_block("quickstart-sdk").replace(f'["{URI}"]', '["catalog://prize"]')
+        assert mistyped != readme_block("quickstart-sdk"), "the README's script lists its URIs as a list literal"
+        script.write_text(_ported(mistyped, {README_PORT: port}))
+        async with _running([sys.executable, str(script)], "the README's SDK client", tmp_path) as client:
+            await client.line(r"^watching \[\]$")
+            await client.line(r"^catalog://prize left out: Unknown resource: catalog://prize$")
+
+
+def test_the_readme_sdk_client_is_the_one_the_demo_prints() -> None:
+    assert readme_block("quickstart-sdk") == sdk_snippet(f"http://127.0.0.1:{README_PORT}/mcp", URI)
