@@ -152,9 +152,7 @@ class _Note:
 
 
 @pytest.mark.invariant(24)
-async def test_a_note_deleted_is_told_after_a_confirming_look_then_polled_quietly_and_told_again_when_it_is_back() -> (
-    None
-):
+async def test_a_deleted_note_is_told_after_a_second_look_then_polled_quietly_and_told_again_once_back() -> None:
     note = _Note()
     await note.poll()  # 2 s: v1
     note.answers(None)
