@@ -199,7 +199,8 @@ class Metrics:
         self.polls = Counter(
             "mcp_sidecar_polls",
             "Polls that reached the upstream (a watch's read, on its timer or at once after a write), "
-            "by kind and outcome",
+            "by kind and outcome (ok; error: the upstream failed; error_state: it answered the read with a "
+            "JSON-RPC error, which is the resource's state)",
             ["kind", "outcome"],
             registry=r,
         )

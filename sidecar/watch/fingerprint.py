@@ -8,10 +8,13 @@ from typing import Any
 
 import orjson
 
-__all__ = ["ABSENT", "fingerprint_contents", "fingerprint_items"]
+__all__ = ["ABSENT", "fingerprint_contents", "fingerprint_error", "fingerprint_items", "is_error_state"]
 
 ABSENT = "absent"
 """The fingerprint of a resource that answers not-found: disappearing and reappearing are changes."""
+
+_ERROR_PREFIX = "error:"
+"""Begins the fingerprint of an error state (a hex digest never holds a colon): recognisable wherever it travels."""
 
 _IGNORED_KEYS = frozenset({"_meta", "ttlMs", "cacheScope", "resultType", "nextCursor"})
 
@@ -45,3 +48,15 @@ def fingerprint_items(items: Iterable[Any]) -> str:
         digest.update(len(encoded).to_bytes(8, "big"))
         digest.update(encoded)
     return digest.hexdigest()
+
+
+def fingerprint_error(code: object, message: object) -> str:
+    """The fingerprint of a read the upstream answered with a JSON-RPC error: the resource's state is that error,
+    told apart from content and from every other error by its code and message (invariant 24)."""
+    digest = hashlib.blake2b(_canonical({"code": code, "message": message}), digest_size=16).hexdigest()
+    return _ERROR_PREFIX + digest
+
+
+def is_error_state(fingerprint: str) -> bool:
+    """Whether `fingerprint` is an error state's (`fingerprint_error`)."""
+    return fingerprint.startswith(_ERROR_PREFIX)

@@ -44,8 +44,9 @@ class Looks:
     async def look(self, kind: WatchKind, uri: str | None, identity: Identity, paced: bool) -> tuple[int, Observation]:
         """A caller's own look: in its turn, among the polls, ticketed as it starts."""
         async with self._turn(identity, paced), self.gate:
-            return await self.tickets.look(lambda: self.read(kind, uri, identity))
+            return await self.tickets.look(lambda: observe(self._upstream, kind, uri, identity, self._rules))
 
     async def read(self, kind: WatchKind, uri: str | None, identity: Identity) -> Observation:
-        """One look with `identity`'s credential (a poll's: the watch gates and tickets its own)."""
-        return await observe(self._upstream, kind, uri, identity, self._rules)
+        """A watch's poll with `identity`'s credential (the watch gates and tickets its own): a JSON-RPC error the
+        upstream answers for the resource is its state, which the watch confirms (invariant 24)."""
+        return await observe(self._upstream, kind, uri, identity, self._rules, errors_are_states=True)

@@ -1,4 +1,9 @@
-"""One look at the upstream for a watch: read a resource, or walk every page of a list, and fingerprint it."""
+"""One look at the upstream for a watch: read a resource, or walk every page of a list, and fingerprint it.
+
+What a look learns is about the resource or about the upstream (invariant 24): content, a not-found and (for a
+watch's poll) a JSON-RPC error the upstream answered are the resource's state; a transport failure, a timeout, an
+HTTP 5xx or a refusal (401/403) is a fault, raised as an UpstreamError.
+"""
 
 from __future__ import annotations
 
@@ -10,15 +15,23 @@ from sidecar.identity import Identity
 from sidecar.protocol.errors import UpstreamBadResponse, UpstreamRpcError
 from sidecar.protocol.lists import LIST_KINDS
 from sidecar.upstream.base import Upstream
-from sidecar.watch.fingerprint import ABSENT, fingerprint_contents, fingerprint_items
+from sidecar.watch.fingerprint import (
+    ABSENT,
+    fingerprint_contents,
+    fingerprint_error,
+    fingerprint_items,
+    is_error_state,
+)
 from sidecar.watch.rules import NO_RULES, Rule, Rules
 
-__all__ = ["MAX_LIST_PAGES", "Observation", "is_not_found", "observation_from_read", "observe"]
+__all__ = ["MAX_LIST_PAGES", "Observation", "error_state", "is_not_found", "observation_from_read", "observe"]
 
 MAX_LIST_PAGES = 100
 """A list longer than this many pages is treated as an upstream fault (a cursor that never ends)."""
 
 _NOT_FOUND_CODES = (-32602, -32002)
+_FAULT_STATUSES = (408, 429)
+"""Statuses below 500 whose JSON-RPC error still speaks of the upstream (too slow, too busy), not the resource."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,9 +46,22 @@ class Observation:
     def found(self) -> bool:
         return self.fingerprint != ABSENT
 
+    @property
+    def error(self) -> bool:
+        """The upstream answered the read with a JSON-RPC error: that error is the resource's state."""
+        return is_error_state(self.fingerprint)
+
 
 def is_not_found(error: UpstreamRpcError) -> bool:
     return error.code in _NOT_FOUND_CODES
+
+
+def error_state(error: UpstreamRpcError) -> Observation | None:
+    """The resource's state when a reachable upstream answered its read with `error` (not a not-found); None when
+    the error came with an HTTP 5xx, 408 or 429, which stays a fault of the upstream."""
+    if error.upstream_status >= 500 or error.upstream_status in _FAULT_STATUSES:
+        return None
+    return Observation(fingerprint_error(error.code, error.error.get("message")), None, False)
 
 
 def _ttl(result: dict[str, Any]) -> int | None:
@@ -53,18 +79,24 @@ def observation_from_read(result: dict[str, Any], rule: Rule | None = None) -> O
 
 
 async def observe(
-    upstream: Upstream, kind: WatchKind, uri: str | None, identity: Identity, rules: Rules = NO_RULES
+    upstream: Upstream,
+    kind: WatchKind,
+    uri: str | None,
+    identity: Identity,
+    rules: Rules = NO_RULES,
+    *,
+    errors_are_states: bool = False,
 ) -> Observation:
     """Look once, as `identity`; raises UpstreamError when the upstream cannot answer (a not-found resource is an
-    answer)."""
+    answer, and with `errors_are_states`, a watch's poll, so is a resource read answered with an error)."""
     try:
-        return await _observe(upstream, kind, uri, identity, rules)
+        return await _observe(upstream, kind, uri, identity, rules, errors_are_states)
     except ValueError as exc:  # an answer that cannot be fingerprinted is a bad answer for this key
         raise UpstreamBadResponse(upstream.url, str(exc)) from exc
 
 
 async def _observe(
-    upstream: Upstream, kind: WatchKind, uri: str | None, identity: Identity, rules: Rules
+    upstream: Upstream, kind: WatchKind, uri: str | None, identity: Identity, rules: Rules, errors_are_states: bool
 ) -> Observation:
     if kind == "resource":
         try:
@@ -72,6 +104,10 @@ async def _observe(
         except UpstreamRpcError as exc:
             if is_not_found(exc):
                 return Observation(ABSENT, None, False)
+            # A first read that fails still fails its caller (nothing to subscribe to yet); a watch's poll sees
+            # the resource turn into the error.
+            if errors_are_states and (state := error_state(exc)) is not None:
+                return state
             raise
         return observation_from_read(result, rules.for_uri(uri))
     items: list[Any] = []

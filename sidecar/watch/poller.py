@@ -22,6 +22,7 @@ from sidecar.protocol.errors import UpstreamError, UpstreamHTTPError
 from sidecar.watch.budget import ReadBudget
 from sidecar.watch.clock import LOOP_CLOCK, Clock, Timer
 from sidecar.watch.engine.commands import CancelTimer, SetTimer
+from sidecar.watch.engine.confirm import ErrorConfirmation, Seen, Take
 from sidecar.watch.engine.events import TimerFired
 from sidecar.watch.engine.polls import (
     Begin,
@@ -118,6 +119,8 @@ class Watch:
         self._holders = holders
         """The engine's count of the streams holding each key (the one count: see `sidecar.watch.engine`)."""
         self._latest = Latest(ticket)
+        self._confirmation = ErrorConfirmation()
+        """The error state a poll saw that a second look must confirm before anyone is told (invariant 24)."""
         self._schedule = schedule
         self._reader = reader
         self._sink = sink
@@ -136,6 +139,7 @@ class Watch:
         self._links: list[Link] = []
         """Traced writes whose hints the next poll answers (tracing on only)."""
         self._poll_ok = metrics.polls.labels(key.kind, "ok")
+        self._poll_error_state = metrics.polls.labels(key.kind, "error_state")
         self._poll_error = metrics.polls.labels(key.kind, "error")
         self._poll_duration = metrics.poll_duration.labels(key.kind)
         self._poll_changed = metrics.poll_changes.labels(key.kind)
@@ -175,9 +179,14 @@ class Watch:
         """Apply an observation that started at `ticket`; returns the change event, if it is one."""
         if not self._latest.admit(ticket):
             return None
-        self.ttl_ms = observation.ttl_ms
-        # Synchronously, before any event exists: the cache never keeps an answer this look contradicts.
+        if not observation.error:
+            self.ttl_ms = observation.ttl_ms  # an error state has no ttlMs: the key keeps its interval
+        # Synchronously, before any event exists: the cache never keeps an answer this look contradicts (an error
+        # state not confirmed yet included).
         self._observed(self.key, observation.fingerprint, ticket)
+        if self._confirmation.handle(Seen(self.fingerprint, observation.fingerprint), self._clock.now()) != [Take()]:
+            self._feed(Hint())  # the confirming look: soon, as a hinted one (after this poll, when it is one)
+            return None
         if observation.fingerprint == self.fingerprint:
             return None
         previous, self.fingerprint = self.fingerprint, observation.fingerprint
@@ -200,6 +209,7 @@ class Watch:
         """Another replica saw this change and told everyone (our streams too): take it as ours, so that our next
         poll, if we hold the lease then, does not tell it again. Events arrive in the bus's order; a local look
         newer than an event that arrives late costs at worst one repeated notification, never a lost one."""
+        self._confirmation.forget()
         if fingerprint != self.fingerprint:
             self.fingerprint = fingerprint
             self.generation += 1
@@ -316,8 +326,8 @@ class Watch:
             self._feed(Looked(started, None))
             return
         self.last_poll_at = time.time()
-        self._feed(Looked(started, True))
-        self._poll_ok.inc()
+        self._feed(Looked(started, True))  # an error state too: the upstream answered (no backoff, readiness kept)
+        (self._poll_error_state if observation.error else self._poll_ok).inc()
         event = self.offer(observation, ticket)
         if self._reads is not None:
             self._reads.polled(self.key, event is not None, started - previous)

@@ -172,6 +172,11 @@ class Upstream(OnLoopback):
         """Change the price out of band (no MCP request involved)."""
         await self._admin("POST", "set", {"price": value})
 
+    async def set_note(self, text: str | None, *, fail_reads: int = 0) -> None:
+        """Write ``catalog://note`` out of band, or delete it (None: its reads then fail with -32603); with
+        ``fail_reads`` its next reads fail that many times, as if it were gone, before it answers again."""
+        await self._admin("POST", "note", {"text": text, "fail_reads": fail_reads})
+
     async def bump_profile(self, token: str) -> str:
         """Bump the profile version of ``token`` (Authorization value without ``Bearer``)."""
         result = await self._admin("POST", "profile", {"token": token, "bump": True})

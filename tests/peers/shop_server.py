@@ -8,11 +8,13 @@ handshake era). ``legacy`` puts an ASGI guard in front that answers any non-hand
 
 Resources (all text/plain): ``catalog://price`` (public), ``catalog://items/{sku}`` (public),
 ``catalog://profile`` (private; text depends on the caller's ``Authorization``),
-``catalog://forbidden`` (every read fails with -32603), ``catalog://stamped/{name}`` (JSON whose ``generatedAt``
+``catalog://forbidden`` (every read fails with -32603), ``catalog://note`` (public; a note that can be deleted,
+and then its reads fail with -32603 as basic-memory's do), ``catalog://stamped/{name}`` (JSON whose ``generatedAt``
 differs on every read; its ``price`` is the price), plus whatever ``add_resource`` /
 ``add_template`` register. Unknown URIs get the SDK's not-found error (-32602).
 
 Admin routes on the same port, JSON in and out: ``POST /admin/set {"price": n}``,
+``POST /admin/note {"text": t | null, "fail_reads": n}`` (null deletes the note; its next n reads fail as if it were),
 ``POST /admin/profile {"token": t, "bump": true}``, ``POST /admin/add {"kind", "name"}``,
 ``GET /admin/log``, ``POST /admin/reset-log``, ``GET /admin/health``.
 
@@ -67,7 +69,7 @@ __all__ = ["ShopState", "build_app", "main"]
 logger = logging.getLogger(__name__)
 
 ANONYMOUS = "anonymous"
-PUBLIC_URI_PREFIXES = ("catalog://price", "catalog://items/", "catalog://extra/", "catalog://t/")
+PUBLIC_URI_PREFIXES = ("catalog://price", "catalog://note", "catalog://items/", "catalog://extra/", "catalog://t/")
 """``resources/read`` of these URIs is ``cacheScope: public``; every other read is private."""
 
 _authorization: contextvars.ContextVar[str | None] = contextvars.ContextVar("authorization", default=None)
@@ -80,6 +82,8 @@ class ShopState:
         self.price = 100
         self.profile_versions: dict[str, int] = {}
         self.stamps = 0
+        self.note: str | None = "note v1"
+        self.note_failures = 0
 
     def profile_text(self, token: str) -> str:
         return f"profile of {token} v{self.profile_versions.get(token, 1)}"
@@ -167,6 +171,15 @@ def build_app(
     def profile() -> str:
         return state.profile_text(_token(_authorization.get()))
 
+    @mcp.resource("catalog://note", mime_type="text/plain", description="a note that can be deleted")
+    def note() -> str:
+        if state.note_failures > 0:
+            state.note_failures -= 1
+            raise ResourceError("note deleted")
+        if state.note is None:
+            raise ResourceError("note deleted")
+        return state.note
+
     @mcp.resource("catalog://forbidden", mime_type="text/plain")
     def forbidden() -> str:
         raise ResourceError("access denied")
@@ -251,6 +264,13 @@ def build_app(
         await announce(ResourceUpdated(uri="catalog://price"))
         return JSONResponse({"price": state.price})
 
+    async def admin_note(request: Request) -> Response:
+        body = await request.json()
+        if "text" in body:
+            state.note = None if body["text"] is None else str(body["text"])
+        state.note_failures = int(body.get("fail_reads", 0))
+        return JSONResponse({"text": state.note, "fail_reads": state.note_failures})
+
     async def admin_notify(request: Request) -> Response:
         """Announce a change that did not happen (``{"uri": ...}``, or ``{"list": "tools"}``)."""
         body = await request.json()
@@ -300,6 +320,7 @@ def build_app(
         routes=[
             Route("/admin/set", admin_set, methods=["POST"]),
             Route("/admin/notify", admin_notify, methods=["POST"]),
+            Route("/admin/note", admin_note, methods=["POST"]),
             Route("/admin/profile", admin_profile, methods=["POST"]),
             Route("/admin/add", admin_add, methods=["POST"]),
             *log_routes(log, {"ok": True, "era": era}),

@@ -41,7 +41,7 @@ async def test_a_resource_the_upstream_does_not_find_is_absent_not_an_error(code
     assert not observation.found
 
 
-async def test_any_other_error_of_a_read_is_raised() -> None:
+async def test_any_other_error_of_a_first_read_is_raised() -> None:
     upstream = ScriptedUpstream()
     upstream.errors["resources/read"] = {"code": -32603, "message": "Internal error"}
     with pytest.raises(UpstreamRpcError):
@@ -50,6 +50,24 @@ async def test_any_other_error_of_a_read_is_raised() -> None:
     upstream.failure = UpstreamUnavailable(URL, "connection refused")
     with pytest.raises(UpstreamUnavailable):
         await _observe(upstream, "resource", DOC)
+
+
+async def test_an_error_a_poll_reads_is_the_resources_state_by_code_and_message() -> None:
+    upstream = ScriptedUpstream()
+
+    async def poll(error: dict[str, Any]) -> Observation:
+        upstream.errors["resources/read"] = error
+        return await observe(cast(Upstream, upstream), "resource", DOC, ALICE, errors_are_states=True)
+
+    gone = await poll({"code": -32603, "message": "note not found", "data": {"at": 1}})
+    assert gone.error and not gone.public and gone.ttl_ms is None
+    assert gone == await poll({"code": -32603, "message": "note not found", "data": {"at": 2}}), "data is not state"
+    assert gone != await poll({"code": -32603, "message": "index rebuilding"})
+    assert gone != await poll({"code": -32000, "message": "note not found"})
+    assert (await poll({"code": -32002, "message": "Resource not found"})).fingerprint == ABSENT, "not-found as ever"
+    upstream.failure = UpstreamRpcError(URL, {"code": -32603, "message": "note not found"}, http_status=503)
+    with pytest.raises(UpstreamRpcError):
+        await poll({"code": -32603, "message": "note not found"})  # with an HTTP 5xx: a fault of the upstream
 
 
 def test_is_not_found_knows_the_two_not_found_codes() -> None:
