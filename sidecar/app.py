@@ -22,6 +22,7 @@ from sidecar.downstream.shared_context import ignore_authorization
 from sidecar.fair_share import FairShare
 from sidecar.hints import HintEndpoint, HintToken
 from sidecar.identity import IdentityRule
+from sidecar.masking import remember_secrets, secrets_in
 from sidecar.observability.health import healthz, make_readyz
 from sidecar.observability.logs import INSTANCE_ID
 from sidecar.observability.metrics import Metrics
@@ -67,6 +68,7 @@ ADMIN = web.AppKey("admin", web.Application)
 def build_app(config: SidecarConfig) -> web.Application:
     """The whole sidecar as one aiohttp application (the CLI runs it; tests serve it on a free port), with its
     admin application under `ADMIN`, to be served on `config.admin`."""
+    remember_secrets(secrets_in(config))  # from here on no log line shows one, whoever writes it
     middlewares: list[Middleware] = [no_tracebacks]
     upstream: Upstream
     if config.upstream.is_stdio:

@@ -6,6 +6,7 @@ import pytest
 
 from sidecar.config import SidecarConfig
 from sidecar.config.shown import masked_url, shown_config
+from sidecar.masking import remember_secrets, scrub, secrets_in, shown_upstream
 
 
 @pytest.mark.parametrize(
@@ -19,7 +20,13 @@ from sidecar.config.shown import masked_url, shown_config
         ("unix:///run/redis.sock?db=1&password=hunter2", "unix:///run/redis.sock?db=1&password=***"),
         ("redis://db?password=hunter2", "redis://db?password=***"),
         ("https://ghp_t0ken@mcp.example/mcp", "https://***@mcp.example/mcp"),
-        ("https://user:hunter2@[::1]:8443/mcp", "https://user:***@[::1]:8443/mcp"),
+        ("https://user:hunter2@[::1]:8443/mcp", "https://***@[::1]:8443/mcp"),  # an HTTP userinfo is all credential
+        ("https://ghp_t0ken:x-oauth-basic@mcp.example/mcp", "https://***@mcp.example/mcp"),
+        ("postgresql://app:hunter2@db:5432/shop", "postgresql://app:***@db:5432/shop"),
+        (
+            "https://mcp.example/mcp?access_token=hunter2&apiKey=k&q=1",
+            "https://mcp.example/mcp?access_token=***&apiKey=***&q=1",
+        ),
         ("https://mcp.example/mcp?api_key=hunter2&region=eu#x", "https://mcp.example/mcp?api_key=***&region=eu#x"),
         ("not a url", "not a url"),
     ],
@@ -36,7 +43,62 @@ def test_shown_config_masks_header_and_env_values_and_url_passwords() -> None:
         }
     )
     shown = shown_config(config)
-    assert shown["upstream"]["url"] == "https://u:***@mcp.example/mcp"
+    assert shown["upstream"]["url"] == "https://***@mcp.example/mcp"
     assert shown["upstream"]["headers"] == {"x-api-key": "**********"}
     assert shown["bus"]["redis_url"] == "redis://db:6379/0"
     assert "hunter2" not in str(shown) and "k3y" not in str(shown)
+
+
+@pytest.mark.parametrize(
+    ("command", "shown"),
+    [
+        (
+            ["npx", "-y", "@modelcontextprotocol/server-postgres", "postgresql://app:hunter2@db/shop"],
+            "npx -y @modelcontextprotocol/server-postgres postgresql://app:***@db/shop",
+        ),
+        (
+            ["server", "--url=https://api.example/v1?api_key=hunter2&region=eu"],
+            "server '--url=https://api.example/v1?api_key=***&region=eu'",
+        ),
+        (["server", "--api-key", "hunter2", "--root", "/srv"], "server --api-key *** --root /srv"),
+        (["server", "--password=hunter2", "--key", "tls.key"], "server --password=*** --key tls.key"),
+        (["env", "GITHUB_TOKEN=hunter2", "server"], "env GITHUB_TOKEN=*** server"),
+        (["uvx", "mcp-server-sqlite", "--db-path", "/srv/test.db"], "uvx mcp-server-sqlite --db-path /srv/test.db"),
+    ],
+)
+def test_a_command_keeps_its_program_and_plain_arguments_and_masks_its_credentials(
+    command: list[str], shown: str
+) -> None:
+    assert shown_upstream("", command) == "stdio: " + shown
+    config = SidecarConfig.model_validate({"upstream": {"command": command}})
+    assert "hunter2" not in str(shown_config(config)) and "hunter2" not in config.upstream.display_url
+
+
+def test_every_credential_value_the_configuration_holds_is_scrubbed_from_any_text() -> None:
+    config = SidecarConfig.model_validate(
+        {
+            "upstream": {
+                "command": ["server", "postgresql://app:pg%2Fsecret@db/shop", "--token", "arg-token-1"],
+                "env": {"API_KEY": "env-value-1"},
+            },
+            "bus": {"backend": "redis", "redis_url": "redis://:bus-secret-1@db:6379/0"},
+        }
+    )
+    found = secrets_in(config)
+    assert {"pg%2Fsecret", "pg/secret", "arg-token-1", "env-value-1", "bus-secret-1"} <= found
+    remember_secrets(found)
+    line = 'connecting to db as app with pg/secret; {"token": "arg-token-1", "env": "env-value-1"} port 5432'
+    assert scrub(line) == 'connecting to db as app with ***; {"token": "***", "env": "***"} port 5432'
+
+
+def test_a_header_value_and_the_token_inside_it_are_both_scrubbed() -> None:
+    config = SidecarConfig.model_validate(
+        {
+            "upstream": {
+                "url": "https://mcp.example/mcp?key=q-secret-1",
+                "headers": {"authorization": "Bearer hdr-tok-1"},
+            }
+        }
+    )
+    remember_secrets(secrets_in(config))
+    assert scrub("sent Bearer hdr-tok-1, then hdr-tok-1 alone, and q-secret-1") == "sent ***, then *** alone, and ***"

@@ -24,6 +24,7 @@ from typing import Any
 
 import orjson
 
+from sidecar.masking import scrub
 from sidecar.observability.metrics import Metrics
 from sidecar.protocol.constants import META_SUBSCRIPTION_ID
 from sidecar.protocol.errors import (
@@ -351,6 +352,7 @@ class StdioChild:
             while chunk := await self._proc.stderr.read(_READ_CHUNK_BYTES):
                 for line in lines.feed(chunk):
                     text = (line.head if isinstance(line, OverlongLine) else line).decode("utf-8", "replace").rstrip()
+                    text = scrub(text)  # a child may print its own arguments: a reason built from it shows no secret
                     if not text:
                         continue
                     self._stderr_tail.append(text[:_STDERR_TAIL_LINE_CHARS])
