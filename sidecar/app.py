@@ -148,16 +148,17 @@ def build_app(config: SidecarConfig) -> web.Application:
     app.router.add_delete(path, endpoint.handle_delete)
     app.router.add_get("/.well-known/oauth-protected-resource", endpoint.handle_protected_resource_metadata)
     app.router.add_get("/.well-known/oauth-protected-resource/{path:.*}", endpoint.handle_protected_resource_metadata)
-    readyz = make_readyz(upstream, lambda: cluster.degraded if cluster else None)
+    # Anyone who can reach the MCP port may ask: ready or not, and nothing about the upstream (its address may
+    # hold what an operator did not mean to publish); the reasons are the admin listener's.
     app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/readyz", make_readyz(upstream, detail=False))
 
     # Metrics and the status page list what the sidecar watches: on a listener of their own, off the MCP port.
     admin = web.Application(middlewares=[no_tracebacks])
     admin[METRICS] = metrics
     admin[UPSTREAM] = upstream
     admin.router.add_get("/healthz", healthz)
-    admin.router.add_get("/readyz", readyz)
+    admin.router.add_get("/readyz", make_readyz(upstream, lambda: cluster.degraded if cluster else None, detail=True))
     admin.router.add_get(config.metrics.path, _metrics_handler)
     admin.router.add_get("/status", make_status(upstream, registry, hub, fair_share))
     if config.hints.token_file is not None:
