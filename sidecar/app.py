@@ -14,6 +14,7 @@ from sidecar.bus.memory import MemoryBus
 from sidecar.bus.redis import RedisBus
 from sidecar.changes import Bus
 from sidecar.config import SidecarConfig
+from sidecar.config.shown import secrets_in
 from sidecar.downstream.handler import McpEndpoint, no_tracebacks
 from sidecar.downstream.legacy import LegacySessions
 from sidecar.downstream.listen import StreamHub
@@ -22,7 +23,7 @@ from sidecar.downstream.shared_context import ignore_authorization
 from sidecar.fair_share import FairShare
 from sidecar.hints import HintEndpoint, HintToken
 from sidecar.identity import IdentityRule
-from sidecar.masking import remember_secrets, secrets_in
+from sidecar.masking import remember_secrets
 from sidecar.observability.health import healthz, make_readyz
 from sidecar.observability.logs import INSTANCE_ID
 from sidecar.observability.metrics import Metrics

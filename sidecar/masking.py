@@ -4,10 +4,12 @@ the admin listener, a log line, a span, `check-config`).
 Two halves. By shape, for text the sidecar writes itself: `masked_url` (a URL's password, an HTTP URL's whole
 userinfo, credential query parameters), `masked_command` (those inside a stdio command's arguments, and the value
 of an argument named like a credential) and `shown_upstream` (the upstream, HTTP or stdio, as every surface names
-it). By value, for text that comes from outside (a child's stderr, a library's exception): `remember_secrets` learns
-every credential value the configuration holds (header and `env` values, URL passwords and credential parameters,
-in the command too) and `scrub` replaces any of them wherever it appears; the log handler scrubs every line it
-writes, so a surface nobody thought of cannot show one either.
+it). By value, for text that comes from outside (a child's stderr, a library's exception): `secret_values` finds the
+credential values (header and `env` values, URL passwords and credential parameters, in a command too; the
+configuration's are `config.shown.secrets_in`), `remember_secrets` keeps them, and `scrub` replaces any of them
+wherever it appears; the log handler scrubs every line it writes, so a surface nobody thought of shows none either.
+
+Imports nothing of the sidecar: every part may use it.
 
 What an operator needs stays: a password-less URL whole, the host, the port, a database user's name, the program
 and every argument that is not a credential.
@@ -19,11 +21,7 @@ import json
 import re
 import shlex
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
 from urllib.parse import unquote
-
-if TYPE_CHECKING:
-    from sidecar.config import SidecarConfig
 
 __all__ = [
     "MASK",
@@ -31,7 +29,7 @@ __all__ = [
     "masked_url",
     "remember_secrets",
     "scrub",
-    "secrets_in",
+    "secret_values",
     "shown_upstream",
 ]
 
@@ -76,21 +74,22 @@ def shown_upstream(url: str, command: Sequence[str] | None) -> str:
     return masked_url(url)
 
 
-def secrets_in(config: SidecarConfig) -> set[str]:
-    """Every credential value `config` holds, as the text it may appear as (percent-decoded too)."""
+def secret_values(
+    *, urls: Iterable[str] = (), commands: Iterable[Sequence[str]] = (), values: Iterable[str] = ()
+) -> set[str]:
+    """The credentials inside `urls` and `commands` (what `masked_url` and `masked_command` mask) and the plain
+    secret `values` (header and `env` values, and the token of an `Authorization`-style `scheme TOKEN`), in every
+    form they may be written in (percent-decoded, escaped in a JSON string), for `remember_secrets`."""
     found: list[str] = []
-    upstream = config.upstream
-    for url in (upstream.url, upstream.public_url or ""):
+    for url in urls:
         _masked_url(url, found)
-    _masked_command(upstream.command or [], found)
-    for value in (*upstream.headers.values(), *upstream.env.values()):
-        text = value.get_secret_value()
+    for command in commands:
+        _masked_command(command, found)
+    for text in values:
         found.append(text)
         scheme, space, credential = text.strip().partition(" ")
         if space and scheme.isalpha():
             found.append(credential.strip())  # `Bearer TOKEN`: the token alone may appear where the header does not
-    _masked_url(config.bus.redis_url.get_secret_value(), found)
-    _masked_url(config.tracing.endpoint or "", found)
     return {variant for value in found for variant in _variants(value) if len(variant) >= MIN_SCRUBBED_CHARS}
 
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from sidecar.masking import MASK, masked_command, masked_url
+from sidecar.masking import MASK, masked_command, masked_url, secret_values
 
 if TYPE_CHECKING:
     from sidecar.config import SidecarConfig
 
-__all__ = ["MASK", "masked_url", "shown_config"]
+__all__ = ["MASK", "masked_url", "secrets_in", "shown_config"]
 
 
 def shown_config(config: SidecarConfig) -> dict[str, Any]:
@@ -30,3 +30,19 @@ def shown_config(config: SidecarConfig) -> dict[str, Any]:
     if shown["tracing"].get("endpoint"):
         shown["tracing"]["endpoint"] = masked_url(shown["tracing"]["endpoint"])
     return shown
+
+
+def secrets_in(config: SidecarConfig) -> set[str]:
+    """Every credential value `config` holds (the upstream's, the bus's, the trace exporter's), in the forms it may
+    be written in, for `sidecar.masking.remember_secrets`."""
+    upstream = config.upstream
+    return secret_values(
+        urls=(
+            upstream.url,
+            upstream.public_url or "",
+            config.bus.redis_url.get_secret_value(),
+            config.tracing.endpoint or "",
+        ),
+        commands=[upstream.command or []],
+        values=[value.get_secret_value() for value in (*upstream.headers.values(), *upstream.env.values())],
+    )

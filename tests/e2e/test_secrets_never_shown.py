@@ -170,16 +170,16 @@ async def test_no_planted_secret_shows_on_any_surface_in_any_state(tmp_path: Pat
             # A stdio child that dies at start, again and again.
             config = _stdio_config(DIES, **RESTARTS)
             shown = await sweep.check_config(tmp_path, "stdio crash loop", config)
-            assert "postgresql://app:***@db.internal:5432/shop" in shown and "--api-url" in shown, shown
+            assert "@db.internal:5432/shop" in shown and "--api-url" in shown, shown  # the secrets: swept below
             replica = Replica("stdio-crash-loop", tmp_path / "crash-loop", config, env=env)
             replicas.append(replica)
             await replica.service.start(lambda: _serving(replica))
             await eventually(lambda: _at_least(replica, 2), what="the child restarted twice")
             for sample in range(3):
                 ready = await sweep.listeners(http, replica, f"stdio crash loop, sample {sample}")
-                assert ready["status"] == "not ready" and "cannot reach postgresql://app:***@db.internal" in str(
-                    ready["reason"]
-                ), ready
+                assert ready["status"] == "not ready" and "cannot reach postgresql://app:" in str(ready["reason"]), (
+                    ready
+                )
 
             # A stdio child that serves, and a request it never answers.
             config = _stdio_config(SERVES, timeout_s=3)  # time for a loaded machine to start it
@@ -189,7 +189,7 @@ async def test_no_planted_secret_shows_on_any_surface_in_any_state(tmp_path: Pat
             await replica.start()
             ready = await sweep.listeners(http, replica, "stdio upstream up")
             assert ready["status"] == "ready" and ready["upstream"].startswith(f"stdio: {sys.executable} -c"), ready
-            assert "postgresql://app:***@db.internal:5432/shop --api-url" in ready["upstream"], ready
+            assert "@db.internal:5432/shop --api-url" in ready["upstream"], ready
 
             await eventually(lambda: len(exports) > 0, what="spans exported")
         finally:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from sidecar.config import SidecarConfig
-from sidecar.config.shown import masked_url, shown_config
-from sidecar.masking import remember_secrets, scrub, secrets_in, shown_upstream
+from sidecar.config.shown import masked_url, secrets_in, shown_config
+from sidecar.masking import remember_secrets, scrub, shown_upstream
 
 
 @pytest.mark.parametrize(
