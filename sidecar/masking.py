@@ -34,8 +34,9 @@ __all__ = [
 ]
 
 MASK = "***"
-MIN_SCRUBBED_CHARS = 4
-"""A remembered value shorter than this is masked by shape only: scrubbing `ab` from every line would mangle them."""
+MIN_SCRUBBED_CHARS = 8
+"""A remembered value shorter than this is masked by shape only: scrubbing an `env` value such as `true` or `info`
+from every line would mangle them. Tokens and generated passwords are longer."""
 
 _NETLOC_END = re.compile(r"[/?#]")
 _SECRET_PARAMETER = re.compile(r"pass|pwd|token|secret|key|auth|sig|cred|jwt", re.IGNORECASE)
@@ -112,10 +113,13 @@ def remember_secrets(values: Iterable[str]) -> None:
 
 
 def scrub(text: str) -> str:
-    """`text` with every remembered credential value in it masked."""
-    if _pattern is None:
-        return text
-    return _pattern.sub(MASK, text)
+    """`text` with the credentials of every URL in it masked (by shape, as `masked_url` does) and every remembered
+    credential value masked wherever it appears."""
+    if "://" in text:
+        text = _URL_IN_TEXT.sub(lambda match: masked_url(match.group()), text)
+    if _pattern is not None:
+        text = _pattern.sub(MASK, text)
+    return text
 
 
 # -- by shape ---------------------------------------------------------------------------------------------------------

@@ -54,7 +54,18 @@ class _JsonFormatter(logging.Formatter):
                 entry[key] = value
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
-        return scrub(json.dumps(entry, default=str))
+        return json.dumps(_scrubbed(entry), default=lambda value: scrub(str(value)))  # still one valid JSON line
+
+
+def _scrubbed(value: Any) -> Any:
+    """Every string in `value` (a record's fields, nested) scrubbed of credentials (`sidecar.masking.scrub`)."""
+    if isinstance(value, str):
+        return scrub(value)
+    if isinstance(value, dict):
+        return {key: _scrubbed(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_scrubbed(item) for item in value]
+    return value
 
 
 _BARE_VALUE = re.compile(r"[^\s\"'=]+")
