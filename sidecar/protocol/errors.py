@@ -198,9 +198,12 @@ class UpstreamError(SidecarError):
             )
         return self._error_id
 
-    def to_rpc(self) -> RpcError:
-        """What a client sees: an internal error with a fixed phrase and the error id (logged with the details)."""
-        return InternalError(self.failure, {"error_id": self.told_id()}, http_status=self.http_status)
+    def to_rpc(self, *, with_id: bool = True) -> RpcError:
+        """What a client sees: an internal error with a fixed phrase and the error id (logged with the details).
+        Without `with_id`, the phrase alone and nothing logged: for a summary that shows no data (an entry of an
+        ack's left-out list, counted in the log by reason)."""
+        data = {"error_id": self.told_id()} if with_id else None
+        return InternalError(self.failure, data, http_status=self.http_status)
 
 
 class UpstreamUnavailable(UpstreamError):
@@ -262,13 +265,13 @@ class UpstreamHTTPError(UpstreamError):
     def is_auth_failure(self) -> bool:
         return self.status in (401, 403)
 
-    def to_rpc(self) -> RpcError:
+    def to_rpc(self, *, with_id: bool = True) -> RpcError:
         if self.is_auth_failure:  # a client's own credential refused: its business, not an operator's alarm
-            data = {"error_id": self.told_id(logging.INFO)}
+            data = {"error_id": self.told_id(logging.INFO)} if with_id else None
             return InvalidRequest(
                 f"the upstream refused the request (HTTP {self.status})", data, http_status=self.status
             )
-        data = {"error_id": self.told_id()}
+        data = {"error_id": self.told_id()} if with_id else None
         return InternalError(f"the upstream answered HTTP {self.status}", data, http_status=self.http_status)
 
     @property
@@ -289,7 +292,7 @@ class UpstreamRpcError(UpstreamError):
     def is_transport_failure(self) -> bool:
         return False
 
-    def to_rpc(self) -> RpcError:
+    def to_rpc(self, *, with_id: bool = True) -> RpcError:  # passed through: the upstream's own words, no id
         code = self.code if isinstance(self.code, int) else InternalError.code
         return RpcError(
             str(self.error.get("message", "")), self.error.get("data"), http_status=self.upstream_status, code=code
