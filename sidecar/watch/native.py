@@ -130,12 +130,13 @@ class NativeNotifications:
 
     # -- called by streams ----------------------------------------------------------------------------
 
-    def hint(self, kind: WatchKind, uri: str | None, context: str) -> None:
-        """The upstream says (kind, uri) changed as `context` sees it: its own watch, and the public one."""
+    def hint(self, kind: WatchKind, uri: str | None, context: str, *, warm: bool) -> None:
+        """(kind, uri) may have changed as `context` sees it: its own watch, and the public one, look. `warm`: the
+        upstream said so (its notification), not just that it covers the key now."""
         for watched in (PUBLIC, context):
             watch = self._watch_of(WatchKey(kind, uri, watched))
             if watch is not None:
-                watch.hint()
+                watch.hint(warm=warm)
 
     def coverage_changed(self, kind: WatchKind, uri: str | None, context: str) -> None:
         for watched in (PUBLIC, context):

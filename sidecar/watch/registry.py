@@ -94,13 +94,15 @@ class WatchRegistry:
         coordinator: PollCoordinator | None = None,
         clock: Clock = LOOP_CLOCK,
         replicas: Callable[[], int] = lambda: 1,
+        hint_settle_ms: int = 0,
     ) -> None:
         self._clock = clock
         self._coordinator: PollCoordinator = coordinator or LocalCoordinator()
         self._config = config
         self._bus = bus
         self._metrics = metrics
-        self._schedule = Schedule(config)
+        self._schedule = Schedule(config, settle_ms=hint_settle_ms)
+        """Every watch's: intervals, backoff, and how long a hint keeps a watch warm (`hints.settle_ms`)."""
         self._budget = HintBudget(config.max_hinted_polls_per_s)
         self._rules = Rules(config.rules)
         self._reads = ReadBudget(

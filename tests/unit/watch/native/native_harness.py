@@ -208,10 +208,13 @@ class HeardWatch:
         self.key = key
         self.native = False
         self.hints = 0
+        self.warm_hints = 0
+        """Hints that keep the watch warm: the upstream's notifications (a newly covered key's look is not one)."""
         self._changed = changed
 
-    def hint(self) -> None:
+    def hint(self, *, warm: bool = False) -> None:
         self.hints += 1
+        self.warm_hints += warm
         self._changed()
 
     def set_native(self, native: bool) -> None:
