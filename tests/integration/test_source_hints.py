@@ -3,9 +3,10 @@
 The sidecar polls every ten minutes here, so only a hint can bring a change within the test's waits. A hint is
 never a change (invariant 22): each hinted watch looks, with its own context's credential, and only a look that
 sees different content notifies anyone. Here a hint asks for one look (`hints.settle_ms: 0`), so what each costs
-is counted; the looks a hint keeps making while the watch is warm are `test_warm_hints`'s. The upstream counts its reads, so "nothing was polled" is its word.
-The last tests run the sidecar as processes: `mcp-sidecar hint` and a token rotated by SIGHUP, and replicas on
-a real redis-server, where a hint sent to one replica is looked at by the replica that polls the key.
+is counted; the looks a hint keeps making while the watch is warm are `test_warm_hints`'s. The upstream counts
+its reads, so "nothing was polled" is its word. The last tests run the sidecar as processes: `mcp-sidecar hint`
+and a token rotated by SIGHUP, and replicas on a real redis-server, where a hint sent to one replica is looked
+at by the replica that polls the key.
 """
 
 from __future__ import annotations
@@ -284,7 +285,8 @@ async def test_a_hint_through_one_replica_is_looked_at_by_the_replica_that_polls
                 json={"uris": ["catalog://pr*"]},
                 headers={"Authorization": f"Bearer {TOKEN}"},
             ) as resp:
-                assert (resp.status, await resp.json()) == (202, {"hinted": 0, "warm_ms": 3000})  # `one` holds no watch of it
+                # `one` holds no watch of it
+                assert (resp.status, await resp.json()) == (202, {"hinted": 0, "warm_ms": 3000})
             await stream.wait_update(PRICE, WAIT_S)
             assert (await other.metrics()).total("mcp_sidecar_watches_hinted_total") == 1
             assert (await one.metrics()).total("mcp_sidecar_hints_received_total", outcome="accepted") == 1
