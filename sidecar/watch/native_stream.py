@@ -87,6 +87,11 @@ class NativeStream:
     def wanted(self) -> bool:
         return bool(self.uris or self.lists)
 
+    @property
+    def open(self) -> bool:
+        """A stream of the upstream's notifications is open now (a 2025-11-25 one hears every notification)."""
+        return self._opened_at is not None
+
     def covers(self, kind: WatchKind, uri: str | None) -> bool:
         return uri in self.covered_uris if kind == "resource" else kind in self.covered_lists
 

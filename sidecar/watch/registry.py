@@ -129,7 +129,9 @@ class WatchRegistry:
         self._auth_listeners: list[AuthFailureListener] = []
         self._tasks = TaskSet("a registry task failed", logger)
         """Spawned tasks nobody awaits (a publish, a watch's stop): shutdown waits for them."""
-        self._native = NativeNotifications(upstream, config, metrics, watch_of=self._watches.get, clock=self._clock)
+        self._native = NativeNotifications(
+            upstream, config, metrics, watch_of=self._watches.get, watches=self.watches, clock=self._clock
+        )
         upstream.on_recovered = self._upstream_recovered
         self._unsubscribe = bus.subscribe(self._on_change)
         self._hints = HintRouting(
