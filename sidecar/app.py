@@ -120,6 +120,7 @@ def build_app(config: SidecarConfig) -> web.Application:
         fair_share,
         coordinator=cluster,
         replicas=(lambda: cluster.live_replicas) if cluster is not None else lambda: 1,
+        hint_settle_ms=config.hints.settle_ms,
     )
     registry.on_observation(readthrough.observed)  # the cache drops what a watch's look contradicts
     hub = StreamHub(registry, upstream, bus, config.streams, metrics)
@@ -165,7 +166,8 @@ def build_app(config: SidecarConfig) -> web.Application:
     if config.hints.token_file is not None:
         # Only here, and only with a token: the source of truth's way to say what changed (never on the MCP port).
         token = app[HINT_TOKEN] = HintToken(config.hints.token_file)
-        admin.router.add_route("*", "/hints", HintEndpoint(token, registry.hint_source, metrics).handle)
+        hints = HintEndpoint(token, registry.hint_source, metrics, warm_ms=config.hints.settle_ms)
+        admin.router.add_route("*", "/hints", hints.handle)
     app[ADMIN] = admin
     return app
 

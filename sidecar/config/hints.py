@@ -8,7 +8,11 @@ from pydantic import Field, field_validator
 
 from sidecar.config.base import Section
 
-__all__ = ["HintsConfig", "read_token"]
+__all__ = ["DEFAULT_SETTLE_MS", "MAX_SETTLE_MS", "HintsConfig", "read_token"]
+
+DEFAULT_SETTLE_MS = 3_000
+"""A source whose reads lag its writes (one that re-indexes after a save) shows the change within about a second."""
+MAX_SETTLE_MS = 60_000
 
 
 def read_token(path: str) -> str:
@@ -32,6 +36,14 @@ class HintsConfig(Section):
         None,
         description="File holding the bearer token of POST /hints on the admin listener (read again on SIGHUP); "
         "unset: no such endpoint.",
+    )
+    settle_ms: int = Field(
+        DEFAULT_SETTLE_MS,
+        ge=0,
+        le=MAX_SETTLE_MS,
+        description="After a hint (POST /hints, a write through the sidecar, the upstream's own notification), a "
+        "watch whose look saw no change looks again 0.25, 0.5, 1, 2 s... after it, until a look sees a change or "
+        "this long has passed; 0: one look per hint.",
     )
 
     @field_validator("token_file")

@@ -38,8 +38,10 @@ def send_hint(
     context = ssl.create_default_context(cafile=ca_file) if ca_file else None
     try:
         with urllib.request.urlopen(request, timeout=_TIMEOUT_S, context=context) as answer:
-            hinted = json.loads(answer.read()).get("hinted")
-            return 0, f"hinted {hinted} watch{'' if hinted == 1 else 'es'}"
+            answered = json.loads(answer.read())
+            hinted, warm_ms = answered.get("hinted"), answered.get("warm_ms")
+            line = f"hinted {hinted} watch{'' if hinted == 1 else 'es'}"
+            return 0, line if not warm_ms else f"{line}, warm for {warm_ms / 1000:g} s"
     except urllib.error.HTTPError as refused:
         try:
             reason = json.loads(refused.read()).get("error", refused.reason)

@@ -4,8 +4,9 @@
     Authorization: Bearer <token>
     {"uris": ["catalog://price", "catalog://plans/*"], "lists": ["tools"]}
 
-Answers 202 `{"hinted": N}` (the watches of this process that match; on replicas each hears it and hints its
-own), 401 for a missing or wrong token (nothing is looked at), 400 for a body of another shape, 413 over 64 KiB.
+Answers 202 `{"hinted": N, "warm_ms": W}` (the watches of this process that match, on replicas each hears it
+and hints its own; each stays warm, looking again while it sees no change, for up to W ms), 401 for a missing
+or wrong token (nothing is looked at), 400 for a body of another shape, 413 over 64 KiB.
 Every error is a JSON object `{"error": "..."}`. A hint is never a change: each look decides for itself whether
 anyone is told.
 """
@@ -81,9 +82,10 @@ async def _body(request: web.Request) -> bytes | None:
 class HintEndpoint:
     """The handler of `/hints`; `hint` makes the watches a hint names look soon and returns how many it hinted."""
 
-    def __init__(self, token: HintToken, hint: Callable[[SourceHint], int], metrics: Metrics) -> None:
+    def __init__(self, token: HintToken, hint: Callable[[SourceHint], int], metrics: Metrics, *, warm_ms: int) -> None:
         self._token = token
         self._hint = hint
+        self._warm_ms = warm_ms
         self._outcomes = {outcome: metrics.hints_received.labels(outcome) for outcome in HINT_OUTCOMES}
 
     async def handle(self, request: web.Request) -> web.Response:
@@ -102,4 +104,4 @@ class HintEndpoint:
             self._outcomes["bad_request"].inc()
             return _error(400, str(exc))
         self._outcomes["accepted"].inc()
-        return web.json_response({"hinted": self._hint(hint)}, status=202)
+        return web.json_response({"hinted": self._hint(hint), "warm_ms": self._warm_ms}, status=202)

@@ -57,14 +57,14 @@ class HintRouting:
         for watch in self._watches():
             context = watch.key.context
             if context == PUBLIC:
-                watch.hint(everyone)
+                watch.hint(everyone, warm=True)
             elif context in contexts:
-                watch.hint(links.get(context, ()))
+                watch.hint(links.get(context, ()), warm=True)
 
     def _hint_matching(self, hint: SourceHint) -> int:
         hinted = 0
         for watch in matching(self._watches(), hint):
-            watch.hint()
+            watch.hint(warm=True)
             hinted += 1
         self._metrics.watches_hinted.inc(hinted)
         return hinted

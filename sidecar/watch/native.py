@@ -11,21 +11,30 @@ leave clients stale for the whole stretched interval). Newly covered keys are po
 stream is up (a change between their first read and the upstream's ack would otherwise wait for the
 backstop); a stream that breaks uncovers its keys, which then poll at once and at their usual interval
 until it is back (with backoff).
+
+A child process (a stdio upstream) may announce a change it never declared it would: the reference SQLite server
+sends `notifications/resources/updated` after a write without declaring `resources.subscribe`. Its one stdout
+carries such a notification whatever it declared, so the sidecar hears it there and takes it as a hint like any
+other (every context's watch of that key looks, and stays warm); it covers nothing, so the key keeps its usual
+interval. An HTTP upstream that declares nothing is not listened to: hearing it would take a stream per context
+opened on a guess.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from sidecar.changes import WatchKey, WatchKind
 from sidecar.config import PollingConfig
 from sidecar.identity import PUBLIC, Identity
 from sidecar.observability.metrics import Metrics
+from sidecar.protocol.constants import RESOURCE_UPDATED_METHOD
+from sidecar.protocol.lists import LIST_KIND_OF_NOTIFICATION
 from sidecar.tasks import TaskSet
-from sidecar.upstream.base import Upstream
+from sidecar.upstream.base import NotificationSource, Upstream
 from sidecar.watch.clock import LOOP_CLOCK, Clock
 from sidecar.watch.native_stream import FILTER_FIELDS, JsonObject, NativeStream, capability
 from sidecar.watch.poller import Watch
@@ -45,6 +54,7 @@ class NativeNotifications:
         metrics: Metrics,
         *,
         watch_of: Callable[[WatchKey], Watch | None],
+        watches: Callable[[], Iterable[Watch]] = lambda: (),
         clock: Clock = LOOP_CLOCK,
     ) -> None:
         self.upstream = upstream
@@ -57,6 +67,10 @@ class NativeNotifications:
         """Tasks of streams dropped and still closing (out of the table already)."""
         self.unsupported = False
         """The upstream refused its notification stream once: it cannot push, so no stream is opened again."""
+        self._watches = watches
+        self._stop_hearing: Callable[[], None] | None = None
+        if config.native_notifications and isinstance(upstream, NotificationSource):
+            self._stop_hearing = upstream.add_notification_listener(self._unsolicited)
 
     @property
     def capabilities(self) -> JsonObject:
@@ -130,12 +144,33 @@ class NativeNotifications:
 
     # -- called by streams ----------------------------------------------------------------------------
 
-    def hint(self, kind: WatchKind, uri: str | None, context: str) -> None:
-        """The upstream says (kind, uri) changed as `context` sees it: its own watch, and the public one."""
+    def hint(self, kind: WatchKind, uri: str | None, context: str, *, warm: bool) -> None:
+        """(kind, uri) may have changed as `context` sees it: its own watch, and the public one, look. `warm`: the
+        upstream said so (its notification), not just that it covers the key now."""
         for watched in (PUBLIC, context):
             watch = self._watch_of(WatchKey(kind, uri, watched))
             if watch is not None:
-                watch.hint()
+                watch.hint(warm=warm)
+
+    def _unsolicited(self, message: JsonObject) -> None:
+        """A notification a child process sent on its own, declared or not: a hint for every context's watch of it
+        (the one child serves them all). A 2025-11-25 stream open on it hears the same message and hints already."""
+        method = message.get("method")
+        params = message.get("params")
+        params = params if isinstance(params, dict) else {}
+        if method == RESOURCE_UPDATED_METHOD and isinstance(params.get("uri"), str):
+            kind: WatchKind = "resource"
+            uri: str | None = params["uri"]
+        elif isinstance(method, str) and method in LIST_KIND_OF_NOTIFICATION:
+            kind, uri = LIST_KIND_OF_NOTIFICATION[method], None
+        else:
+            return  # a log message, progress of nobody's request: not about a watch
+        if not self.modern and any(stream.open for stream in self._streams.values()):
+            return
+        self.received(str(method))
+        for watch in self._watches():
+            if watch.key.kind == kind and watch.key.uri == uri:
+                watch.hint(warm=True)
 
     def coverage_changed(self, kind: WatchKind, uri: str | None, context: str) -> None:
         for watched in (PUBLIC, context):
@@ -162,6 +197,8 @@ class NativeNotifications:
         self._metrics.native_streams.inc(delta)
 
     async def aclose(self) -> None:
+        if self._stop_hearing is not None:
+            self._stop_hearing()
         for stream in self._streams.values():
             if stream.task is not None:
                 self._closing.adopt(stream.task)

@@ -58,7 +58,7 @@ class StreamOwner(Protocol):
     @property
     def modern(self) -> bool: ...
 
-    def hint(self, kind: WatchKind, uri: str | None, context: str) -> None: ...
+    def hint(self, kind: WatchKind, uri: str | None, context: str, *, warm: bool) -> None: ...
 
     def coverage_changed(self, kind: WatchKind, uri: str | None, context: str) -> None: ...
 
@@ -87,6 +87,11 @@ class NativeStream:
     def wanted(self) -> bool:
         return bool(self.uris or self.lists)
 
+    @property
+    def open(self) -> bool:
+        """A stream of the upstream's notifications is open now (a 2025-11-25 one hears every notification)."""
+        return self._opened_at is not None
+
     def covers(self, kind: WatchKind, uri: str | None) -> bool:
         return uri in self.covered_uris if kind == "resource" else kind in self.covered_lists
 
@@ -99,7 +104,7 @@ class NativeStream:
             self.owner.coverage_changed(kind, uri, self.context)
         if hint_new:
             for kind, uri in after - before:
-                self.owner.hint(kind, uri, self.context)
+                self.owner.hint(kind, uri, self.context, warm=False)
 
     def dispatch(self, message: JsonObject) -> None:
         method = message.get("method")
@@ -107,10 +112,10 @@ class NativeStream:
         params = params if isinstance(params, dict) else {}
         if method == RESOURCE_UPDATED_METHOD and isinstance(params.get("uri"), str):
             self.owner.received(method)
-            self.owner.hint("resource", params["uri"], self.context)
+            self.owner.hint("resource", params["uri"], self.context, warm=True)
         elif method in _KIND_OF_METHOD:
             self.owner.received(str(method))
-            self.owner.hint(_KIND_OF_METHOD[str(method)], None, self.context)
+            self.owner.hint(_KIND_OF_METHOD[str(method)], None, self.context, warm=True)
 
     async def run(self) -> None:
         failures = 0

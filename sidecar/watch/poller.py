@@ -26,6 +26,7 @@ from sidecar.watch.engine.confirm import ErrorConfirmation, Seen, Take
 from sidecar.watch.engine.events import TimerFired
 from sidecar.watch.engine.polls import (
     Begin,
+    Changed,
     Finished,
     Hint,
     Interval,
@@ -203,6 +204,7 @@ class Watch:
                 "new": self.fingerprint[:8],
             },
         )
+        self._feed(Changed())  # a warm watch settles: what its hint announced has been seen
         return ChangeEvent(self.key, self.fingerprint, self.generation, self.last_change_at)
 
     def adopt(self, fingerprint: str) -> None:
@@ -213,14 +215,17 @@ class Watch:
         if fingerprint != self.fingerprint:
             self.fingerprint = fingerprint
             self.generation += 1
+            self._feed(Changed())
 
-    def hint(self, links: Sequence[Link] = ()) -> None:
+    def hint(self, links: Sequence[Link] = (), *, warm: bool = False) -> None:
         """Poll soon (when, the plan says: never sooner than min_interval_ms after the last poll, nor than a backoff
         allows; hints coalesce into at most one extra poll). `links`: the traced writes that asked for it, which
-        the next poll's span links to."""
+        the next poll's span links to. `warm`: a hint that something was written (a write, the upstream's or the
+        source's word), after which the watch looks again a few times while it sees no change (`hints.settle_ms`);
+        a hint of the sidecar's own (a lost cover, a lease taken) asks for one look."""
         if links and len(self._links) < MAX_LINKS:
             self._links.extend(links[: MAX_LINKS - len(self._links)])
-        self._feed(Hint())
+        self._feed(Hint(warm=warm))
 
     def tighten(self) -> None:
         """The read budget gave this key a shorter interval: its next poll comes that much after its last."""

@@ -94,13 +94,15 @@ class WatchRegistry:
         coordinator: PollCoordinator | None = None,
         clock: Clock = LOOP_CLOCK,
         replicas: Callable[[], int] = lambda: 1,
+        hint_settle_ms: int = 0,
     ) -> None:
         self._clock = clock
         self._coordinator: PollCoordinator = coordinator or LocalCoordinator()
         self._config = config
         self._bus = bus
         self._metrics = metrics
-        self._schedule = Schedule(config)
+        self._schedule = Schedule(config, settle_ms=hint_settle_ms)
+        """Every watch's: intervals, backoff, and how long a hint keeps a watch warm (`hints.settle_ms`)."""
         self._budget = HintBudget(config.max_hinted_polls_per_s)
         self._rules = Rules(config.rules)
         self._reads = ReadBudget(
@@ -127,7 +129,9 @@ class WatchRegistry:
         self._auth_listeners: list[AuthFailureListener] = []
         self._tasks = TaskSet("a registry task failed", logger)
         """Spawned tasks nobody awaits (a publish, a watch's stop): shutdown waits for them."""
-        self._native = NativeNotifications(upstream, config, metrics, watch_of=self._watches.get, clock=self._clock)
+        self._native = NativeNotifications(
+            upstream, config, metrics, watch_of=self._watches.get, watches=self.watches, clock=self._clock
+        )
         upstream.on_recovered = self._upstream_recovered
         self._unsubscribe = bus.subscribe(self._on_change)
         self._hints = HintRouting(

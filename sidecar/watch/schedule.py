@@ -2,7 +2,8 @@
 
 Target load: one read per key per interval (ttlMs clamped to [min, max], +/- jitter); while the upstream
 fails, exponential backoff from `backoff_initial_ms` to `backoff_max_ms`, so a dead upstream sees about
-one request per key per minute.
+one request per key per minute. After a hint whose look saw no change, a few more looks while the watch is
+warm (`warm_look`): a source whose reads lag its writes shows the change to one of them.
 """
 
 from __future__ import annotations
@@ -15,14 +16,19 @@ from sidecar.config import PollingConfig
 __all__ = ["HintBudget", "Schedule"]
 
 _MIN_BACKOFF_JITTER = 0.1
+_WARM_FIRST_S = 0.25
+"""The first look after a hint's own comes this long after the hint; each next one twice as long after it."""
 
 
 class Schedule:
     """Interval, jitter and backoff (spec MUST: jitter on every interval, exponential backoff on errors)."""
 
-    def __init__(self, config: PollingConfig, rand: Callable[[], float] = JITTER.random) -> None:
+    def __init__(self, config: PollingConfig, rand: Callable[[], float] = JITTER.random, *, settle_ms: int = 0) -> None:
         self._config = config
         self._rand = rand
+        self.settle_s = settle_ms / 1000
+        """How long after a hint a watch stays warm (`hints.settle_ms`); 0: a hint asks for one look."""
+        self._warm_offsets = _warm_offsets(self.settle_s)
         self._backoff = Backoff(
             config.backoff_initial_ms, config.backoff_max_ms, jitter=max(config.jitter, _MIN_BACKOFF_JITTER), rand=rand
         )
@@ -72,6 +78,27 @@ class Schedule:
 
     def backoff_s(self, consecutive_errors: int) -> float:
         return self._backoff.delay(consecutive_errors) / 1000
+
+    def warm_look(self, hinted_at: float, after: float) -> float | None:
+        """When a watch hinted at `hinted_at`, whose last look started at `after` and saw no change, wants its next
+        look: the first of 0.25, 0.5, 1, 2 s... and settle_ms after the hint that is later than that look; None once
+        none is (the watch has settled)."""
+        for offset in self._warm_offsets:
+            if hinted_at + offset > after:
+                return hinted_at + offset
+        return None
+
+
+def _warm_offsets(settle_s: float) -> tuple[float, ...]:
+    """0.25, 0.5, 1, 2 s... short of `settle_s`, then `settle_s` itself (a change up to the end is seen then)."""
+    offsets: list[float] = []
+    offset = _WARM_FIRST_S
+    while offset < settle_s:
+        offsets.append(offset)
+        offset *= 2
+    if settle_s > 0:
+        offsets.append(settle_s)
+    return tuple(offsets)
 
 
 class HintBudget:

@@ -2,9 +2,11 @@
 
 The sidecar polls every ten minutes here, so only a hint can bring a change within the test's waits. A hint is
 never a change (invariant 22): each hinted watch looks, with its own context's credential, and only a look that
-sees different content notifies anyone. The upstream counts its reads, so "nothing was polled" is its word.
-The last tests run the sidecar as processes: `mcp-sidecar hint` and a token rotated by SIGHUP, and replicas on
-a real redis-server, where a hint sent to one replica is looked at by the replica that polls the key.
+sees different content notifies anyone. Here a hint asks for one look (`hints.settle_ms: 0`), so what each costs
+is counted; the looks a hint keeps making while the watch is warm are `test_warm_hints`'s. The upstream counts
+its reads, so "nothing was polled" is its word. The last tests run the sidecar as processes: `mcp-sidecar hint`
+and a token rotated by SIGHUP, and replicas on a real redis-server, where a hint sent to one replica is looked
+at by the replica that polls the key.
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ def token_file(tmp_path: Path) -> Path:
 
 @pytest.fixture
 async def sidecar(shop: Upstream, token_file: Path) -> AsyncIterator[Sidecar]:
-    async with serve_sidecar(shop.url, polling=TEN_MINUTES, hints={"token_file": str(token_file)}) as served:
+    hints = {"token_file": str(token_file), "settle_ms": 0}
+    async with serve_sidecar(shop.url, polling=TEN_MINUTES, hints=hints) as served:
         yield served
 
 
@@ -69,7 +72,7 @@ async def test_a_change_at_the_source_reaches_a_listener_within_one_hint(
     stream = ListenStream(http, sidecar.url, "l-1", [PRICE])
     async with listening(stream):
         await shop.set_price(150)  # at the source: nothing goes through the sidecar
-        assert await _hint(http, sidecar, {"uris": [PRICE]}) == (202, {"hinted": 1})
+        assert await _hint(http, sidecar, {"uris": [PRICE]}) == (202, {"hinted": 1, "warm_ms": 0})
         frame = await stream.next(within_s=WAIT_S)
         assert frame["method"] == UPDATED and frame["params"] == {"uri": PRICE, "_meta": frame["params"]["_meta"]}
         status, message = await rpc(http, sidecar.url, "resources/read", {"uri": PRICE})
@@ -92,7 +95,7 @@ async def test_a_missing_or_wrong_token_polls_nothing(
             assert resp.status == 401 and resp.headers["WWW-Authenticate"] == "Bearer"
         assert _outcomes(sidecar, "unauthorized") == 5
         # The right token polls: a refused hint that had polled would have read before this one.
-        assert await _hint(http, sidecar, {"uris": [PRICE]}) == (202, {"hinted": 1})
+        assert await _hint(http, sidecar, {"uris": [PRICE]}) == (202, {"hinted": 1, "warm_ms": 0})
         await eventually(lambda: _reads_over(shop, PRICE, before), within_s=WAIT_S)
         assert await shop.count("resources/read", PRICE) == before + 1
 
@@ -109,7 +112,7 @@ async def test_a_glob_hints_every_watch_it_matches(
         await shop.set_price(160)  # every item's text names the price
         await shop.add("tool", "late_tool")
         status, body = await _hint(http, sidecar, {"uris": ["catalog://items/*"], "lists": ["tools"]})
-        assert (status, body) == (202, {"hinted": 3})  # two items and the tool list; not the price
+        assert (status, body) == (202, {"hinted": 3, "warm_ms": 0})  # two items and the tool list; not the price
         told = {(await stream.next(within_s=WAIT_S))["params"].get("uri", "tools") for _ in range(3)}
         assert told == {A1, B2, "tools"}
 
@@ -121,10 +124,10 @@ async def test_a_hint_for_an_unchanged_resource_notifies_nobody(
     stream = ListenStream(http, sidecar.url, "l-4", [A1, PRICE])
     async with listening(stream):
         before = await shop.count("resources/read", A1)
-        assert await _hint(http, sidecar, {"uris": [A1]}) == (202, {"hinted": 1})  # nothing changed at A1
+        assert await _hint(http, sidecar, {"uris": [A1]}) == (202, {"hinted": 1, "warm_ms": 0})  # nothing changed at A1
         await eventually(lambda: _reads_over(shop, A1, before), within_s=WAIT_S)  # the hint's look happened
         await shop.set_price(170)
-        assert await _hint(http, sidecar, {"uris": [PRICE]}) == (202, {"hinted": 1})
+        assert await _hint(http, sidecar, {"uris": [PRICE]}) == (202, {"hinted": 1, "warm_ms": 0})
         frame = await stream.next(within_s=WAIT_S)
         assert frame["params"]["uri"] == PRICE, "the false alarm never reached the client; the real change did"
 
@@ -190,7 +193,7 @@ async def test_a_burst_of_writes_costs_at_most_two_reads(shop: Upstream, http: a
     # A window longer than the burst: the first write looks at once, the others are one look at the window's end.
     # (Written one after another, each over min_interval_ms after the last: a look per write would show.)
     polling = {**TEN_MINUTES, "revalidate_debounce_ms": 3000}
-    async with serve_sidecar(shop.url, polling=polling) as sidecar:
+    async with serve_sidecar(shop.url, polling=polling, hints={"settle_ms": 0}) as sidecar:
         stream = ListenStream(http, sidecar.url, "l-5", [PRICE])
         async with listening(stream):
             before = await shop.count("resources/read", PRICE)
@@ -238,7 +241,7 @@ async def test_mcp_sidecar_hint_reaches_a_listener_and_a_token_rotated_by_sighup
         try:
             await shop.set_price(190)
             code, out, err = await _cli_hint(replica.admin_port, token_file, PRICE)
-            assert (code, out.strip(), err) == (0, "hinted 1 watch", "")
+            assert (code, out.strip(), err) == (0, "hinted 1 watch, warm for 3 s", "")
             await stream.wait_update(PRICE, WAIT_S)
 
             old = _written(tmp_path / "old-token", TOKEN)
@@ -259,7 +262,7 @@ async def test_mcp_sidecar_hint_reaches_a_listener_and_a_token_rotated_by_sighup
             mark = stream.mark()
             await shop.set_price(191)
             code, out, _ = await _cli_hint(replica.admin_port, token_file, "catalog://*")
-            assert (code, out.strip()) == (0, "hinted 1 watch")
+            assert (code, out.strip()) == (0, "hinted 1 watch, warm for 3 s")
             await stream.wait_update(PRICE, WAIT_S, since=mark)
         finally:
             await stream.aclose()
@@ -282,7 +285,8 @@ async def test_a_hint_through_one_replica_is_looked_at_by_the_replica_that_polls
                 json={"uris": ["catalog://pr*"]},
                 headers={"Authorization": f"Bearer {TOKEN}"},
             ) as resp:
-                assert (resp.status, await resp.json()) == (202, {"hinted": 0})  # `one` holds no watch of it
+                # `one` holds no watch of it
+                assert (resp.status, await resp.json()) == (202, {"hinted": 0, "warm_ms": 3000})
             await stream.wait_update(PRICE, WAIT_S)
             assert (await other.metrics()).total("mcp_sidecar_watches_hinted_total") == 1
             assert (await one.metrics()).total("mcp_sidecar_hints_received_total", outcome="accepted") == 1

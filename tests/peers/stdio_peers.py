@@ -67,10 +67,12 @@ def time2_command() -> list[str]:
     return [sys.executable, "-m", "mcp_server_time"]
 
 
-def notes_command(path: Path, read_ttl_ms: int = 1000) -> list[str]:
-    """Our SDK 2.3 stdio server whose resource `notes://current` is the file at `path`."""
+def notes_command(path: Path, read_ttl_ms: int = 1000, *, write_lag_ms: int = 0, announce: bool = False) -> list[str]:
+    """Our SDK 2.3 stdio server whose resource `notes://current` is the file at `path` (`write_lag_ms`: its
+    `write_note` shows that much later; `announce`: it then sends `resources/updated` undeclared)."""
     return [
-        sys.executable, "-m", "tests.peers.stdio_notes_server", "--file", str(path), "--read-ttl-ms", str(read_ttl_ms)
+        sys.executable, "-m", "tests.peers.stdio_notes_server", "--file", str(path), "--read-ttl-ms", str(read_ttl_ms),
+        "--write-lag-ms", str(write_lag_ms), *(["--announce"] if announce else []),
     ]  # fmt: skip
 
 

@@ -108,6 +108,16 @@ def test_a_bad_environment_override_is_named(tmp_path: Path) -> None:
     assert "MCP_SIDECAR__TIMEOUT_S" in _error(environ={"MCP_SIDECAR__TIMEOUT_S": "5"})
 
 
+def test_hints_settle_ms_is_set_by_file_or_environment_and_bounded(tmp_path: Path) -> None:
+    assert _defaults().hints.settle_ms == 3000
+    path = _write(tmp_path, UPSTREAM + "hints:\n  settle_ms: 5000\n")
+    assert load_config(path, environ={}).hints.settle_ms == 5000
+    assert load_config(path, environ={"MCP_SIDECAR__HINTS__SETTLE_MS": "0"}).hints.settle_ms == 0
+    for bad in ("-1", "60001", "soon"):
+        message = _error(_write(tmp_path, UPSTREAM), environ={"MCP_SIDECAR__HINTS__SETTLE_MS": bad})
+        assert "hints.settle_ms:" in message and "(from MCP_SIDECAR__HINTS__SETTLE_MS)" in message
+
+
 _SECRET_YAML = """
 upstream:
   url: http://127.0.0.1:9000/mcp

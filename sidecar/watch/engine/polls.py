@@ -2,12 +2,14 @@
 
 The rules of `sidecar.watch.schedule` applied over time: the next poll one interval after the last one started,
 exponential backoff while it fails, a hinted poll soon (never sooner than min_interval_ms after the last, nor
-than a backoff allows, within the budget of hinted polls), one retry per failure streak once the upstream is
-back. Like the registry's engine it never awaits and reads no clock: each event comes with the time it happened,
-and its timers are commands (`SetTimer`, `CancelTimer`) the driver (`sidecar.watch.poller.Watch`) arms, feeding
-`TimerFired` back; a fired timer asks for a `Poll`, whose look the driver reports as `Looked` and `Finished`
-(or, when the read budget has no slot free yet, as `Slotted`: a timer for the slot, and the poll then).
-Nothing happens between two of its steps, so a hint can never find the poll half-started.
+than a backoff allows, within the budget of hinted polls), then, while the hint keeps the watch warm and no look
+has seen a change, more hinted polls 0.25, 0.5, 1, 2 s... after it (the same floors and budget), one retry per
+failure streak once the upstream is back. Like the registry's engine it never awaits and reads no clock: each
+event comes with the time it happened, and its timers are commands (`SetTimer`, `CancelTimer`) the driver
+(`sidecar.watch.poller.Watch`) arms, feeding `TimerFired` back; a fired timer asks for a `Poll`, whose look the
+driver reports as `Looked` and `Finished` (or, when the read budget has no slot free yet, as `Slotted`: a timer
+for the slot, and the poll then). Nothing happens between two of its steps, so a hint can never find the poll
+half-started.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from sidecar.watch.schedule import HintBudget, Schedule
 
 __all__ = [
     "Begin",
+    "Changed",
     "Finished",
     "Hint",
     "Interval",
@@ -46,7 +49,17 @@ class Begin:
 
 @dataclass(frozen=True, slots=True)
 class Hint:
-    """Something suggests the key changed (a write, the upstream's notification, a lost cover): poll soon."""
+    """Something suggests the key changed (a write, the upstream's notification, a lost cover): poll soon. A `warm`
+    hint (a write, the upstream's notification, the source's) keeps the watch warm: its look seeing no change is
+    not the end, since a source may show a write a moment after it is made. The latest warm hint of a burst
+    restarts the schedule (its looks count from it, and it ends settle_ms after it): a burst is one schedule."""
+
+    warm: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Changed:
+    """A look at the key (a poll's, or a client's read applied to the watch) saw it change: a warm watch settles."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +98,7 @@ class Stop:
     """The watch ends: nothing is armed again."""
 
 
-PollEvent = Begin | Hint | Recover | Tighten | TimerFired | Slotted | Looked | Finished | Stop
+PollEvent = Begin | Hint | Changed | Recover | Tighten | TimerFired | Slotted | Looked | Finished | Stop
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +145,7 @@ class PollPlan:
         "_slotted",
         "_timer",
         "_timer_when",
+        "_warm_from",
         "errors",
         "last_start",
         "polling",
@@ -161,6 +175,13 @@ class PollPlan:
         self._recovery_retried = False
         self._slotted = False
         """The armed timer is the slot of the read budget a poll waits for (the poll in flight meanwhile)."""
+        self._warm_from: float | None = None
+        """When the latest warm hint came, while the watch is warm (no look since saw a change, settle_ms not past)."""
+
+    @property
+    def warm(self) -> bool:
+        """A hint keeps it looking again soon while its looks see no change."""
+        return self._warm_from is not None
 
     def handle(self, event: PollEvent, now: float) -> list[PollCommand]:
         """What `event`, which happened at `now`, asks for."""
@@ -168,8 +189,12 @@ class PollPlan:
         if isinstance(event, Begin):
             self._arm(self.last_start + self._interval(), commands)
         elif isinstance(event, Hint):
+            if event.warm and self._schedule.settle_s > 0 and not self.stopped:
+                self._warm_from = now  # a hint in a warm schedule restarts it: one schedule per burst
             if not self.errors:  # backing off: the next poll is already as early as a failing upstream should see it
                 self._poll_soon(now, commands)
+        elif isinstance(event, Changed):
+            self._warm_from = None  # seen: what the hint announced has arrived (a look armed already still runs)
         elif isinstance(event, Recover):
             # Once per failure streak: when only this key fails while other requests succeed, the upstream
             # "recovers" after every failure of it, and a retry each time would poll it every min_interval_ms.
@@ -230,6 +255,18 @@ class PollPlan:
         self._arm(self.last_start + delay, commands)
         if hinted:
             self._arm_hinted(now, self.last_start + delay, commands)
+        elif not self.errors:  # a failing upstream waits out its backoff, warm or not
+            self._arm_warm(now, self.last_start + delay, commands)
+
+    def _arm_warm(self, now: float, scheduled: float, commands: list[PollCommand]) -> None:
+        """Still warm, this look saw no change: the next look of the hint's schedule, as a hinted poll."""
+        if self._warm_from is None:
+            return
+        wanted = self._schedule.warm_look(self._warm_from, after=self.last_start)
+        if wanted is None:
+            self._warm_from = None  # settled: settle_ms passed with no change seen
+            return
+        self._arm_hinted(now, scheduled, commands, earliest=wanted)
 
     def _poll_soon(self, now: float, commands: list[PollCommand]) -> None:
         if self.stopped:
@@ -239,11 +276,16 @@ class PollPlan:
             return
         self._arm_hinted(now, self._timer_when if self._timer is not None else None, commands)
 
-    def _arm_hinted(self, now: float, scheduled: float | None, commands: list[PollCommand]) -> None:
-        # A hinted poll: not sooner than min_interval_ms after the last one, jittered (a burst of hints across
-        # many watches, or the recovery after an outage, must not fire them all in one instant), and within the
-        # upstream's budget of hinted polls. A regular poll already due sooner is left alone.
+    def _arm_hinted(
+        self, now: float, scheduled: float | None, commands: list[PollCommand], *, earliest: float | None = None
+    ) -> None:
+        # A hinted poll: not sooner than min_interval_ms after the last one (nor than `earliest`, a warm look's
+        # time), jittered (a burst of hints across many watches, or the recovery after an outage, must not fire
+        # them all in one instant), and within the upstream's budget of hinted polls. A regular poll already due
+        # sooner is left alone.
         floor = self.last_start + self._schedule.min_interval_s
+        if earliest is not None:
+            floor = max(floor, earliest)
         due = max(floor, now) + self._schedule.hint_jitter_s(now, waits=floor > now)
         if scheduled is not None and scheduled <= due:
             return

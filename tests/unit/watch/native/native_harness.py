@@ -149,6 +149,17 @@ class PushingUpstream(ScriptedUpstream):
         """URIs `resources/subscribe` refuses."""
         self.honour: Callable[[JsonObject], Any] = acknowledge_all
         """A 2026-07-28 listen's first message, from its filter (`None`: the upstream sends none)."""
+        self.listeners: list[Callable[[JsonObject], None]] = []
+        """Who hears what it sends on its own, as a stdio child's stdout carries it (a `NotificationSource`)."""
+
+    def add_notification_listener(self, listener: Callable[[JsonObject], None]) -> Callable[[], None]:
+        self.listeners.append(listener)
+        return lambda: self.listeners.remove(listener) if listener in self.listeners else None
+
+    def send(self, method: str, params: JsonObject | None = None) -> None:
+        """A notification on its own, outside any stream the sidecar opened (a stdio child's stdout)."""
+        for listener in list(self.listeners):
+            listener({"method": method, "params": params} if params is not None else {"method": method})
 
     async def call(self, method: str, params: JsonObject, identity: Identity) -> JsonObject:
         try:
@@ -208,10 +219,13 @@ class HeardWatch:
         self.key = key
         self.native = False
         self.hints = 0
+        self.warm_hints = 0
+        """Hints that keep the watch warm: the upstream's notifications (a newly covered key's look is not one)."""
         self._changed = changed
 
-    def hint(self) -> None:
+    def hint(self, *, warm: bool = False) -> None:
         self.hints += 1
+        self.warm_hints += warm
         self._changed()
 
     def set_native(self, native: bool) -> None:
@@ -322,6 +336,7 @@ def make_bench(era: str = "legacy", capabilities: JsonObject | None = None, conf
         config,
         metrics,
         watch_of=lambda key: cast(Watch, bench.watches.get(key)),
+        watches=lambda: [cast(Watch, watch) for watch in bench.watches.values()],
         clock=clock,
     )
     return bench

@@ -1,0 +1,318 @@
+"""A hint holds the watch warm: playbooks of its `PollPlan` after a warm hint (`hints.settle_ms`).
+
+A write, the upstream's notification or the source's `POST /hints` makes the watch look at once; when that look
+sees no change (a source whose reads lag its writes, one that re-indexes after a save), it looks again 0.25, 0.5,
+1 and 2 s after the hint and at settle_ms, until a look sees a change or settle_ms has passed. Each of those looks
+is a hinted poll: min_interval_ms after the last, jittered, within the budget of hinted polls, never during a
+backoff. The latest hint of a burst restarts the schedule, so a burst costs one schedule.
+
+Every poll here looks at once and is over at once; the test says which looks see a change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from sidecar.changes import ChangeEvent, LocalCoordinator, WatchKey
+from sidecar.config import PollingConfig
+from sidecar.observability.metrics import Metrics
+from sidecar.watch.budget import ReadBudget
+from sidecar.watch.engine.commands import CancelTimer, SetTimer
+from sidecar.watch.engine.events import TimerFired
+from sidecar.watch.engine.polls import (
+    Begin,
+    Changed,
+    Finished,
+    Hint,
+    Looked,
+    Poll,
+    PollCommand,
+    PollEvent,
+    PollPlan,
+    Waited,
+)
+from sidecar.watch.observe import Observation
+from sidecar.watch.poller import Watch
+from sidecar.watch.schedule import HintBudget, Schedule
+from sidecar.watch.tickets import Tickets
+from tests.unit.watch.manual_clock import ManualClock
+from tests.unit.watch.playbook import Playbook
+
+CONFIG = PollingConfig(
+    default_interval_ms=30_000,
+    min_interval_ms=250,
+    max_interval_ms=60_000,
+    jitter=0.1,
+    backoff_initial_ms=1000,
+    backoff_max_ms=8000,
+)
+INTERVAL_S = 30.0
+SETTLE_MS = 3000
+SPREAD_S = 0.5 * CONFIG.jitter * CONFIG.min_interval_ms / 1000
+"""rand() = 0.5: a hinted poll that waits (out min_interval_ms, or for its warm time) is jittered by this much."""
+HINT_AT = 10.0
+
+Book = Playbook[PollEvent, PollCommand]
+
+
+class Run:
+    """One watch's plan, driven: the timers it arms fire in order, and each poll they ask for looks at once."""
+
+    def __init__(
+        self,
+        *,
+        settle_ms: int = SETTLE_MS,
+        config: PollingConfig = CONFIG,
+        budget: HintBudget | None = None,
+    ) -> None:
+        schedule = Schedule(config, rand=lambda: 0.5, settle_ms=settle_ms)
+        self.play = Book(PollPlan(schedule, interval=lambda: INTERVAL_S, budget=budget, started=0.0))
+        self.armed: dict[int, float] = {}
+        self.polls: list[float] = []
+        self.waited: list[Waited] = []
+        self.hinted: list[bool] = []
+        self._feed(Begin())
+
+    def _feed(self, event: PollEvent) -> None:
+        for command in self.play.feed(event):
+            if isinstance(command, SetTimer):
+                self.armed[command.timer] = command.when
+            elif isinstance(command, CancelTimer):
+                self.armed.pop(command.timer, None)
+            elif isinstance(command, Waited):
+                self.waited.append(command)
+
+    def hint(self, at: float, *, warm: bool = True) -> None:
+        self.play.at(at)
+        self._feed(Hint(warm=warm))
+
+    def until(self, until: float, *, sees: Callable[[float], bool] = lambda started: False, ok: bool = True) -> None:
+        """Fire every timer due by `until`; a poll starting at t sees a change when `sees(t)` (and fails unless
+        `ok`)."""
+        while self.armed and min(self.armed.values()) <= until:
+            timer, when = min(self.armed.items(), key=lambda item: item[1])
+            del self.armed[timer]
+            self.play.at(when)
+            [poll] = self.play.feed(TimerFired(timer))
+            assert isinstance(poll, Poll)
+            self.polls.append(when)
+            self.hinted.append(poll.hinted)
+            self._feed(Looked(when, ok))
+            if ok and sees(when):
+                self._feed(Changed())
+            self._feed(Finished())
+        self.play.at(until)
+
+    def next_poll(self) -> float:
+        return min(self.armed.values())
+
+
+def _at(*seconds: float) -> list[float]:
+    return pytest.approx(list(seconds))  # type: ignore[return-value]  # times summed from jittered figures
+
+
+def test_a_hint_looks_at_once_then_at_the_warm_offsets_until_settle_ms() -> None:
+    run = Run()
+    run.hint(HINT_AT)
+    run.until(20.0)
+    # At once (past min_interval_ms, the only hint of its spread), then 0.25, 0.5, 1, 2 and 3 s after the hint,
+    # each a hinted poll, jittered as one that waits (the 0.5 s look min_interval_ms after the jittered 0.25 s).
+    warm = [HINT_AT + offset + SPREAD_S for offset in (0.25, 0.5 + SPREAD_S, 1.0, 2.0, 3.0)]
+    assert run.polls == _at(HINT_AT, *warm)
+    assert all(run.hinted)
+    assert run.next_poll() == pytest.approx(warm[-1] + INTERVAL_S), "settled: the interval from its last look"
+    assert not run.play.engine.warm  # type: ignore[attr-defined]
+
+
+def test_a_look_that_sees_the_change_ends_the_warm_schedule() -> None:
+    run = Run()
+    run.hint(HINT_AT)
+    run.until(20.0, sees=lambda started: started >= HINT_AT + 0.9)  # the source shows the write ~1 s late
+    assert run.polls == _at(HINT_AT, HINT_AT + 0.25 + SPREAD_S, HINT_AT + 0.5 + 2 * SPREAD_S, HINT_AT + 1 + SPREAD_S)
+    assert run.next_poll() == pytest.approx(HINT_AT + 1 + SPREAD_S + INTERVAL_S)
+
+
+def test_a_change_seen_at_once_costs_one_look_as_without_settling() -> None:
+    run = Run()
+    run.hint(HINT_AT)
+    run.until(20.0, sees=lambda started: True)
+    assert run.polls == [HINT_AT]
+
+
+def test_settle_ms_0_and_the_sidecars_own_hints_ask_for_one_look() -> None:
+    cold = Run(settle_ms=0)
+    cold.hint(HINT_AT)
+    cold.until(20.0)
+    assert cold.polls == [HINT_AT]
+    own = Run()
+    own.hint(HINT_AT, warm=False)  # a lost cover, a lease taken: nothing was written
+    own.until(20.0)
+    assert own.polls == [HINT_AT]
+
+
+def test_a_burst_of_hints_costs_one_schedule_counted_from_its_latest_hint() -> None:
+    lone = Run()
+    lone.hint(HINT_AT)
+    lone.until(20.0)
+    assert len(lone.polls) == 6
+    burst = Run()
+    for _ in range(20):  # one write hinting through every route at once, or writes while the first look is out
+        burst.hint(HINT_AT)
+    burst.until(20.0)
+    assert burst.polls == lone.polls
+    spread = Run()
+    for n in range(20):  # 20 writes over 0.19 s, the first looked at at once
+        spread.hint(HINT_AT + n * 0.01)
+        spread.until(HINT_AT + n * 0.01)
+    spread.until(20.0)
+    latest = HINT_AT + 0.19
+    after = [started for started in spread.polls if started > latest]
+    assert len(after) == len(lone.polls), "one schedule from the latest hint, however many came before it"
+    assert len(spread.polls) - len(after) == 1, "and the look the first write asked for"
+    assert after[-1] == pytest.approx(latest + 3.0 + SPREAD_S), "it ends settle_ms after the latest hint"
+
+
+def test_a_hint_during_the_schedule_restarts_it_from_that_hint() -> None:
+    run = Run()
+    run.hint(HINT_AT)
+    run.until(HINT_AT + 1.5)  # looked at 0, 0.25, 0.5 and 1 s: no change yet
+    run.hint(HINT_AT + 1.5)  # a second write
+    run.until(30.0)
+    again = HINT_AT + 1.5
+    assert run.polls[4:] == _at(again, *(again + offset + SPREAD_S for offset in (0.25, 0.5 + SPREAD_S, 1, 2, 3)))
+
+
+def test_each_warm_look_keeps_min_interval_ms_after_the_last() -> None:
+    run = Run(config=CONFIG.model_copy(update={"min_interval_ms": 1000}))
+    spread = 0.5 * CONFIG.jitter * 1.0
+    run.hint(HINT_AT)
+    run.until(20.0)
+    # 0.25 and 0.5 s fall within min_interval_ms of the look at once: the next look waits it out (and is
+    # jittered), past the 1 s look's time, so the next is at 2 s, or min_interval_ms after that look.
+    assert run.polls == _at(HINT_AT, HINT_AT + 1 + spread, HINT_AT + 2 + 2 * spread, HINT_AT + 3 + 3 * spread)
+    gaps = [later - earlier for earlier, later in zip(run.polls, run.polls[1:], strict=False)]
+    assert min(gaps) >= 1.0
+
+
+@pytest.mark.invariant(21)
+def test_warm_looks_take_their_turn_in_the_budget_of_hinted_polls() -> None:
+    run = Run(budget=HintBudget(per_s=1))
+    run.hint(HINT_AT)
+    run.until(20.0)
+    gaps = [later - earlier for earlier, later in zip(run.polls, run.polls[1:], strict=False)]
+    assert min(gaps) >= 1.0 - 1e-9, "one hinted poll a second, warm looks included"
+    assert run.waited and all(wait.limit == "hinted_polls" for wait in run.waited), "deferred, and counted"
+    assert run.polls == _at(HINT_AT, HINT_AT + 1, HINT_AT + 2 + SPREAD_S, HINT_AT + 3 + SPREAD_S)
+
+
+@pytest.mark.invariant(9)
+def test_a_failing_warm_look_backs_off_and_no_warm_look_cuts_the_backoff_short() -> None:
+    run = Run()
+    run.hint(HINT_AT)
+    run.until(HINT_AT)  # the look at once: no change
+    failing = HINT_AT + 0.25 + SPREAD_S
+    run.until(failing, ok=False)
+    assert run.polls[-1] == pytest.approx(failing)
+    assert run.next_poll() == pytest.approx(failing + 1.0), "the backoff's first step, not the 0.5 s warm look"
+    run.hint(HINT_AT + 0.6)  # a hint during the backoff polls nothing sooner
+    assert run.next_poll() == pytest.approx(failing + 1.0)
+    run.until(30.0)
+    # Answered again: still warm (from the latest hint, at 0.6 s), it goes on with the looks after the backoff's.
+    again = HINT_AT + 0.6
+    assert run.polls[2:] == _at(failing + 1.0, again + 1 + SPREAD_S, again + 2 + SPREAD_S, again + 3 + SPREAD_S)
+
+
+# -- the plan driven by its watch, on a clock moved by hand ----------------------------------------------------
+
+
+class LaggingSource:
+    """A source that shows a write `lag_s` after it is made (it re-indexes), read by one watch."""
+
+    def __init__(self, clock: ManualClock, lag_s: float) -> None:
+        self.clock = clock
+        self.lag_s = lag_s
+        self.written_at: float | None = None
+        self.polled_at: list[float] = []
+
+    def write(self) -> None:
+        self.written_at = self.clock.now()
+
+    async def read(self, _: Watch) -> Observation:
+        now = self.clock.now()
+        self.polled_at.append(now)
+        shown = self.written_at is not None and now >= self.written_at + self.lag_s
+        return Observation("fp-1" if shown else "fp-0", int(INTERVAL_S * 1000), True)
+
+
+def _watch(clock: ManualClock, source: LaggingSource, events: list[ChangeEvent], **options: Any) -> Watch:
+    tickets = Tickets()
+
+    async def sink(event: ChangeEvent) -> None:
+        events.append(event)
+
+    watch = Watch(
+        WatchKey("resource", "x://note", "public"),
+        Observation("fp-0", int(INTERVAL_S * 1000), True),
+        tickets.take(),
+        reader=source.read,
+        sink=sink,
+        gate=asyncio.Semaphore(4),
+        tickets=tickets,
+        on_auth_failure=lambda *_: None,
+        coordinator=LocalCoordinator(),
+        clock=clock,
+        holders=lambda key: 1,
+        **{"schedule": Schedule(CONFIG, rand=lambda: 0.5, settle_ms=SETTLE_MS), "metrics": Metrics(), **options},
+    )
+    watch.start()
+    return watch
+
+
+async def _polls_until(clock: ManualClock, until: float) -> None:
+    """Fire the watch's timers due by `until` one at a time, each poll over before the next fires."""
+    while clock.due() and clock.due()[0] <= until:
+        armed = clock.armed
+        clock.fire_next()
+        await clock.until_armed(armed + 1, f"the poll at {clock.now()} ended")
+
+
+@pytest.mark.invariant(22)
+async def test_a_write_the_source_shows_a_second_late_is_told_once_by_a_warm_look() -> None:
+    clock = ManualClock()
+    source = LaggingSource(clock, lag_s=0.8)
+    events: list[ChangeEvent] = []
+    watch = _watch(clock, source, events)
+    clock.advance_to(HINT_AT)
+    source.write()
+    watch.hint(warm=True)
+    await _polls_until(clock, 20.0)
+    # The looks before the source shows the write saw the old content and told nobody; the 1 s one saw it.
+    assert source.polled_at == _at(HINT_AT, HINT_AT + 0.25 + SPREAD_S, HINT_AT + 0.5 + 2 * SPREAD_S, HINT_AT + 1.0125)
+    assert [event.fingerprint for event in events] == ["fp-1"]
+    assert clock.due() == _at(HINT_AT + 1.0125 + INTERVAL_S), "then its interval"
+    await watch.stop()
+
+
+@pytest.mark.invariant(21)
+async def test_warm_looks_wait_for_their_slots_of_the_read_budget() -> None:
+    clock = ManualClock()
+    source = LaggingSource(clock, lag_s=60.0)  # never shown within the warm schedule
+    config = CONFIG.model_copy(update={"max_reads_per_s": 2, "jitter": 0.0})
+    metrics = Metrics()
+    watches: list[Watch] = []
+    reads = ReadBudget(config, metrics, clock, watches=lambda: watches, may_poll=lambda key: True)
+    schedule = Schedule(config, rand=lambda: 0.5, settle_ms=SETTLE_MS)
+    watches.append(_watch(clock, source, [], schedule=schedule, reads=reads, metrics=metrics))
+    clock.advance_to(HINT_AT)
+    watches[0].hint(warm=True)
+    await _polls_until(clock, 20.0)
+    # Two reads a second at most, warm looks included: the 0.25 s look waits for its slot at 0.5 s (and stands
+    # for the 0.5 s one), then 1, 2 and 3 s.
+    assert source.polled_at == _at(HINT_AT, HINT_AT + 0.5, HINT_AT + 1, HINT_AT + 2, HINT_AT + 3)
+    waited = metrics.registry.get_sample_value("mcp_sidecar_queue_wait_seconds_count", {"limit": "read_budget"})
+    assert waited, "the 0.25 s look waited for its slot, counted"
+    await watches[0].stop()
