@@ -43,6 +43,12 @@ class Era:
         self.asked.append(identity)
         return self.info
 
+    async def discovery(self, identity: Identity = ANONYMOUS_IDENTITY) -> tuple[UpstreamInfo, bool]:
+        return await self.ensure_info(identity), False
+
+    async def reached(self) -> UpstreamInfo:
+        return self.info
+
 
 class Client:
     """One listen stream's connection as its client reads it: the frames in order (events as their JSON, comments as
