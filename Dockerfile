@@ -1,14 +1,18 @@
 # mcp-sidecar: a reverse proxy that gives MCP resource subscriptions to servers that lack them.
 #
 # An HTTP upstream:   docker run -p 8080:8080 -e MCP_SIDECAR__UPSTREAM__URL=http://legacy:9000/mcp mcp-sidecar
+# The configuration is /etc/mcp-sidecar/config.yaml (config/container.yaml: every interface, ports 8080 and 9464;
+# MCP_SIDECAR_CONFIG names it). A file mounted there replaces it whole; MCP_SIDECAR__* variables win over the
+# file, and flags to `run` over both. The HEALTHCHECK (`mcp-sidecar health`) reads the same file and variables,
+# not run's flags: set the listeners in the file or the environment.
 # A stdio upstream runs in this container, so build on this image with the server installed and name its command:
 #   FROM mcp-sidecar
 #   USER root
 #   RUN pip install --no-cache-dir mcp-server-time==2026.10.19
 #   USER 10001
 #   ENV MCP_SIDECAR__UPSTREAM__COMMAND="python -m mcp_server_time"
-# (or `... run --config /etc/mcp-sidecar/sidecar.yaml --upstream "python -m mcp_server_time"`), and run it with
-# `docker run --init`: the sidecar ends its child's whole process group, but as PID 1 it reaps no orphan.
+# (or `... run --upstream "python -m mcp_server_time"`). The entrypoint's tini reaps what the server's own children
+# leave behind, with no `--init` from the runtime (a Kubernetes pod has none).
 # CI builds the recipe's indented lines as written, on this image (.ci/build-image), and runs both (tests/image).
 # With Podman or buildah, build with `--format docker`: the OCI format has no HEALTHCHECK, and it is dropped.
 FROM python:3.11-slim
@@ -17,25 +21,32 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    # Inside a container the sidecar must listen on every interface; loopback-only checks then step aside.
-    MCP_SIDECAR__LISTEN__HOST=0.0.0.0 \
-    # The admin listener (/metrics, /status) on 9464 for a scraper beside the container; do not publish it.
-    MCP_SIDECAR__ADMIN__HOST=0.0.0.0
+    MCP_SIDECAR_CONFIG=/etc/mcp-sidecar/config.yaml
+
+# tini, Debian's, at the version of the base image's release: it passes signals on to the sidecar and reaps
+# orphaned processes, as PID 1 or (-s, a subreaper) below another init, as in a pod sharing its process namespace.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends tini \
+    && rm -rf /var/lib/apt/lists/*
 
 RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin sidecar
 
 WORKDIR /opt/mcp-sidecar
-COPY pyproject.toml README.md ./
+# The dependencies first, in a layer of their own, at the versions constraints.txt pins (`bash .ci/lock` writes
+# it): a change to the code alone installs none of them again.
+COPY pyproject.toml constraints.txt ./
+RUN python -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"], sep="\n")' \
+        >dependencies.txt \
+    && pip install --no-cache-dir -c constraints.txt -r dependencies.txt \
+    && rm dependencies.txt
+COPY README.md ./
 COPY sidecar ./sidecar
-# The package installed is this checkout; its dependency ranges live in pyproject.toml.
-# hadolint ignore=DL3013
-RUN pip install --no-cache-dir .
-COPY config/sidecar.example.yaml /etc/mcp-sidecar/sidecar.yaml
+RUN pip install --no-cache-dir -c constraints.txt .
+COPY config/container.yaml /etc/mcp-sidecar/config.yaml
 
 USER 10001
 EXPOSE 8080 9464
-# The check asks the port MCP_SIDECAR__LISTEN__PORT names (8080 when unset), over loopback.
-HEALTHCHECK --interval=15s --timeout=3s --start-period=5s --retries=3 \
-    CMD ["python", "-c", "import os, urllib.request; port = os.environ.get('MCP_SIDECAR__LISTEN__PORT', '8080'); urllib.request.urlopen(f'http://127.0.0.1:{port}/healthz', timeout=2)"]
-ENTRYPOINT ["mcp-sidecar"]
-CMD ["run", "--config", "/etc/mcp-sidecar/sidecar.yaml"]
+HEALTHCHECK --interval=15s --timeout=10s --start-period=10s --retries=3 CMD ["mcp-sidecar", "health"]
+ENTRYPOINT ["tini", "-s", "--", "mcp-sidecar"]
+CMD ["run"]

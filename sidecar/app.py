@@ -14,6 +14,7 @@ from sidecar.bus.memory import MemoryBus
 from sidecar.bus.redis import RedisBus
 from sidecar.changes import Bus
 from sidecar.config import SidecarConfig
+from sidecar.config.shown import secrets_in
 from sidecar.downstream.handler import McpEndpoint, no_tracebacks
 from sidecar.downstream.legacy import LegacySessions
 from sidecar.downstream.listen import StreamHub
@@ -22,6 +23,7 @@ from sidecar.downstream.shared_context import ignore_authorization
 from sidecar.fair_share import FairShare
 from sidecar.hints import HintEndpoint, HintToken
 from sidecar.identity import IdentityRule
+from sidecar.masking import remember_secrets
 from sidecar.observability.health import healthz, make_readyz
 from sidecar.observability.logs import INSTANCE_ID
 from sidecar.observability.metrics import Metrics
@@ -67,6 +69,7 @@ ADMIN = web.AppKey("admin", web.Application)
 def build_app(config: SidecarConfig) -> web.Application:
     """The whole sidecar as one aiohttp application (the CLI runs it; tests serve it on a free port), with its
     admin application under `ADMIN`, to be served on `config.admin`."""
+    remember_secrets(secrets_in(config))  # from here on no log line shows one, whoever writes it
     middlewares: list[Middleware] = [no_tracebacks]
     upstream: Upstream
     if config.upstream.is_stdio:
@@ -147,16 +150,17 @@ def build_app(config: SidecarConfig) -> web.Application:
     app.router.add_delete(path, endpoint.handle_delete)
     app.router.add_get("/.well-known/oauth-protected-resource", endpoint.handle_protected_resource_metadata)
     app.router.add_get("/.well-known/oauth-protected-resource/{path:.*}", endpoint.handle_protected_resource_metadata)
-    readyz = make_readyz(upstream, lambda: cluster.degraded if cluster else None)
+    # Anyone who can reach the MCP port may ask: ready or not, and nothing about the upstream (its address may
+    # hold what an operator did not mean to publish); the reasons are the admin listener's.
     app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/readyz", make_readyz(upstream, detail=False))
 
     # Metrics and the status page list what the sidecar watches: on a listener of their own, off the MCP port.
     admin = web.Application(middlewares=[no_tracebacks])
     admin[METRICS] = metrics
     admin[UPSTREAM] = upstream
     admin.router.add_get("/healthz", healthz)
-    admin.router.add_get("/readyz", readyz)
+    admin.router.add_get("/readyz", make_readyz(upstream, lambda: cluster.degraded if cluster else None, detail=True))
     admin.router.add_get(config.metrics.path, _metrics_handler)
     admin.router.add_get("/status", make_status(upstream, registry, hub, fair_share))
     if config.hints.token_file is not None:

@@ -1,5 +1,5 @@
 """The `mcp-sidecar` command line: its parser, and `main`, which runs the command it names (run, check-config, demo,
-hint; each in `sidecar/commands/`)."""
+hint, health; each in `sidecar/commands/`)."""
 
 from __future__ import annotations
 
@@ -15,14 +15,19 @@ from typing import Any
 from sidecar import __version__
 from sidecar.commands.check_config import add_check_config_command, check_config
 from sidecar.commands.demo import DEMO_HAS_ITS_UPSTREAM, add_demo_command, run_demo_command
+from sidecar.commands.health import add_health_command, run_health
 from sidecar.commands.hint import add_hint_command, run_hint
 from sidecar.commands.serve import WORKER_ENV, run_workers, serve_settled
 from sidecar.config import ConfigError, SidecarConfig, load_config
 from sidecar.observability.logs import configure_logging
 
-__all__ = ["main"]
+__all__ = ["CONFIG_ENV", "main"]
 
 logger = logging.getLogger(__name__)
+
+CONFIG_ENV = "MCP_SIDECAR_CONFIG"
+"""The config file of `run` and `health` when no --config names one: a container image sets it once, and its
+HEALTHCHECK reads the same file as the sidecar it asks."""
 
 _DESCRIPTION = "mcp-sidecar: a reverse proxy that gives MCP resource subscriptions to MCP servers without them."
 _EXAMPLES = """\
@@ -32,9 +37,11 @@ examples:
   mcp-sidecar run --config sidecar.yaml                  every setting from a file (config/sidecar.example.yaml)
   mcp-sidecar demo                                       an embedded server whose catalog changes, to try it on
   mcp-sidecar hint 'catalog://plans/*' --token-file F    tell a running sidecar what changed at its source
+  mcp-sidecar health --config sidecar.yaml               exit 0 if the sidecar that file configures answers /healthz
 
 `mcp-sidecar COMMAND --help` lists a command's options. Any setting can also come from the environment:
-MCP_SIDECAR__SECTION__KEY=value (MCP_SIDECAR__ADMIN__PORT=9465)."""
+MCP_SIDECAR__SECTION__KEY=value (MCP_SIDECAR__ADMIN__PORT=9465); flags win over the environment, which wins over
+the file. MCP_SIDECAR_CONFIG=FILE stands for --config FILE."""
 _UPSTREAM_HELP = (
     "the upstream: a value starting with http:// or https:// is its MCP URL (upstream.url); anything else is a "
     "stdio MCP server to start, split into program and arguments as a shell would, without running a shell "
@@ -70,6 +77,8 @@ _LISTENER_FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
     ),
 )
 """Options of run and demo, also accepted before the command (`mcp-sidecar --port 9000 run`)."""
+_ADDRESS_FLAGS = ("--host", "--port", "--admin-host", "--admin-port")
+"""The ones `health` takes too: where the listeners are."""
 _UPSTREAM_ENV_HELP = (
     "for a stdio upstream: NAME passes the variable NAME of this environment to the command "
     "(upstream.inherit_env); NAME=VALUE sets it (upstream.env). Repeatable. The proxy and CA variables "
@@ -94,7 +103,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Run the sidecar in the foreground until SIGTERM or Ctrl-C. Flags override the config file, "
         "which overrides the defaults.",
     )
-    run.add_argument("--config", dest="run_config", metavar="FILE", help="YAML config file")
+    run.add_argument("--config", dest="run_config", metavar="FILE", help=f"YAML config file (default: ${CONFIG_ENV})")
     run.add_argument(
         "--workers", type=int, default=1, help="processes sharing the port (SO_REUSEPORT); >1 needs bus.backend: redis"
     )
@@ -109,12 +118,16 @@ def _parser() -> argparse.ArgumentParser:
     add_check_config_command(sub)
     demo = add_demo_command(sub)
     add_hint_command(sub)
+    health = add_health_command(sub)
     for command in (parser, run):
         upstream_default = _default(command, parser)
         command.add_argument("--upstream", default=upstream_default, metavar="URL|COMMAND", help=_UPSTREAM_HELP)
     for command in (parser, run, demo):
         for flag, options in _LISTENER_FLAGS:
             command.add_argument(flag, default=_default(command, parser), **options)
+    for flag, options in _LISTENER_FLAGS:
+        if flag in _ADDRESS_FLAGS:
+            health.add_argument(flag, default=argparse.SUPPRESS, **options)
     return parser
 
 
@@ -176,12 +189,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.command == "hint":
         return run_hint(args)
+    path = getattr(args, "run_config", None) or args.config or os.environ.get(CONFIG_ENV) or None
+    if args.command == "health":
+        return run_health(args, path, _flag_overrides(args))
     try:
         if args.command == "check-config":
             return check_config(args)
         if args.command == "demo":
             return run_demo_command(_flag_overrides(args))
-        path = getattr(args, "run_config", None) or args.config
         config = _with_upstream_env(
             load_config(path, overrides=_flag_overrides(args)), getattr(args, "upstream_env", [])
         )

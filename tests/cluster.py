@@ -128,7 +128,8 @@ class Replica(OnLoopback):
             return resp.status, await resp.text()
 
     async def readyz(self) -> tuple[int, dict[str, Any]]:
-        status, text = await self._get("/readyz")
+        """The admin listener's `/readyz`: the one that says why (the client listener's says only whether)."""
+        status, text = await self._get("/readyz", admin=True)
         return status, orjson.loads(text)
 
     async def status(self) -> dict[str, Any]:
@@ -145,7 +146,7 @@ class Replica(OnLoopback):
 
     async def is_ready(self) -> bool:
         with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-            return (await self.readyz())[0] == 200
+            return (await self._get("/readyz"))[0] == 200  # the MCP port itself listens, and says ready
         return False
 
     async def start(self) -> None:

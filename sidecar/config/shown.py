@@ -1,55 +1,20 @@
 """The effective configuration as it may be shown (`check-config`, the configuration log line): every value as it
-is, except the secrets: header and environment values, and a URL's password or credential query parameters.
+is, except the secrets: header and environment values, a URL's password or credential query parameters, and those
+inside a stdio command's arguments (the rule is `sidecar.masking`'s, the one every surface uses).
 
 A password-less URL is shown whole: an operator reading `redis://db:6379/0` learns where the bus is, and a
 mask there would hide the one thing worth checking."""
 
 from __future__ import annotations
 
-import re
 from typing import TYPE_CHECKING, Any
+
+from sidecar.masking import MASK, masked_command, masked_url, secret_values
 
 if TYPE_CHECKING:
     from sidecar.config import SidecarConfig
 
-__all__ = ["MASK", "masked_url", "shown_config"]
-
-MASK = "***"
-_NETLOC_END = re.compile(r"[/?#]")
-_SECRET_PARAMETER = re.compile(r"pass|token|secret|key|auth|sig", re.IGNORECASE)
-"""Query parameters whose value is a credential (`?password=`, `?api_key=`, `?token=`, `?sig=`)."""
-_TOKEN_AS_USER_SCHEMES = ("http", "https")
-"""Where a user without a password is a token; in a Redis URL it is an ACL user's name, shown."""
-
-
-def masked_url(url: str) -> str:
-    """`url` with the password of its `user:password@` (an HTTP URL's lone `token@` too) and the values of
-    credential query parameters masked.
-
-    Written for every URL the configuration holds, a Redis Cluster's `host:port,host:port` seed list included
-    (which the standard library's URL parser refuses), so it splits the text itself."""
-    scheme, separator, rest = url.partition("://")
-    if not separator:
-        return url
-    end = _NETLOC_END.search(rest)
-    netloc, tail = (rest[: end.start()], rest[end.start() :]) if end else (rest, "")
-    userinfo, at, hosts = netloc.rpartition("@")
-    if at:
-        user, colon, _password = userinfo.partition(":")
-        if colon:
-            netloc = f"{user}:{MASK}@{hosts}"
-        elif scheme.lower() in _TOKEN_AS_USER_SCHEMES:
-            netloc = f"{MASK}@{hosts}"  # `https://TOKEN@host`: a lone user of an HTTP URL is a credential
-    path, question, query = tail.partition("?")
-    if question:
-        query, hash_mark, fragment = query.partition("#")
-        query = "&".join(_masked_parameter(pair) for pair in query.split("&")) + hash_mark + fragment
-    return f"{scheme}://{netloc}{path}{question}{query}"
-
-
-def _masked_parameter(pair: str) -> str:
-    name, equals, value = pair.partition("=")
-    return f"{name}={MASK}" if equals and value and _SECRET_PARAMETER.search(name) else pair
+__all__ = ["MASK", "masked_url", "secrets_in", "shown_config"]
 
 
 def shown_config(config: SidecarConfig) -> dict[str, Any]:
@@ -59,7 +24,25 @@ def shown_config(config: SidecarConfig) -> dict[str, Any]:
     for key in ("url", "public_url"):
         if upstream.get(key):
             upstream[key] = masked_url(upstream[key])
+    if upstream.get("command") is not None:
+        upstream["command"] = masked_command(upstream["command"])
     shown["bus"]["redis_url"] = masked_url(config.bus.redis_url.get_secret_value())
     if shown["tracing"].get("endpoint"):
         shown["tracing"]["endpoint"] = masked_url(shown["tracing"]["endpoint"])
     return shown
+
+
+def secrets_in(config: SidecarConfig) -> set[str]:
+    """Every credential value `config` holds (the upstream's, the bus's, the trace exporter's), in the forms it may
+    be written in, for `sidecar.masking.remember_secrets`."""
+    upstream = config.upstream
+    return secret_values(
+        urls=(
+            upstream.url,
+            upstream.public_url or "",
+            config.bus.redis_url.get_secret_value(),
+            config.tracing.endpoint or "",
+        ),
+        commands=[upstream.command or []],
+        values=[value.get_secret_value() for value in (*upstream.headers.values(), *upstream.env.values())],
+    )

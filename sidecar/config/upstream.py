@@ -7,13 +7,13 @@ import os
 import re
 import shlex
 from typing import Any, Literal
-from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
 from sidecar.config.base import Section
 from sidecar.config.syntax import check_header_name, check_header_value, check_http_url
 from sidecar.config.tls import UpstreamTLS
+from sidecar.masking import shown_upstream
 
 __all__ = ["UpstreamConfig"]
 
@@ -232,16 +232,9 @@ class UpstreamConfig(Section):
 
     @property
     def display_url(self) -> str:
-        """The upstream for logs, errors and the status page: the URL with any user:password masked, or
-        `stdio: <command>` (environment values, the secrets of a stdio server, are never part of it)."""
-        if not self.url:
-            return "stdio: " + shlex.join(self.command or [])
-        parts = urlsplit(self.url)
-        if parts.username is None and parts.password is None:
-            return self.url
-        host = parts.hostname or ""
-        netloc = f"***@{host}" + (f":{parts.port}" if parts.port else "")
-        return urlunsplit(parts._replace(netloc=netloc))
+        """The upstream for logs, errors and the status page: its URL or `stdio: <command>`, credentials masked by
+        the one rule every surface uses (`sidecar.masking`); environment values are never part of it."""
+        return shown_upstream(self.url, self.command)
 
     @field_validator("forward_headers", "non_identity_headers")
     @classmethod

@@ -352,7 +352,8 @@ class McpEndpoint:
     def _error(
         self, request_id: RequestId | None, error: RpcError, headers: dict[str, str] | None = None
     ) -> web.Response:
-        if error.status >= 500:
+        told = isinstance(error.data, dict) and "error_id" in error.data  # logged with its details already
+        if error.status >= 500 and not told:
             logger.warning("request failed: %s", error.message)
         if isinstance(error, TooManyRequests):
             headers = {**(headers or {}), "Retry-After": str(error.retry_after_s)}

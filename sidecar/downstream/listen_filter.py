@@ -105,7 +105,7 @@ class LeftOut:
             reason = "upstream_error"
         else:
             reason = "rate_limited" if isinstance(error, TooManyRequests) else "refused"
-        rpc = error.to_rpc() if isinstance(error, UpstreamError) else error
+        rpc = error.to_rpc(with_id=False) if isinstance(error, UpstreamError) else error  # the phrase: no address
         return LeftOut(reason, rpc.code, rpc.message, uri, notification)
 
     @staticmethod

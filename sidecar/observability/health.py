@@ -1,4 +1,4 @@
-"""Liveness and readiness endpoints."""
+"""Liveness and readiness endpoints: the same answer on both listeners, the reasons on the admin one only."""
 
 from __future__ import annotations
 
@@ -28,17 +28,23 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 def make_readyz(
-    upstream: Readiness, degraded: Callable[[], str | None] = lambda: None
+    upstream: Readiness, degraded: Callable[[], str | None] = lambda: None, *, detail: bool
 ) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """`GET /readyz`. With `detail` (the admin listener): the upstream as it may be shown, why it is not ready, and
+    whether Redis is lost. Without (the client listener): ready or not, and nothing about the upstream, which
+    anyone who can reach the MCP port could read."""
+
     async def readyz(request: web.Request) -> web.Response:
         """200 once the upstream answers (with `degraded` when Redis is lost); 503 while it does not."""
-        if await upstream.check():
-            body: dict[str, str] = {"status": "ready", "upstream": upstream.url}
-            reason = degraded()
-            if reason is not None:
-                body["degraded"] = reason
-            return web.json_response(body)
-        reason = upstream.not_ready_reason or "upstream not reached yet"
-        return web.json_response({"status": "not ready", "upstream": upstream.url, "reason": reason}, status=503)
+        ready = await upstream.check()
+        body: dict[str, str] = {"status": "ready" if ready else "not ready"}
+        if detail:
+            body["upstream"] = upstream.url
+            if ready:
+                if (reason := degraded()) is not None:
+                    body["degraded"] = reason
+            else:
+                body["reason"] = upstream.not_ready_reason or "upstream not reached yet"
+        return web.json_response(body, status=200 if ready else 503)
 
     return readyz

@@ -1,6 +1,7 @@
 """Structured logging: JSON lines for a collector, or one readable text line per record for a person at a
 terminal (`logging.format: auto` chooses by whether stderr is one); each carries whatever `extra=` fields a call
-adds, and a JSON line the instance id too."""
+adds, and a JSON line the instance id too. Every line is scrubbed of the configuration's credential values
+(`sidecar.masking`) as it is written, whatever wrote it: a child's stderr, a library's exception."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import time
 from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 from sidecar.config.shown import masked_url, shown_config
+from sidecar.masking import scrub
 
 if TYPE_CHECKING:
     from sidecar.config import SidecarConfig
@@ -52,7 +54,18 @@ class _JsonFormatter(logging.Formatter):
                 entry[key] = value
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
-        return json.dumps(entry, default=str)
+        return json.dumps(_scrubbed(entry), default=lambda value: scrub(str(value)))  # still one valid JSON line
+
+
+def _scrubbed(value: Any) -> Any:
+    """Every string in `value` (a record's fields, nested) scrubbed of credentials (`sidecar.masking.scrub`)."""
+    if isinstance(value, str):
+        return scrub(value)
+    if isinstance(value, dict):
+        return {key: _scrubbed(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_scrubbed(item) for item in value]
+    return value
 
 
 _BARE_VALUE = re.compile(r"[^\s\"'=]+")
@@ -74,7 +87,7 @@ class _TextFormatter(logging.Formatter):
             line += "  " + " ".join(fields)
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
-        return line
+        return scrub(line)
 
 
 def _text_value(value: object) -> str:

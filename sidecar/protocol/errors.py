@@ -13,7 +13,8 @@ SidecarError
 │   ├── Overloaded               -32603, 503: a configured limit refuses new work
 │   │   └── TooManyRequests      -32603, 429 (Retry-After): one client is over its own bound
 │   └── InternalError            -32603, 500
-└── UpstreamError                the upstream failed; `to_rpc()` says what the client sees
+└── UpstreamError                the upstream failed; `to_rpc()` says what the client sees (a fixed phrase
+    │                            and an error id; the log line with that id has the details)
     ├── UpstreamUnavailable      connection refused or reset, DNS failure (502)
     │   └── ShuttingDown         the sidecar ended the exchange to exit within its grace (503)
     ├── UpstreamTimeout          no answer within upstream.timeout_s (504)
@@ -25,6 +26,8 @@ SidecarError
 
 from __future__ import annotations
 
+import logging
+import secrets
 from typing import Any, ClassVar
 
 from sidecar.protocol.types import JsonObject
@@ -52,6 +55,8 @@ __all__ = [
     "UpstreamTimeout",
     "UpstreamUnavailable",
 ]
+
+logger = logging.getLogger("sidecar.upstream")
 
 
 class SidecarError(Exception):
@@ -160,35 +165,58 @@ class InternalError(RpcError):
 
 
 class UpstreamError(SidecarError):
-    """The upstream could not give a usable answer."""
+    """The upstream could not give a usable answer.
+
+    `str()` and `reason` are for the log and the admin listener (the upstream named as `sidecar.masking` shows it).
+    A client is told only `failure`, a fixed phrase, and an error id that the log line with the details carries
+    too (`to_rpc`): the client listener never names the upstream's address or command."""
 
     http_status: ClassVar[int] = 502
+    failure: ClassVar[str] = "the upstream could not answer"
+    """What failed, in words a client may read: fixed, never the upstream's address, command or reason."""
 
     def __init__(self, upstream: str, reason: str) -> None:
         super().__init__(f"upstream {upstream}: {reason}")
         self.upstream = upstream
         self.reason = reason
+        self._error_id: str | None = None
 
     @property
     def is_transport_failure(self) -> bool:
         """True when the upstream was not reached or did not answer (it may be down)."""
         return True
 
-    def to_rpc(self) -> RpcError:
-        """What a client sees: an internal error naming the upstream and a short reason."""
-        return InternalError(
-            str(self), {"upstream": self.upstream, "reason": self.reason}, http_status=self.http_status
-        )
+    def told_id(self, level: int = logging.WARNING) -> str:
+        """The id that names this failure to a client; the first time, the log line with the details (the upstream
+        as it may be shown, the reason) is written with it, so one search finds what the client was not told."""
+        if self._error_id is None:
+            self._error_id = secrets.token_hex(6)
+            logger.log(
+                level,
+                "upstream request failed",
+                extra={"error_id": self._error_id, "upstream": self.upstream, "reason": self.reason},
+            )
+        return self._error_id
+
+    def to_rpc(self, *, with_id: bool = True) -> RpcError:
+        """What a client sees: an internal error with a fixed phrase and the error id (logged with the details).
+        Without `with_id`, the phrase alone and nothing logged: for a summary that shows no data (an entry of an
+        ack's left-out list, counted in the log by reason)."""
+        data = {"error_id": self.told_id()} if with_id else None
+        return InternalError(self.failure, data, http_status=self.http_status)
 
 
 class UpstreamUnavailable(UpstreamError):
     """Connection refused or reset, or the name did not resolve."""
+
+    failure = "the upstream is unavailable"
 
 
 class ShuttingDown(UpstreamUnavailable):
     """The sidecar is shutting down and ended the exchange, so the client gets an answer before the exit."""
 
     http_status = 503
+    failure = "the sidecar is shutting down"
 
     @property
     def is_transport_failure(self) -> bool:
@@ -199,12 +227,14 @@ class UpstreamTimeout(UpstreamError):
     """No answer within `upstream.timeout_s`."""
 
     http_status = 504
+    failure = "the upstream did not answer in time"
 
 
 class UpstreamBusy(UpstreamError):
     """A configured bound on requests in flight to the upstream refuses this one; the upstream itself is fine."""
 
     http_status = 503
+    failure = "the upstream is busy"
 
     @property
     def is_transport_failure(self) -> bool:
@@ -213,6 +243,8 @@ class UpstreamBusy(UpstreamError):
 
 class UpstreamBadResponse(UpstreamError):
     """An answer that is not a JSON-RPC response: garbage bytes, truncated stream, wrong shape."""
+
+    failure = "the upstream gave an unusable answer"
 
     @property
     def is_transport_failure(self) -> bool:
@@ -233,11 +265,14 @@ class UpstreamHTTPError(UpstreamError):
     def is_auth_failure(self) -> bool:
         return self.status in (401, 403)
 
-    def to_rpc(self) -> RpcError:
-        if self.is_auth_failure:
-            data = {"upstream": self.upstream, "reason": self.reason}
-            return InvalidRequest(str(self), data, http_status=self.status)
-        return super().to_rpc()
+    def to_rpc(self, *, with_id: bool = True) -> RpcError:
+        if self.is_auth_failure:  # a client's own credential refused: its business, not an operator's alarm
+            data = {"error_id": self.told_id(logging.INFO)} if with_id else None
+            return InvalidRequest(
+                f"the upstream refused the request (HTTP {self.status})", data, http_status=self.status
+            )
+        data = {"error_id": self.told_id()} if with_id else None
+        return InternalError(f"the upstream answered HTTP {self.status}", data, http_status=self.http_status)
 
     @property
     def is_transport_failure(self) -> bool:
@@ -257,7 +292,7 @@ class UpstreamRpcError(UpstreamError):
     def is_transport_failure(self) -> bool:
         return False
 
-    def to_rpc(self) -> RpcError:
+    def to_rpc(self, *, with_id: bool = True) -> RpcError:  # passed through: the upstream's own words, no id
         code = self.code if isinstance(self.code, int) else InternalError.code
         return RpcError(
             str(self.error.get("message", "")), self.error.get("data"), http_status=self.upstream_status, code=code

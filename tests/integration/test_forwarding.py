@@ -8,7 +8,7 @@ import aiohttp
 import pytest
 from mcp import Client
 
-from tests.kit import rpc, serve_sidecar
+from tests.kit import rpc, serve_sidecar, told
 from tests.peers import Upstream
 
 _STAMPED = {"resultType", "ttlMs", "cacheScope", "_meta"}
@@ -82,7 +82,7 @@ async def test_a_restarted_legacy_upstream_is_initialized_again(era: str, legacy
 
 
 async def test_upstream_down_is_a_clear_error_and_readiness_follows(
-    modern_upstream: Upstream, http: aiohttp.ClientSession
+    modern_upstream: Upstream, http: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture
 ) -> None:
     async with serve_sidecar(modern_upstream.url, upstream={"timeout_s": 5}) as sidecar:
         async with http.get(f"{sidecar.base_url}/readyz") as resp:
@@ -90,8 +90,11 @@ async def test_upstream_down_is_a_clear_error_and_readiness_follows(
         await modern_upstream.kill()
         status, reply = await rpc(http, sidecar.url, "tools/list")
         assert status == 502
-        assert modern_upstream.url in reply["error"]["message"]
+        assert reply["error"]["message"] == "the upstream is unavailable"  # no address: the log has it, by the id
+        assert told(reply["error"], caplog.records)["upstream"] == modern_upstream.url
         async with http.get(f"{sidecar.base_url}/readyz") as resp:
+            assert resp.status == 503
+        async with http.get(f"{sidecar.admin_url}/readyz") as resp:
             assert resp.status == 503
             assert "reason" in await resp.json()
         await modern_upstream.restart()

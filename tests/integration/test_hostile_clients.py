@@ -26,6 +26,7 @@ from tests.kit import (
     request,
     rpc,
     serve_sidecar,
+    told,
     waits,
 )
 from tests.peers import Upstream, start_upstream
@@ -156,12 +157,15 @@ async def test_a_body_that_never_arrives_gets_408(shop: Upstream) -> None:
 # -- a slow upstream, a greedy client ------------------------------------------------------------------------
 
 
-async def test_an_upstream_dripping_its_answer_is_cut_at_the_whole_request_timeout(http: aiohttp.ClientSession) -> None:
+async def test_an_upstream_dripping_its_answer_is_cut_at_the_whole_request_timeout(
+    http: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture
+) -> None:
     async with FaultyUpstream() as up, serve_sidecar(up.url, upstream={"timeout_s": 0.5}) as sidecar:
         up.fail(Fault.DRIP, uri="drip://x")
         status, message = await rpc(http, sidecar.url, "resources/read", {"uri": "drip://x"})
         assert status == 504, message
-        assert "no complete answer within 0.5 s" in message["error"]["message"]
+        assert message["error"]["message"] == "the upstream did not answer in time"
+        assert "no complete answer within 0.5 s" in told(message["error"], caplog.records)["reason"]
 
 
 @pytest.mark.invariant(20)

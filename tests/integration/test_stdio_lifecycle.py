@@ -26,7 +26,7 @@ from mcp.client.subscriptions import ResourceUpdated
 from sidecar.app import FAIR_SHARE, UPSTREAM, build_app
 from sidecar.upstream.stdio.client import StdioUpstream
 from sidecar.upstream.stdio.process import StdioStartError
-from tests.kit import WAIT_S, ListenStream, eventually, headers, request, rpc, scrape, sse_messages
+from tests.kit import WAIT_S, ListenStream, eventually, headers, request, rpc, scrape, sse_messages, told
 from tests.peers.stdio_notes_server import NOTE_URI
 from tests.peers.stdio_peers import (
     live_processes,
@@ -55,14 +55,15 @@ async def _tool_text(http: aiohttp.ClientSession, url: str, name: str, **argumen
     return text
 
 
-async def _readyz(http: aiohttp.ClientSession, base_url: str) -> tuple[int, dict[str, Any]]:
-    async with http.get(f"{base_url}/readyz") as resp:
+async def _readyz(http: aiohttp.ClientSession, admin_url: str) -> tuple[int, dict[str, Any]]:
+    """The admin listener's /readyz, the one that says why."""
+    async with http.get(f"{admin_url}/readyz") as resp:
         return resp.status, await resp.json()
 
 
 @pytest.mark.invariant(14)
 async def test_kill_9_mid_listen_restarts_the_child_and_the_change_made_while_down_is_told(
-    tmp_path: Path, http: aiohttp.ClientSession
+    tmp_path: Path, http: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture
 ) -> None:
     note = tmp_path / "note.txt"
     note.write_text("before", encoding="utf-8")
@@ -76,13 +77,13 @@ async def test_kill_9_mid_listen_restarts_the_child_and_the_change_made_while_do
         os.kill(first_pid, signal.SIGKILL)
 
         async def down() -> bool:
-            status, body = await _readyz(http, sidecar.base_url)
+            status, body = await _readyz(http, sidecar.admin_url)
             return status == 503 and "killed by SIGKILL" in body["reason"]
 
         await eventually(down, within_s=WAIT_S)
         note.write_text("changed while the server was down", encoding="utf-8")
         status, refused = await rpc(http, sidecar.url, "tools/call", {"name": "server_pid", "arguments": {}})
-        assert status == 502 and "killed by SIGKILL" in refused["error"]["message"], refused
+        assert status == 502 and "killed by SIGKILL" in told(refused["error"], caplog.records)["reason"], refused
 
         async with asyncio.timeout(WAIT_S):
             event = await anext(subscription)  # the stream stayed open through the outage
@@ -90,7 +91,7 @@ async def test_kill_9_mid_listen_restarts_the_child_and_the_change_made_while_do
         assert (await client.read_resource(NOTE_URI)).contents[0].text == "changed while the server was down"  # type: ignore[union-attr]
         second_pid = int((await client.call_tool("server_pid")).content[0].text)  # type: ignore[union-attr]
         assert second_pid != first_pid
-        assert (await _readyz(http, sidecar.base_url))[0] == 200
+        assert (await _readyz(http, sidecar.admin_url))[0] == 200
         metrics = await scrape(http, sidecar.admin_url)
         assert metrics.value("mcp_sidecar_upstream_restarts_total", reason="exited") == 1
     assert live_processes([first_pid, second_pid]) == []
@@ -169,14 +170,16 @@ async def test_stopping_the_sidecar_leaves_no_process_of_the_child_behind(
     assert len(killed) == (1 if stubborn else 0)
 
 
-async def test_a_hung_child_is_ended_and_started_again(http: aiohttp.ClientSession) -> None:
+async def test_a_hung_child_is_ended_and_started_again(
+    http: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture
+) -> None:
     # Two seconds to answer a ping even on a loaded machine; half a second for the tools that never answer.
     sections = {"upstream": {"timeout_s": 0.5, "connect_timeout_s": 2.0, "restart_backoff_initial_ms": 50}}
     async with serve_stdio_sidecar(toy_command(), **sections) as sidecar:
         first = await _tool_text(http, sidecar.url, "pid")
         # A tool that never answers is slow, not dead: the child still answers the liveness probe.
         status, slow = await rpc(http, sidecar.url, "tools/call", {"name": "hang", "arguments": {}})
-        assert status == 504 and "no answer in time" in slow["error"]["message"], slow
+        assert status == 504 and "no answer in time" in told(slow["error"], caplog.records)["reason"], slow
         assert await _tool_text(http, sidecar.url, "pid") == first
         # A child that reads nothing more is dead to us: ended, and started again.
         status, frozen = await rpc(http, sidecar.url, "tools/call", {"name": "freeze", "arguments": {}})
@@ -191,10 +194,12 @@ async def test_a_hung_child_is_ended_and_started_again(http: aiohttp.ClientSessi
         assert await _tool_text(http, sidecar.url, "pid") != first
 
 
-async def test_an_answer_over_max_response_bytes_fails_that_request_only(http: aiohttp.ClientSession) -> None:
+async def test_an_answer_over_max_response_bytes_fails_that_request_only(
+    http: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture
+) -> None:
     async with serve_stdio_sidecar(toy_command(), upstream={"max_response_bytes": 4096}) as sidecar:
         status, reply = await rpc(http, sidecar.url, "tools/call", {"name": "big", "arguments": {"size": 100_000}})
-        assert status == 502 and "response larger than 4096 bytes" in reply["error"]["message"], reply
+        assert status == 502 and "response larger than 4096 bytes" in told(reply["error"], caplog.records)["reason"]
         assert await _tool_text(http, sidecar.url, "big", size=100) == "x" * 100
         metrics = await scrape(http, sidecar.admin_url)
         assert metrics.value("mcp_sidecar_limit_rejections_total", limit="upstream_max_response_bytes") == 1

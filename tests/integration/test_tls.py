@@ -131,7 +131,7 @@ async def test_a_tls_failure_towards_the_upstream_is_not_ready_with_a_clear_reas
     async with aiohttp.ClientSession() as http:
         with caplog.at_level(logging.WARNING, logger="sidecar"):
             async with serve_sidecar(https_upstream.url, upstream={"tls": tls}) as sidecar:
-                async with http.get(f"{sidecar.base_url}/readyz") as resp:
+                async with http.get(f"{sidecar.admin_url}/readyz") as resp:  # the listener that says why
                     body = await resp.json()
                 status, message = await rpc(http, sidecar.url, "resources/read", {"uri": PRICE})
     assert resp.status == 503, body

@@ -5,15 +5,12 @@ a sidecar process exports over OTLP/HTTP to a real receiver when only the standa
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -21,6 +18,7 @@ from opentelemetry.trace import SpanKind
 
 from tests.cluster import Replica, free_port, sidecar_config
 from tests.kit import ListenStream, eventually, rpc, serve_sidecar
+from tests.kit.otlp import otlp_receiver
 from tests.peers import Upstream, start_upstream
 
 PRICE = "catalog://price"
@@ -126,31 +124,6 @@ async def test_request_durations_carry_the_trace_id_as_an_openmetrics_exemplar(
     assert "trace_id" not in plain  # the Prometheus text format has no exemplars
 
 
-@contextlib.asynccontextmanager
-async def _otlp_receiver() -> AsyncIterator[tuple[str, list[ExportTraceServiceRequest]]]:
-    """A minimal OTLP/HTTP traces receiver (protobuf) on 127.0.0.1: every export it was sent."""
-    received: list[ExportTraceServiceRequest] = []
-    arrived = asyncio.Event()
-
-    async def traces(request: web.Request) -> web.Response:
-        export = ExportTraceServiceRequest()
-        export.ParseFromString(await request.read())
-        received.append(export)
-        arrived.set()
-        return web.Response(body=b"", content_type="application/x-protobuf")
-
-    app = web.Application()
-    app.router.add_post("/v1/traces", traces)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        yield f"http://127.0.0.1:{port}", received
-    finally:
-        await runner.cleanup()
-
-
 def _exported(received: list[ExportTraceServiceRequest]) -> list[tuple[str, dict[str, Any]]]:
     found = []
     for export in received:
@@ -164,7 +137,7 @@ def _exported(received: list[ExportTraceServiceRequest]) -> list[tuple[str, dict
 async def test_the_standard_environment_alone_exports_over_otlp_http_to_a_real_receiver(
     shop: Upstream, tmp_path: Path
 ) -> None:
-    async with _otlp_receiver() as (endpoint, received):
+    async with otlp_receiver() as (endpoint, received):
         env = {
             "OTEL_TRACES_EXPORTER": "otlp",
             "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,

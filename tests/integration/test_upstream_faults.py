@@ -1,8 +1,9 @@
 """Upstream faults, injected at the socket level by `tests/peers/faulty.py`: what a client sees, what other
 clients see, and how often the sidecar goes back to a failing upstream.
 
-For each fault a client gets a JSON-RPC error naming the upstream and a short reason (never the
-upstream's body, headers or a traceback), other clients are served meanwhile, and a watch hit by the
+For each fault a client gets a JSON-RPC error saying what failed in a fixed phrase, with an error id whose log
+line names the upstream and a short reason (never the upstream's body, headers or a traceback), other clients
+are served meanwhile, and a watch hit by the
 fault backs off: the upstream sees at most the polls the backoff schedule allows in a window, even
 while other clients' requests succeed in between (each success is evidence the upstream is "back").
 """
@@ -21,7 +22,19 @@ import pytest
 
 from sidecar.app import METRICS, REGISTRY
 from sidecar.config import PollingConfig
-from tests.kit import WAIT_S, ListenStream, Sidecar, eventually, headers, parse_sse, request, rpc, serve_sidecar, waits
+from tests.kit import (
+    WAIT_S,
+    ListenStream,
+    Sidecar,
+    eventually,
+    headers,
+    parse_sse,
+    request,
+    rpc,
+    serve_sidecar,
+    told,
+    waits,
+)
 from tests.peers.faulty import Fault, FaultyUpstream
 
 LIMIT = 64 * 1024
@@ -83,14 +96,19 @@ async def _read(http: aiohttp.ClientSession, sidecar: Sidecar, uri: str, request
         return resp.status, json.loads(text), text + str(dict(resp.headers))
 
 
-def _assert_says(message: dict[str, Any], request_id: Any, upstream: FaultyUpstream, reason: str) -> None:
+def _assert_says(
+    message: dict[str, Any], request_id: Any, upstream: FaultyUpstream, reason: str, log: list[logging.LogRecord]
+) -> None:
+    """The client is told what failed and an error id, never the upstream's address; the log line with that id
+    names the upstream and a short reason."""
     assert message["id"] == request_id, message
     error = message["error"]
     assert error["code"] == -32603
-    assert re.fullmatch(reason, error["data"]["reason"]), error
-    assert error["data"] == {"upstream": upstream.url, "reason": error["data"]["reason"]}
-    assert error["message"] == f"upstream {upstream.url}: {error['data']['reason']}"
-    assert len(error["data"]["reason"]) < 120, "a short reason, not a dump"
+    assert list(error["data"]) == ["error_id"] and upstream.url not in json.dumps(error), error
+    assert error["message"].startswith("the upstream "), error
+    logged = told(error, log)
+    assert logged["upstream"] == upstream.url and re.fullmatch(reason, logged["reason"]), logged
+    assert len(logged["reason"]) < 120, "a short reason, not a dump"
 
 
 async def _bystanders(http: aiohttp.ClientSession, sidecar: Sidecar, tag: str, count: int = 20) -> None:
@@ -110,7 +128,7 @@ async def _bystanders(http: aiohttp.ClientSession, sidecar: Sidecar, tag: str, c
 @pytest.mark.invariant(15)
 @pytest.mark.parametrize("fault", list(FAULTS), ids=[fault.value for fault in FAULTS])
 async def test_a_forwarded_request_hit_by_a_fault_gets_an_error_saying_what_happened_and_others_are_served(
-    fault: Fault, up: FaultyUpstream, http: aiohttp.ClientSession
+    fault: Fault, up: FaultyUpstream, http: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture
 ) -> None:
     status_due, reason = FAULTS[fault]
     up.fail(fault, uri="fault://x")
@@ -119,7 +137,7 @@ async def test_a_forwarded_request_hit_by_a_fault_gets_an_error_saying_what_happ
         await _bystanders(http, sidecar, "during")  # served while the fault is under way
         status, message, raw = await asyncio.wait_for(faulted, WAIT_S)
         assert status == status_due, raw
-        _assert_says(message, "victim", up, reason)
+        _assert_says(message, "victim", up, reason, caplog.records)
         for leak in LEAKS:
             assert leak not in raw, f"{leak!r} reached the client"
         await _bystanders(http, sidecar, "after")  # and the sidecar is fine afterwards
@@ -127,7 +145,7 @@ async def test_a_forwarded_request_hit_by_a_fault_gets_an_error_saying_what_happ
 
 
 async def test_a_read_on_a_kept_alive_connection_the_upstream_closed_is_sent_again_and_a_tool_call_never_is(
-    up: FaultyUpstream, http: aiohttp.ClientSession
+    up: FaultyUpstream, http: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture
 ) -> None:
     # A server's idle timeout can cross the next request on a kept-alive connection: closed, not a byte of
     # answer. A read may be sent again on a fresh connection (RFC 9112 section 9.3.1); a tool call may have run
@@ -144,12 +162,12 @@ async def test_a_read_on_a_kept_alive_connection_the_upstream_closed_is_sent_aga
         up.fail(Fault.CLOSED_WHEN_REUSED, methods=frozenset({"tools/call"}))
         status, message = await rpc(http, sidecar.url, "tools/call", {"name": "echo", "arguments": {"text": "once"}})
         assert status == 502, message
-        assert message["error"]["data"]["reason"] == "connection closed before the answer was complete"
+        assert told(message["error"], caplog.records)["reason"] == "connection closed before the answer was complete"
         assert len(up.seen(lambda entry: entry.method == "tools/call")) == 2, "the warm-up and this one, once"
 
 
 async def test_connection_refused_is_a_prompt_error_for_everyone_and_service_resumes_when_the_upstream_returns(
-    up: FaultyUpstream, http: aiohttp.ClientSession
+    up: FaultyUpstream, http: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture
 ) -> None:
     async with serve_sidecar(up.url, upstream=UPSTREAM, polling=POLLING) as sidecar:
         await _bystanders(http, sidecar, "before")
@@ -158,11 +176,14 @@ async def test_connection_refused_is_a_prompt_error_for_everyone_and_service_res
         # Refused at once, said as such: a timeout would be 504 "no answer in time".
         for n, (status, message, raw) in enumerate(answers):
             assert status == 502, raw
-            _assert_says(message, f"down-{n}", up, r"cannot connect: .+")
+            _assert_says(message, f"down-{n}", up, r"cannot connect: .+", caplog.records)
         async with http.get(f"{sidecar.base_url}/healthz") as resp:
             assert resp.status == 200  # the process is fine...
         async with http.get(f"{sidecar.base_url}/readyz") as resp:
-            assert resp.status == 503  # ...and says the upstream is not
+            assert resp.status == 503  # ...and says the upstream is not, and no more, to a client
+            assert await resp.json() == {"status": "not ready"}
+        async with http.get(f"{sidecar.admin_url}/readyz") as resp:
+            assert resp.status == 503  # the admin listener says why
             assert "cannot connect" in (await resp.json())["reason"]
         await up.start()  # same port
         await _bystanders(http, sidecar, "back")
@@ -265,7 +286,7 @@ async def test_a_watch_of_an_upstream_that_refuses_connections_backs_off_and_cat
 
 
 async def test_an_upstream_that_answers_every_session_with_404_costs_bounded_retries_and_spares_other_contexts(
-    http: aiohttp.ClientSession,
+    http: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture
 ) -> None:
     async with FaultyUpstream(era="legacy") as up, serve_sidecar(up.url, upstream=UPSTREAM, polling=POLLING) as sidecar:
         alice, bob = {"Authorization": "Bearer alice"}, {"Authorization": "Bearer bob"}
@@ -283,7 +304,7 @@ async def test_an_upstream_that_answers_every_session_with_404_costs_bounded_ret
             )
             for n, (status, message, raw) in enumerate(answers):
                 assert status == 502, raw
-                _assert_says(message, f"a-{n}", up, r"HTTP 404 Not Found")
+                _assert_says(message, f"a-{n}", up, r"HTTP 404 Not Found", caplog.records)
             client_reads = [entry for entry in up.reads(since=started) if (entry.uri or "").startswith("res://a/")]
             assert len(client_reads) <= 2 * 10, "each request is retried at most once on a fresh session"
 

@@ -9,6 +9,7 @@
   examples;
 - `cli`: the one CLI-process helper (`cli`, `Cli`);
 - `serving`: the sidecar app served in the test's own process (`serve_sidecar`, `serve_config`);
+- `told`: the log line that says what a client's upstream error id stands for (`told`);
 - `sync_process`: a server process driven without an event loop, for a hypothesis property (not re-exported).
 - `session`: the one raw 2025-11-25 session client (`Session`, `sessions`), its GET stream read as frames arrive (not
   re-exported).
@@ -24,6 +25,7 @@ from tests.kit.loop_thread import LoopThread, World, loop_thread
 from tests.kit.metrics import Sample, Scrape, parse, scrape
 from tests.kit.serving import Sidecar, context_of, make_config, serve_config, serve_sidecar, waits
 from tests.kit.sse import COMMENT, SseParser, parse_sse, sse_messages
+from tests.kit.told import TOLD_LINE, told
 from tests.kit.waiting import WAIT_S, eventually
 from tests.kit.wire import (
     ACK,
@@ -49,6 +51,7 @@ __all__ = [
     "META",
     "PV",
     "SUB_ID_KEY",
+    "TOLD_LINE",
     "UPDATED",
     "WAIT_S",
     "Cli",
@@ -80,5 +83,6 @@ __all__ = [
     "serve_sidecar",
     "sse_messages",
     "text_of",
+    "told",
     "waits",
 ]

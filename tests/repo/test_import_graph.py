@@ -52,7 +52,8 @@ def test_no_two_parts_of_the_sidecar_import_each_other() -> None:
 
 
 def test_observability_reaches_up_into_nothing_it_reports_on() -> None:
-    assert _arrows()["observability"] <= {"protocol", "changes", "identity", "config"}
+    # `masking` is a leaf (it imports nothing of the sidecar): the one rule every surface, the log among them, uses.
+    assert _arrows()["observability"] <= {"protocol", "changes", "identity", "config", "masking"}
 
 
 def _imports_of(folder: Path) -> set[str]:

@@ -1,25 +1,34 @@
 """The kustomize components render (with the real `kubectl kustomize`) into manifests that agree with the
 sidecar: monitors scrape the admin port the configuration serves and select the pods' labels, the rule holds
 the alerts file's rules, probes ask the MCP listener (over HTTPS with the tls component), the replicas' Redis
-URL comes from a Secret, and their disruption budget and spread select the pods.
+URL comes from a Secret and their instance names from the pods' names, and their disruption budget and spread
+select the pods. Every combination of components renders into documents the Kubernetes API's schemas accept
+(`kubernetes-validate`, strict: an unknown field is an error), and the Prometheus Operator's kinds their CRDs'
+schemas (tests/repo/operator_schemas.py), with no volume mounted inside another.
 
     python3 -m tests.repo.test_k8s_components    # rewrites prometheusrule.yaml from config/prometheus/alerts.yml
 """
 
 from __future__ import annotations
 
+import functools
+import itertools
 import json
 import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
 
+import kubernetes_validate
 import pytest
 import trustme
 import yaml
+from kubernetes_validate.utils import all_versions
 
 from sidecar.config import SidecarConfig, load_config
+from sidecar.observability.logs import INSTANCE_ENV
 from tests.prereqs import require_binary
+from tests.repo.operator_schemas import validator
 
 CONFIG = Path(__file__).resolve().parents[2] / "config"
 K8S = CONFIG / "k8s"
@@ -31,6 +40,14 @@ _RULE_HEADER = (
 )
 
 Manifests = dict[tuple[str, str], dict[str, Any]]
+COMBINATIONS = [
+    combination
+    for size in range(len(list(COMPONENTS.iterdir())) + 1)
+    for combination in itertools.combinations(sorted(path.name for path in COMPONENTS.iterdir() if path.is_dir()), size)
+]
+"""Every set of components an overlay can list, none and all included."""
+KUBERNETES_VERSIONS = (all_versions()[0], all_versions()[-1])
+"""The oldest and the newest Kubernetes whose API schemas kubernetes-validate ships."""
 
 
 def prometheus_rule() -> str:
@@ -49,6 +66,11 @@ def prometheus_rule() -> str:
 
 
 def _render(*components: str) -> Manifests:
+    return {(doc["kind"], doc["metadata"]["name"]): doc for doc in yaml.safe_load_all(_rendered(components)) if doc}
+
+
+@functools.cache
+def _rendered(components: tuple[str, ...]) -> str:
     kubectl = require_binary("kubectl", needed_by="the kustomize components' tests")
     with tempfile.TemporaryDirectory(dir=K8S.parent, prefix=".overlay-") as overlay:
         root = Path(overlay)
@@ -59,7 +81,7 @@ def _render(*components: str) -> Manifests:
         (root / "kustomization.yaml").write_text(yaml.safe_dump(kustomization), encoding="utf-8")
         rendered = subprocess.run([kubectl, "kustomize", str(root)], capture_output=True, text=True, timeout=60)
     assert rendered.returncode == 0, rendered.stderr
-    return {(doc["kind"], doc["metadata"]["name"]): doc for doc in yaml.safe_load_all(rendered.stdout) if doc}
+    return rendered.stdout
 
 
 def _config(manifests: Manifests, tmp_path: Path, environ: dict[str, str] | None = None) -> SidecarConfig:
@@ -140,6 +162,8 @@ def test_the_replicas_component_runs_several_on_redis_from_a_secret_spread_and_b
         "name": "catalog-mcp-redis",
         "key": "url",
     }
+    # Each replica is named by its pod (logs' and metrics' instance), not by a random id of its own.
+    assert env[INSTANCE_ENV]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     environ = {"MCP_SIDECAR__BUS__BACKEND": env["MCP_SIDECAR__BUS__BACKEND"]["value"]}
     environ["MCP_SIDECAR__BUS__REDIS_URL"] = "redis://:secret@redis:6379/0"  # what the Secret would hold
     config = _config(manifests, tmp_path, environ)
@@ -168,9 +192,54 @@ def test_the_tls_component_serves_https_from_a_secret_and_probes_ask_over_https(
     assert _port(sidecar, "http") == _config(manifests, tmp_path, override).listen.port
 
 
-@pytest.mark.parametrize("component", sorted(path.name for path in COMPONENTS.iterdir() if path.is_dir()))
-def test_each_component_renders_on_its_own(component: str) -> None:
-    assert _render(component)
+def _problems(document: dict[str, Any]) -> list[str]:
+    """What the API server would refuse in `document` (strict field validation), for each Kubernetes version."""
+    if document["apiVersion"].startswith("monitoring.coreos.com/"):
+        return [f"{error.json_path}: {error.message}" for error in validator(document["kind"]).iter_errors(document)]
+    problems = []
+    for version in KUBERNETES_VERSIONS:
+        try:
+            kubernetes_validate.validate(document, version, strict=True)
+        except kubernetes_validate.ValidationError as error:
+            problems.append(f"Kubernetes {version}: {error.json_path}: {error.message}")
+    return problems
+
+
+def test_every_combination_of_components_is_valid_against_the_schemas_of_the_api_and_the_operator() -> None:
+    documents: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {}
+    for combination in COMBINATIONS:
+        for document in _render(*combination).values():
+            documents.setdefault(json.dumps(document, sort_keys=True), (combination, document))  # each once
+    kinds = {document["kind"] for _, document in documents.values()}
+    assert {"Deployment", "PodMonitor", "ServiceMonitor", "PrometheusRule", "PodDisruptionBudget"} <= kinds
+    problems = [
+        f"{document['kind']} {document['metadata']['name']} (components {list(combination)}): {problem}"
+        for combination, document in documents.values()
+        for problem in _problems(document)
+    ]
+    assert problems == []
+
+
+def test_the_schema_checks_refuse_a_misspelt_field() -> None:
+    # The case a check that accepted anything would pass: one unknown field in a Deployment, one in a monitor.
+    manifests = _render("servicemonitor")
+    deployment = json.loads(json.dumps(manifests[("Deployment", "catalog-mcp")]))
+    deployment["spec"]["replica"] = 2
+    assert any("'replica' was unexpected" in problem for problem in _problems(deployment)), _problems(deployment)
+    monitor = json.loads(json.dumps(manifests[("ServiceMonitor", "catalog-mcp-sidecar")]))
+    monitor["spec"]["endpoints"][0]["intervall"] = "15s"
+    assert any("'intervall' was unexpected" in problem for problem in _problems(monitor)), _problems(monitor)
+
+
+@pytest.mark.parametrize("combination", COMBINATIONS, ids=lambda names: "+".join(names) or "base")
+def test_no_volume_is_mounted_inside_another(combination: tuple[str, ...]) -> None:
+    # A Secret mounted inside the read-only ConfigMap volume is a nested mount some runtimes refuse or shadow.
+    for container in _pod(_render(*combination))["spec"]["containers"]:
+        paths = [Path(mount["mountPath"]) for mount in container.get("volumeMounts", [])]
+        nested = [
+            (outer, inner) for outer in paths for inner in paths if inner != outer and inner.is_relative_to(outer)
+        ]
+        assert nested == [], f"{container['name']}: {nested}"
 
 
 if __name__ == "__main__":

@@ -19,7 +19,13 @@ from sidecar.config.shown import masked_url, shown_config
         ("unix:///run/redis.sock?db=1&password=hunter2", "unix:///run/redis.sock?db=1&password=***"),
         ("redis://db?password=hunter2", "redis://db?password=***"),
         ("https://ghp_t0ken@mcp.example/mcp", "https://***@mcp.example/mcp"),
-        ("https://user:hunter2@[::1]:8443/mcp", "https://user:***@[::1]:8443/mcp"),
+        ("https://user:hunter2@[::1]:8443/mcp", "https://***@[::1]:8443/mcp"),  # an HTTP userinfo is all credential
+        ("https://ghp_t0ken:x-oauth-basic@mcp.example/mcp", "https://***@mcp.example/mcp"),
+        ("postgresql://app:hunter2@db:5432/shop", "postgresql://app:***@db:5432/shop"),
+        (
+            "https://mcp.example/mcp?access_token=hunter2&apiKey=k&q=1",
+            "https://mcp.example/mcp?access_token=***&apiKey=***&q=1",
+        ),
         ("https://mcp.example/mcp?api_key=hunter2&region=eu#x", "https://mcp.example/mcp?api_key=***&region=eu#x"),
         ("not a url", "not a url"),
     ],
@@ -36,7 +42,7 @@ def test_shown_config_masks_header_and_env_values_and_url_passwords() -> None:
         }
     )
     shown = shown_config(config)
-    assert shown["upstream"]["url"] == "https://u:***@mcp.example/mcp"
+    assert shown["upstream"]["url"] == "https://***@mcp.example/mcp"
     assert shown["upstream"]["headers"] == {"x-api-key": "**********"}
     assert shown["bus"]["redis_url"] == "redis://db:6379/0"
     assert "hunter2" not in str(shown) and "k3y" not in str(shown)

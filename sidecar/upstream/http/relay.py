@@ -80,7 +80,6 @@ async def relay_answer(
             logger.info("upstream stream broke off after its response", extra={"reason": exc.reason})
             return
         failure = exc
-    logger.warning("request failed: %s", failure)
     yield frame(SSEEvent(orjson.dumps(error_response(request_id, failure.to_rpc())).decode()))
 
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import orjson
 
+from sidecar.masking import scrub
 from sidecar.observability.metrics import Metrics
 from sidecar.protocol.constants import META_SUBSCRIPTION_ID
 from sidecar.protocol.errors import (
@@ -86,6 +87,7 @@ class StdioChild:
         stderr_lines_per_s: float,
         metrics: Metrics,
         on_notification: NotificationSink,
+        stderr_level: int = logging.INFO,
     ) -> None:
         self.label = label
         """How errors name the upstream (`stdio: <command>`)."""
@@ -95,6 +97,8 @@ class StdioChild:
         self._max_line_bytes = max_line_bytes
         self._max_in_flight = max_in_flight
         self._stderr_lines_per_s = stderr_lines_per_s
+        self.stderr_level = stderr_level
+        """The level of its stderr lines while it runs; once it has exited, its last ones are warnings."""
         self._metrics = metrics
         self._on_notification = on_notification
         self._proc: asyncio.subprocess.Process | None = None
@@ -351,12 +355,14 @@ class StdioChild:
             while chunk := await self._proc.stderr.read(_READ_CHUNK_BYTES):
                 for line in lines.feed(chunk):
                     text = (line.head if isinstance(line, OverlongLine) else line).decode("utf-8", "replace").rstrip()
+                    text = scrub(text)  # a child may print its own arguments: a reason built from it shows no secret
                     if not text:
                         continue
                     self._stderr_tail.append(text[:_STDERR_TAIL_LINE_CHARS])
                     if allowance.take():
                         log.flush()
-                        stderr_logger.info("%s", text, extra=extra)
+                        exited = self._proc.returncode is not None  # the lines that say why it ended
+                        stderr_logger.log(logging.WARNING if exited else self.stderr_level, "%s", text, extra=extra)
                         logged.inc()
                     else:
                         log.count()

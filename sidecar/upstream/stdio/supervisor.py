@@ -2,7 +2,10 @@
 
 States: `starting` (spawned, handshake not yet answered; requests wait for it), `ready`, `down`
 (ended, waiting out the backoff before the next start; requests fail at once with the reason, which
-/readyz shows too) and `closed`. The child ends by exiting, by closing its stdout, or by failing a
+/readyz shows too) and `closed`. Until a child answers its handshake, the reason keeps how the last one
+ended (its exit, its last stderr line, when, the restarts so far), in `starting` as in `down`: a crash
+loop says why in every sample; the stderr of a child started after one that ended is logged at warning,
+as are a child's last lines once it has exited. The child ends by exiting, by closing its stdout, or by failing a
 liveness probe: a request that timed out makes the supervisor ask the child something cheap (`ping`;
 `server/discover` at 2026-07-28) within `upstream.connect_timeout_s`, and a child that cannot answer
 that is ended (its process group) and started again. The handshake speaks whichever era the child
@@ -76,6 +79,11 @@ class StdioSupervisor:
         """Why the supervisor itself ended a child: (reason in words, restart metric label)."""
         self._discover_ends_child = False
         """The last child died after reading server/discover: the next start (that one only) gets initialize first."""
+        self._last_exit: str | None = None
+        """How the last child ended, when, and the restarts so far, in words: said beside `starting` until a child
+        answers its handshake, so a crash loop says why in every sample, not only while it is `down`."""
+        self._restarted = 0
+        """Children started again since the sidecar started (each counted in mcp_sidecar_upstream_restarts_total)."""
         self._env: dict[str, str] = {}
         self._probe: asyncio.Task[bool] | None = None
         self._runner: asyncio.Task[None] | None = None
@@ -186,6 +194,8 @@ class StdioSupervisor:
         self._env = env
         child = StdioChild(
             config.command or [],
+            # A child started again after one that died before its handshake is likely to say why on stderr: heard.
+            stderr_level=logging.WARNING if self._last_exit is not None else logging.INFO,
             env=env,
             cwd=config.cwd,
             label=self.label,
@@ -205,14 +215,20 @@ class StdioSupervisor:
             reason, kind = await self._live(child)
             self._ending.pop(child, None)
             clues = self._early_exit_clues(child) if not self._ready_at and kind == "exited" else {}
+            if child.stderr_tail:  # its last words, at warning with the line that says it ended
+                clues.setdefault("stderr_tail", child.stderr_tail)
             if self._ready_at and time.monotonic() - self._ready_at >= STABLE_AFTER_S:
                 failures = 0
             self._ready_at = 0.0
             while True:
                 failures += 1
+                self._restarted += 1
                 delay_s = self._restarts.delay(failures)
                 self._metrics.upstream_restarts.labels(kind).inc()
-                self._enter("down", f"the stdio server {reason}; restarting in {delay_s:.1f} s")
+                ended = f"{reason} at {time.strftime('%H:%M:%SZ', time.gmtime())}"
+                so_far = f"{self._restarted} restarts so far"
+                self._last_exit = f"it last {ended} ({so_far})"
+                self._enter("down", f"the stdio server {ended}; restarting in {delay_s:.1f} s ({so_far})")
                 logger.warning("stdio server down", extra={"upstream": self.label, "reason": self.reason, **clues})
                 await asyncio.sleep(delay_s)
                 try:
@@ -234,7 +250,7 @@ class StdioSupervisor:
 
     async def _live(self, child: StdioChild) -> tuple[str, str]:
         """Handshake, serve until the child ends; returns why it ended and the restart metric's label."""
-        self._enter("starting", _STARTING)
+        self._enter("starting", _STARTING if self._last_exit is None else f"{_STARTING}; {self._last_exit}")
         try:
             self.info, self.handshake = await self._handshake(child)
         except UpstreamError as exc:
@@ -290,6 +306,9 @@ class StdioSupervisor:
             self._settled.set()
         if state == "ready":
             self.ever_ready = True
+            self._last_exit = None
+            if self.child is not None:
+                self.child.stderr_level = logging.INFO
             assert self.info is not None
             self._metrics.upstream_speaks(self.info.revision)
             logger.info(

@@ -290,8 +290,7 @@ class StdioTransport:
                     yield event(response(client_id, shape(call.answer.result())))
                     return
         except UpstreamError as exc:
-            logger.warning("request failed: %s", exc)
-            yield event(error_response(client_id, exc.to_rpc()))
+            yield event(error_response(client_id, exc.to_rpc()))  # to_rpc logs the details with the error id
         finally:
             if getter is not None:
                 getter.cancel()

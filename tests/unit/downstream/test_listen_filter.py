@@ -82,8 +82,13 @@ def test_a_uri_of_exactly_the_limit_and_every_list_flag_are_accepted() -> None:
 @pytest.mark.parametrize(
     ("error", "reason", "code", "message"),
     [
-        (UpstreamHTTPError(URL, 401, "Unauthorized"), "upstream_refused", -32600, None),
-        (UpstreamUnavailable(URL, "connection refused"), "upstream_error", -32603, None),
+        (
+            UpstreamHTTPError(URL, 401, "Unauthorized"),
+            "upstream_refused",
+            -32600,
+            "the upstream refused the request (HTTP 401)",
+        ),
+        (UpstreamUnavailable(URL, "connection refused"), "upstream_error", -32603, "the upstream is unavailable"),
         (TooManyRequests("over your share"), "rate_limited", -32603, "over your share"),
         (MethodNotFound("no such thing"), "refused", -32601, "no such thing"),
     ],
@@ -91,14 +96,13 @@ def test_a_uri_of_exactly_the_limit_and_every_list_flag_are_accepted() -> None:
 )
 @pytest.mark.invariant(2)
 def test_a_part_whose_first_read_failed_names_the_error_that_read_would_have_got(
-    error: Exception, reason: str, code: int, message: str | None
+    error: Exception, reason: str, code: int, message: str
 ) -> None:
     left = LeftOut.refused(error, "x://a")  # type: ignore[arg-type]
-    expected = message if message is not None else str(error)
-    assert left == LeftOut(reason, code, expected, "x://a")
-    assert left.as_meta() == {"uri": "x://a", "code": code, "message": expected}
+    assert left == LeftOut(reason, code, message, "x://a")  # an upstream failure's message names no address
+    assert left.as_meta() == {"uri": "x://a", "code": code, "message": message}
     listed = LeftOut.refused(error, None, "toolsListChanged")  # type: ignore[arg-type]
-    assert listed.as_meta() == {"notification": "toolsListChanged", "code": code, "message": expected}
+    assert listed.as_meta() == {"notification": "toolsListChanged", "code": code, "message": message}
 
 
 def test_every_kind_of_left_out_part_says_its_code_and_message() -> None:
