@@ -94,6 +94,7 @@ def build_app(config: SidecarConfig) -> web.Application:
     bus: Bus
     cluster: RedisBus | None = None
     if config.bus.backend == "redis":
+        metrics.redis_configured.set(1)
         cluster = RedisBus(
             config.bus.redis_url.get_secret_value(),
             instance=INSTANCE_ID,

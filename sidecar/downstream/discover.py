@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sidecar.protocol.constants import META_SERVER_INFO, META_UPSTREAM_SERVER_INFO, MODERN_VERSION
+from sidecar.protocol.constants import META_CACHED, META_SERVER_INFO, META_UPSTREAM_SERVER_INFO, MODERN_VERSION
 from sidecar.protocol.frames import SERVER_INFO
 from sidecar.protocol.lists import synthesise_capabilities
 from sidecar.protocol.types import JsonObject
@@ -14,8 +14,9 @@ DISCOVER_TTL_MS = 300_000
 """Capabilities change only when the upstream is replaced; clients may cache discover for five minutes."""
 
 
-def build_discover_result(info: UpstreamInfo, *, subscriptions: bool) -> JsonObject:
-    """The sidecar's own `server/discover`: the upstream's capabilities plus the ones the sidecar synthesises."""
+def build_discover_result(info: UpstreamInfo, *, subscriptions: bool, cached: bool = False) -> JsonObject:
+    """The sidecar's own `server/discover`: the upstream's capabilities plus the ones the sidecar synthesises;
+    `cached`: `info` is remembered from before an outage, and the answer says so in its `_meta`."""
     capabilities = {
         name: dict(value) if isinstance(value, dict) else value for name, value in info.capabilities.items()
     }
@@ -25,6 +26,8 @@ def build_discover_result(info: UpstreamInfo, *, subscriptions: bool) -> JsonObj
     meta: JsonObject = {META_SERVER_INFO: SERVER_INFO}
     if info.server_info is not None:
         meta[META_UPSTREAM_SERVER_INFO] = info.server_info
+    if cached:
+        meta[META_CACHED] = True
     result: JsonObject = {
         "resultType": "complete",
         "supportedVersions": [MODERN_VERSION],

@@ -254,8 +254,9 @@ class McpEndpoint:
         if method in REMOVED_METHODS:
             raise MethodNotFound("Method not found", method)
         if method == "server/discover":
-            info = await self._upstream.ensure_info(identity)
-            result = build_discover_result(info, subscriptions=self._listen is not None)
+            # During an outage, the last discovery this context was given: a client can connect and listen.
+            info, cached = await self._upstream.discovery(identity)
+            result = build_discover_result(info, subscriptions=self._listen is not None, cached=cached)
             return json_response(result_response(message.id, result))
         if method == "subscriptions/listen":
             if self._listen is None:

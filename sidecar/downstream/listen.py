@@ -2,18 +2,23 @@
 
 Order (as the SDK's ListenHandler): register interest, send the ack, drain pending signals, and
 release interest in `finally`. Stamping and filtering happen here only; the bus never sees JSON-RPC.
+
+During an outage a client can still listen: the capabilities are the last ones its context was given, and a URI
+(or list kind) whose first read cannot reach the upstream is acked and joined once the upstream can be used again,
+when the stream is told of it once, so the client reads what it could not read meanwhile.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 
 import orjson
 from aiohttp import web
 
-from sidecar.backoff import JITTER
+from sidecar.backoff import JITTER, Backoff
 from sidecar.changes import Bus, ChangeEvent, WatchKey
 from sidecar.config import StreamsConfig
 from sidecar.downstream.delivered import Delivered
@@ -31,11 +36,13 @@ from sidecar.identity import Identity
 from sidecar.observability.log_budget import LogBudget
 from sidecar.observability.metrics import Metrics
 from sidecar.observability.tracing import tracing
+from sidecar.protocol.constants import RESOURCE_UPDATED_METHOD
 from sidecar.protocol.envelope import Message
 from sidecar.protocol.errors import InvalidParams, Overloaded, RpcError, UpstreamError
 from sidecar.protocol.frames import ack_notification
+from sidecar.protocol.lists import LIST_KINDS
 from sidecar.upstream.base import LearnEra
-from sidecar.watch.clock import LOOP_CLOCK, Clock, Timer
+from sidecar.watch.clock import LOOP_CLOCK, Clock, Timer, sleep
 from sidecar.watch.registry import Handle, WatchRegistry
 
 __all__ = ["Connection", "ListenStream", "SignalSink", "StreamHub", "SubscriptionFilter", "parse_filter"]
@@ -46,6 +53,8 @@ _FLUSH_SLICE = 1024
 """Streams the fan-out writes to before it lets the event loop run other work."""
 _MAX_AGE_JITTER = 0.1
 """Streams opened together (a reconnect wave) end spread over a tenth of `max_age_s`, not in one instant."""
+_JOIN_AGAIN = Backoff(1.0, 30.0, jitter=0.5)
+"""Between tries to join what a stream acked during an outage, while the upstream fails again once back."""
 
 
 class StreamHub:
@@ -155,7 +164,7 @@ class StreamHub:
         self._keepalive.start()
         try:
             try:
-                ack = await self._subscribe(stream, wanted, identity)
+                ack, deferred = await self._subscribe(stream, wanted, identity)
             except (UpstreamError, RpcError):
                 stream.end_reason = "refused"  # the listen is answered with the error instead of an ack
                 raise
@@ -175,6 +184,13 @@ class StreamHub:
             )
             del ack
             expiry = self._expiry(stream)
+            joining = None
+            if deferred:
+                logger.info(
+                    "listen stream acked while the upstream cannot be reached; joined once it can",
+                    extra={"subscription_id": stream.subscription_id, "waiting": len(deferred)},
+                )
+                joining = asyncio.get_running_loop().create_task(self._join_when_back(stream, deferred, identity))
             # The stream's driver from the ack on, inline (a coroutine of its own would cost every idle stream its
             # frame): it awaits what the stream's rules leave to wait for (a slow client, the next signal or the
             # close) and nothing else.
@@ -195,6 +211,8 @@ class StreamHub:
             finally:
                 if expiry is not None:
                     expiry.cancel()
+                if joining is not None:
+                    joining.cancel()
         except StreamStalled:
             stream.end_reason = "stalled"
         except ConnectionResetError:
@@ -212,44 +230,89 @@ class StreamHub:
         age_s = max_age_s * (1 - _MAX_AGE_JITTER * JITTER.random())
         return self._clock.call_at(self._clock.now() + age_s, lambda: stream.close("max_age"))
 
-    async def _subscribe(self, stream: ListenStream, wanted: SubscriptionFilter, identity: Identity) -> Ack:
+    async def _subscribe(
+        self, stream: ListenStream, wanted: SubscriptionFilter, identity: Identity
+    ) -> tuple[Ack, list[Asked]]:
+        """The ack, and what it honours that is joined only once the upstream can be used again."""
         # The probe (when this is the first contact) goes as the client: a protected upstream would refuse an
-        # anonymous one, and the client would get a 401 for a token that is valid.
-        capabilities = (await self._upstream.ensure_info(identity)).capabilities
-        ack = Ack(wanted, capabilities, self._config.max_uris_per_stream)
+        # anonymous one, and the client would get a 401 for a token that is valid. During an outage, the
+        # capabilities are the last ones this context was given (`remembered`).
+        info, remembered = await self._upstream.discovery(identity)
+        ack = Ack(wanted, info.capabilities, self._config.max_uris_per_stream)
         if ack.over_limit:
             self._metrics.limit_rejections.labels("max_uris_per_stream").inc(len(ack.over_limit))
         failures: list[UpstreamError | RpcError] = []
+        deferred: list[Asked] = []
 
         async def join(part: Asked) -> LeftOut | None:
-            """None when joined; else why not."""
-            uri, field = part.uri, part.notification
+            """None when joined (or to be joined once the upstream is back); else why not."""
             try:
-                handle = await self._registry.acquire(part.kind, uri, identity)
+                return await self._join(stream, part, identity)
             except (UpstreamError, RpcError) as exc:
+                if remembered and isinstance(exc, UpstreamError) and exc.is_transport_failure:
+                    deferred.append(part)  # the outage, not the URI: acked, and joined once it is over
+                    return None
                 failures.append(exc)  # left out of the ack; the listen fails with it if nothing else joins
-                return LeftOut.refused(exc, uri, field)
-            except Exception:  # boundary: one URI's failure leaves it out of the ack, never the others' handles
-                logger.exception("subscribing failed", extra={"kind": part.kind})
-                return LeftOut.internal(uri, field)
-            if handle is None:
-                return LeftOut.not_found(uri, field)
-            if stream.ended:  # the stream ended while this baseline was read: nobody reads its ack
-                handle.release()
-                return LeftOut.internal(uri, field)
-            # Registered at once, before any other await, so a change after this baseline reaches us; counted at
-            # once too, as _end uncounts every resource handle, also those of a stream gone before its ack.
-            stream.handles.append(handle)
-            self.attach(stream, handle)
-            if part.kind == "resource":
-                self._metrics.subscriptions.inc()
-            return None
+                return LeftOut.refused(exc, part.uri, part.notification)
 
         ack.settle(await asyncio.gather(*(join(part) for part in ack.asked)))
         refusal = ack.refusal(failures)
         if refusal is not None:
             raise refusal
-        return ack
+        return ack, deferred
+
+    async def _join(self, stream: ListenStream, part: Asked, identity: Identity) -> LeftOut | None:
+        """Join `part`'s watch for `stream`: None when joined; else why not. Raises the UpstreamError (or
+        RpcError) of a first read the upstream could not answer."""
+        uri, field = part.uri, part.notification
+        try:
+            handle = await self._registry.acquire(part.kind, uri, identity)
+        except (UpstreamError, RpcError):
+            raise
+        except Exception:  # boundary: one URI's failure leaves it out of the ack, never the others' handles
+            logger.exception("subscribing failed", extra={"kind": part.kind})
+            return LeftOut.internal(uri, field)
+        if handle is None:
+            return LeftOut.not_found(uri, field)
+        if stream.ended:  # the stream ended while this baseline was read: nobody reads its ack
+            handle.release()
+            return LeftOut.internal(uri, field)
+        # Registered at once, before any other await, so a change after this baseline reaches us; counted at
+        # once too, as _end uncounts every resource handle, also those of a stream gone before its ack.
+        stream.handles.append(handle)
+        self.attach(stream, handle)
+        if part.kind == "resource":
+            self._metrics.subscriptions.inc()
+        return None
+
+    async def _join_when_back(self, stream: ListenStream, parts: Sequence[Asked], identity: Identity) -> None:
+        """What `stream` acked during an outage, joined once the upstream can be used again. Each part is told
+        once as it is joined, since the client could not read it meanwhile (a URI whose read then finds it
+        missing or refused is told too, and not watched: the client's read says why); one whose read cannot
+        reach the upstream again is tried again, backed off."""
+        waiting = list(parts)
+        tries = 0
+        while waiting and not stream.ended:
+            await self._upstream.reached()
+            outcomes = await asyncio.gather(*(self._join_back(stream, part, identity) for part in waiting))
+            waiting = [part for part, again in zip(waiting, outcomes, strict=True) if again]
+            if waiting:
+                tries += 1
+                await sleep(self._clock, _JOIN_AGAIN.delay(tries))
+
+    async def _join_back(self, stream: ListenStream, part: Asked, identity: Identity) -> bool:
+        """Join one part acked during an outage and tell the stream; True when the upstream failed again."""
+        try:
+            await self._join(stream, part, identity)
+        except UpstreamError as exc:
+            if exc.is_transport_failure:
+                return True
+        except RpcError:
+            pass  # refused (over a limit, say): told, so the client's read says why
+        if not stream.ended:
+            method = RESOURCE_UPDATED_METHOD if part.kind == "resource" else LIST_KINDS[part.kind].notification_method
+            stream.signal(method, part.uri, time.time())
+        return False
 
     def _end(self, stream: ListenStream) -> None:
         stream.ended = True

@@ -144,6 +144,7 @@ class Metrics:
             "1 while the upstream's answers are MCP; 0 while it answers something else (a wrong path, say)",
             registry=r,
         )
+        self.upstream_usable.set(1)  # 0 only once an answer was found unusable (a stdio server never is)
         self.upstream_era = Gauge(
             "mcp_sidecar_upstream_era_info",
             "The protocol revision the upstream speaks: 1 on the series of its revision",
@@ -303,6 +304,11 @@ class Metrics:
         self.redis_up = Gauge(
             "mcp_sidecar_redis_up",
             "1 while Redis answers; always 0 with bus.backend: memory, which uses no Redis",
+            registry=r,
+        )
+        self.redis_configured = Gauge(
+            "mcp_sidecar_redis_configured",
+            "1 with bus.backend: redis (then mcp_sidecar_redis_up 0 means Redis is unreachable), 0 with memory",
             registry=r,
         )
         self.leases_held = Gauge(

@@ -63,6 +63,10 @@ META_SUBSCRIPTION_ID = "io.modelcontextprotocol/subscriptionId"
 META_UPSTREAM_SERVER_INFO = "io.github.mcp-sidecar/upstreamServerInfo"
 """Our own result `_meta` key on `server/discover`: the upstream's serverInfo."""
 
+META_CACHED = "io.github.mcp-sidecar/cached"
+"""Our own result `_meta` key on `server/discover`: true when the upstream could not be reached and the answer is
+the last one this client's context was given (so a client can connect, and listen, during an outage)."""
+
 META_LEFT_OUT = "io.github.mcp-sidecar/leftOut"
 """Our own `_meta` key on a listen's ack: what the ack leaves out of the filter, each with the JSON-RPC error
 code and message that say why (absent when nothing was left out)."""

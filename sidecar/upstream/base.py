@@ -63,6 +63,15 @@ class LearnEra(Protocol):
         """The upstream's era and capabilities, probed (as `identity`) when not known yet."""
         ...
 
+    async def discovery(self, identity: Identity = ANONYMOUS_IDENTITY) -> tuple[UpstreamInfo, bool]:
+        """What a client of `identity`'s context connects with: `ensure_info` (False), or, while the upstream
+        cannot be reached, the last one learned for that context (True: remembered); with none, the failure."""
+        ...
+
+    async def reached(self) -> UpstreamInfo:
+        """The era and capabilities once the upstream can be used, waiting (however long) until it can."""
+        ...
+
 
 class Forward(LearnEra, Protocol):
     """A modern client's request on its way upstream, and what the answer's headers may say."""

@@ -16,6 +16,8 @@ from collections.abc import AsyncIterator, Callable
 from functools import partial
 from typing import Any
 
+from cachetools import LRUCache
+
 from sidecar.config import CacheConfig
 from sidecar.identity import ANONYMOUS_IDENTITY, Identity
 from sidecar.protocol.envelope import Era, Message, RequestId
@@ -31,6 +33,8 @@ __all__ = ["UpstreamBridge"]
 JsonObject = dict[str, Any]
 
 _JSON = {"Content-Type": "application/json"}
+_REMEMBERED_CONTEXTS = 10_000
+"""Contexts whose last discovery is kept for an outage (least recently used go first: theirs fails as it did)."""
 
 
 class UpstreamBridge:
@@ -42,6 +46,9 @@ class UpstreamBridge:
         self._cache = cache
         self._on_demand = transport.probes_on_demand
         self._probe_lock = asyncio.Lock()
+        self._discovered: LRUCache[str, UpstreamInfo] = LRUCache(maxsize=_REMEMBERED_CONTEXTS)
+        """The last era and capabilities each context was given: a client connecting during an outage gets them
+        (per context, so what one credential was told never reaches another)."""
         if self._on_demand:
             reachability.retry = self._reach_again
 
@@ -112,9 +119,27 @@ class UpstreamBridge:
 
     # -- the era ------------------------------------------------------------------------------------------
 
+    async def discovery(self, identity: Identity = ANONYMOUS_IDENTITY) -> tuple[UpstreamInfo, bool]:
+        """What a client of `identity`'s context connects with (`server/discover`, a listen's capabilities): the
+        era and capabilities now (False), or, while the upstream cannot be reached, the last ones that context was
+        given (True: remembered), so a client can connect and listen during an outage; with none, the failure."""
+        try:
+            return await self.ensure_info(identity), False
+        except UpstreamError as exc:
+            remembered = self._discovered.get(identity.context)
+            if remembered is None or not exc.is_transport_failure:
+                raise
+            return remembered, True
+
     async def ensure_info(self, identity: Identity = ANONYMOUS_IDENTITY) -> UpstreamInfo:
         """The era and capabilities: probed once (again after a failure) as `identity`, since a protected upstream
         refuses an anonymous probe; or, for a stdio child, its handshake (waiting while it starts)."""
+        info = await self._ensure_info(identity)
+        if self._discovered.get(identity.context) is not info:
+            self._discovered[identity.context] = info
+        return info
+
+    async def _ensure_info(self, identity: Identity) -> UpstreamInfo:
         if not self._on_demand:
             return await self._transport.era(identity)
         info = self._reach.info

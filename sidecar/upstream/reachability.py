@@ -5,8 +5,13 @@ timed.
 Two legs tell it differently. Over HTTP every exchange does (`follows_exchanges`): any answer means up, a
 transport failure means down; while down the sidecar asks again on its own, at the pace of `Outage` (which also
 says what the log says), so recovery is noticed, and told to `on_recovered`, without waiting for a client or a
-readiness probe. A stdio server's supervisor tells it instead (`handshake_answered`, `not_answering`): the child
-is up from its handshake until it ends, and the supervisor's reason says when it is started again.
+readiness probe. Unusable is never a resting state either: while the upstream answers but cannot be used, it is
+asked again at the same backed-off pace (a fresh session each time). `on_recovered` is told once the upstream is
+both reachable and usable again, so every watch looks again when its look can succeed (a look spent on an upstream
+that came back unusable would leave the watch waiting out its backoff).
+
+A stdio server's supervisor tells it instead (`handshake_answered`, `not_answering`): the child is up from its
+handshake until it ends, and the supervisor's reason says when it is started again.
 """
 
 from __future__ import annotations
@@ -18,10 +23,11 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
+from sidecar.backoff import Backoff
 from sidecar.observability.metrics import Metrics, method_label
 from sidecar.protocol.errors import UpstreamError, UpstreamHTTPError
 from sidecar.upstream.answers import UpstreamInfo
-from sidecar.upstream.outage import Outage
+from sidecar.upstream.outage import RETRY_INITIAL_S, RETRY_MAX_S, Outage
 
 __all__ = ["READY_FRESH_S", "Reachability"]
 
@@ -29,6 +35,8 @@ logger = logging.getLogger("sidecar.upstream")
 
 READY_FRESH_S = 2.0
 """A readiness check trusts an upstream heard from this recently; otherwise it is asked again."""
+_UNUSABLE_PACE = Backoff(RETRY_INITIAL_S, RETRY_MAX_S)
+"""How often an upstream that answers but cannot be used is asked again: the pace of an outage's retries."""
 
 
 class Reachability:
@@ -50,12 +58,19 @@ class Reachability:
         self.heard_at = 0.0
         """When the upstream last answered (monotonic): readiness trusts it for READY_FRESH_S."""
         self.on_recovered: Callable[[], None] | None = None
-        """Called when the upstream answers again after being unreachable."""
+        """Called when the upstream can be used again after being unreachable or unusable."""
         self.retry: Callable[[], Awaitable[None]] | None = None
-        """One exchange with the upstream over the network, tried at the outage's pace while it is down."""
+        """One exchange with the upstream over the network, tried at the outage's pace while it is down (and
+        while it is unusable)."""
+        self.outages = 0
+        """How many outages began (an HTTP upstream's sessions from before the last one may be forgotten)."""
         self._outage = Outage(url)
         self._handshakes = 0
         self._retrying: asyncio.Task[None] | None = None
+        self._retrying_unusable: asyncio.Task[None] | None = None
+        self._probing: asyncio.Task[None] | None = None
+        self._recovery_due = False
+        """An outage ended while the upstream's era was not known again: `on_recovered` waits until it is usable."""
         self._changed = asyncio.Event()
         self._series_cache: dict[tuple[str, str], tuple[Any, Any]] = {}
 
@@ -112,12 +127,17 @@ class Reachability:
         self.usable(f"the upstream answers but is unusable: {exc.reason}")
 
     def usable(self, problem: str | None) -> None:
-        if problem is not None and problem != self.unusable:
+        was = self.unusable
+        if problem is not None and problem != was:
             logger.warning("upstream unusable", extra={"upstream": self.url, "reason": problem})
-        elif problem is None and self.unusable is not None:
+        elif problem is None and was is not None:
             logger.info("upstream usable again", extra={"upstream": self.url})
         self.unusable = problem
         self._metrics.upstream_usable.set(0 if problem is not None else 1)
+        if problem is not None:
+            self._retry_unusable()
+        elif was is not None or self._recovery_due:
+            self._recovered()
 
     # -- what a stdio supervisor tells -------------------------------------------------------------------------
 
@@ -164,9 +184,10 @@ class Reachability:
             histogram.observe(time.monotonic() - started)
 
     def stop_retrying(self) -> None:
-        if self._retrying is not None:
-            self._retrying.cancel()
-            self._retrying = None
+        for task in (self._retrying, self._retrying_unusable, self._probing):
+            if task is not None:
+                task.cancel()
+        self._retrying = self._retrying_unusable = self._probing = None
 
     def _know(self, info: UpstreamInfo) -> None:
         self.info = info
@@ -186,6 +207,8 @@ class Reachability:
 
     def _went_down(self, reason: str) -> None:
         # The era is probed afresh once it answers: over the network, never from a cached session.
+        if self.up is not False:
+            self.outages += 1
         self._outage.failed(reason)
         self.up = False
         self.last_error = reason
@@ -197,8 +220,17 @@ class Reachability:
         self.up = True
         self.heard_at = time.monotonic()
         self.last_error = None
-        if self._outage.answered() and self.on_recovered is not None:
-            self.on_recovered()
+        if self._outage.answered():
+            self._recovery_due = True
+            if self.info is not None and self.unusable is None:
+                self._recovered()
+            elif self.retry is not None and self._probing is None:  # `usable` tells once a probe finds it usable
+                self._probing = asyncio.get_running_loop().create_task(self._probe_after_outage(self.retry))
+
+    def _recovered(self) -> None:
+        self._recovery_due = False
+        if self.on_recovered is not None:
+            self.on_recovered()  # every watch that failed meanwhile looks again now
 
     async def _retry_while_down(self, retry: Callable[[], Awaitable[None]]) -> None:
         try:
@@ -210,3 +242,30 @@ class Reachability:
         finally:
             if self._retrying is asyncio.current_task():
                 self._retrying = None
+
+    async def _probe_after_outage(self, retry: Callable[[], Awaitable[None]]) -> None:
+        try:
+            # Unless the exchange that ended the outage was the probe itself (which has learned the era by now).
+            if self._recovery_due and self.info is None:
+                with contextlib.suppress(UpstreamError):
+                    await retry()
+        finally:
+            self._probing = None
+
+    def _retry_unusable(self) -> None:
+        if self._retrying_unusable is None and self.retry is not None and self._follows_exchanges:
+            retry = self.retry
+            self._retrying_unusable = asyncio.get_running_loop().create_task(self._retry_while_unusable(retry))
+
+    async def _retry_while_unusable(self, retry: Callable[[], Awaitable[None]]) -> None:
+        attempts = 0
+        try:
+            while self.unusable is not None:
+                attempts += 1
+                await asyncio.sleep(_UNUSABLE_PACE.delay(attempts))
+                if self.unusable is not None and self.up is not False:  # while down, the outage's retries ask
+                    with contextlib.suppress(UpstreamError):
+                        await retry()
+        finally:
+            if self._retrying_unusable is asyncio.current_task():
+                self._retrying_unusable = None

@@ -121,6 +121,9 @@ class NativeStream:
         failures = 0
         while self.wanted:
             try:
+                # The era and capabilities first: after an outage they are probed afresh, and a stream opened
+                # before would take a 2026-07-28 upstream for a 2025-11-25 one, or subscribe to nothing.
+                await self.owner.upstream.ensure_info(self.identity)
                 if self.owner.modern:
                     await self._serve_listen()
                 else:

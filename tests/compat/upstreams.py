@@ -110,6 +110,9 @@ class CompatUpstream:
     """The tools/call that changes the watched resource to variant n. None: no tool changes a resource."""
     era: str = "2025-11-25"
     """The newest protocol version it speaks."""
+    restart: Callable[[], Awaitable[None]] | None = None
+    """Stop the server and start it again on the same port (a fresh process, which forgets every session);
+    None where the suite does not restart it."""
 
     async def change_out_of_band(self, variant: int) -> str | None:
         """Make the change (None when the resource changes by itself)."""
@@ -134,6 +137,7 @@ async def open_upstream(name: str, workdir: Path, *, read_ttl_ms: int = 1000) ->
                 stable_uri="demo://resource/static/document/instructions.md",
                 tool=("echo", {"message": "compat"}),
                 prompt=("args-prompt", {"city": "Lisbon"}),
+                restart=server.restart,
             )
     elif name in ("fastmcp1", "fastmcp1-eventstore"):
         notes = workdir / "notes.txt"
@@ -154,6 +158,7 @@ async def open_upstream(name: str, workdir: Path, *, read_ttl_ms: int = 1000) ->
                 prompt=("review_note", {"tone": "dry"}),
                 out_of_band=write_notes,
                 by_tool=lambda n: ("write_note", {"text": f"notes v{n}"}, f"notes v{n}"),
+                restart=server.restart,
             )
     elif name in ("sdk2-modern", "sdk2-legacy"):
         era = "modern" if name == "sdk2-modern" else "legacy"

@@ -192,7 +192,7 @@ async def test_prometheus_scrapes_the_open_stream_count_and_runs_the_rules(
                         if all(rule["health"] == "ok" for rule in rules):
                             break
                         await asyncio.sleep(0.2)  # polling Prometheus' rule evaluation, bounded
-                assert len(rules) == 8
+                assert len(rules) == 10
                 assert {rule["state"] for rule in rules} == {"inactive"}, [r for r in rules if r["state"] != "inactive"]
 
                 # Every dashboard query is valid PromQL for this Prometheus.

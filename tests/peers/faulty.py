@@ -7,7 +7,9 @@ counts directly. Healthy, it is a minimal MCP server of either era:
   (2026-07-28, JSON or SSE answers); a read of ``private://...`` is ``cacheScope: private`` and its
   text names the caller's token, anything else is public.
 - ``legacy``: ``server/discover`` is refused with 400 -32600 (as an SDK 1.x server would), and the same
-  methods are served on sessions opened by ``initialize`` (``Mcp-Session-Id``; unknown session: 404).
+  methods are served on sessions opened by ``initialize`` (``Mcp-Session-Id``; unknown session: 404, or what
+  ``lost_session`` says, as server-everything's 400 "Bad Request: No valid session ID provided").
+  :meth:`forget_sessions` forgets every session opened so far, as a restarted server has.
 
 A :class:`Rule` makes matching requests fail with one :class:`Fault`, at the socket level where that is
 the point: a reset mid-body (RST after part of the promised Content-Length), a hang, an HTML 500/502, a
@@ -73,6 +75,8 @@ class FaultyUpstream:
     """Reads being answered right now, by URI."""
     max_inflight_total: int = 0
     max_inflight_per_uri: int = 0
+    lost_session: tuple[int, str] = (404, "Session not found")
+    """Legacy era: the status and JSON-RPC error message a request on a session it does not know gets."""
 
     def __post_init__(self) -> None:
         self._server: asyncio.Server | None = None
@@ -128,6 +132,10 @@ class FaultyUpstream:
             self.rules.clear()
         else:
             self.rules.remove(rule)
+
+    def forget_sessions(self) -> None:
+        """Forget every session opened so far (a restarted server knows none of them)."""
+        self._sessions.clear()
 
     def seen(self, predicate: Callable[[Seen], bool] = lambda _: True, since: float = 0.0) -> list[Seen]:
         return [entry for entry in self.requests if entry.arrived >= since and predicate(entry)]
@@ -225,7 +233,10 @@ class FaultyUpstream:
                 return 400, extra, error_message(None, -32600, "Bad Request: Unsupported protocol version")
             session = headers.get("mcp-session-id")
             if session is None or session not in self._sessions:
-                return 404, extra, error_message(request_id, -32600, "Session not found")
+                status, text = self.lost_session
+                if status == 404:
+                    return status, extra, error_message(request_id, -32600, text)
+                return status, extra, error_message(None, -32000, text)  # as server-everything answers it
         result = await self._result(method, params, uri, token)
         if result is None:
             return 200, extra, error_message(request_id, -32601, "Method not found")

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.procs import REPO_ROOT, OnLoopback, ServerProcess, free_port, http_answers
+from tests.procs import REPO_ROOT, OnLoopback, Probe, ServerProcess, free_port, http_answers
 
 __all__ = [
     "EVERYTHING_JS",
@@ -82,6 +82,13 @@ class ThirdPartyServer(OnLoopback):
     name: str
     port: int
     process: ServerProcess
+    probe: Probe
+    """True once it answers (after a start, or a restart)."""
+
+    async def restart(self) -> None:
+        """Stop it and start it again on the same port, as a fresh process: it forgets every session."""
+        await self.process.stop(STOP_TIMEOUT_S)
+        await self.process.start(self.probe, START_TIMEOUT_S)
 
 
 @contextlib.asynccontextmanager
@@ -92,9 +99,9 @@ async def start_everything(workdir: Path) -> AsyncIterator[ThirdPartyServer]:
     process = ServerProcess(
         f"server-everything:{port}", argv, workdir / f"everything-{port}.log", env={"PORT": str(port)}
     )
-    server = ThirdPartyServer("server-everything", port, process)
     # It has no health route: a GET /mcp without a session is answered 400, which is enough to know it listens.
-    probe = http_answers(server.url, accept=lambda status: status < 500)
+    probe = http_answers(f"http://127.0.0.1:{port}/mcp", accept=lambda status: status < 500)
+    server = ThirdPartyServer("server-everything", port, process, probe)
     async with process.serving(probe, START_TIMEOUT_S):
         yield server
 
@@ -112,8 +119,8 @@ async def start_fastmcp1(
         argv += ["--retry-ms", str(retry_ms)]
     name = "fastmcp1-eventstore" if event_store else "fastmcp1"
     process = ServerProcess(f"{name}:{port}", argv, workdir / f"{name}-{port}.log")
-    server = ThirdPartyServer(name, port, process)
-    async with process.serving(http_answers(f"{server.base_url}/health"), START_TIMEOUT_S):
+    server = ThirdPartyServer(name, port, process, http_answers(f"http://127.0.0.1:{port}/health"))
+    async with process.serving(server.probe, START_TIMEOUT_S):
         yield server
 
 

@@ -27,7 +27,7 @@ from sidecar.upstream.answers import json_object
 from sidecar.upstream.http.wire import Answer, WirePool
 from sidecar.upstream.sse import SSE_CONTENT_TYPE, SSEDecoder, SSETooLarge
 
-__all__ = ["UpstreamHTTP", "iter_messages", "raise_for_status", "read_limited"]
+__all__ = ["UpstreamHTTP", "iter_messages", "raise_for_status", "read_limited", "status_error"]
 
 logger = logging.getLogger(__name__)
 
@@ -265,11 +265,16 @@ async def raise_for_status(response: Answer, http: UpstreamHTTP) -> None:
     """Non-2xx: a JSON-RPC error body passes through as UpstreamRpcError, anything else is an HTTP error."""
     if 200 <= response.status < 300:
         return
-    message = json_object(await read_limited(response, http.max_response_bytes, http.url))
+    raise status_error(response, await read_limited(response, http.max_response_bytes, http.url), http)
+
+
+def status_error(response: Answer, body: bytes, http: UpstreamHTTP) -> UpstreamError:
+    """The error a non-2xx answer whose body was `body` is: see `raise_for_status`."""
+    message = json_object(body)
     if message is not None and isinstance(message.get("error"), dict) and response.status not in (401, 403):
-        raise UpstreamRpcError(http.url, message["error"], http_status=response.status)
+        return UpstreamRpcError(http.url, message["error"], http_status=response.status)
     challenge = {k: v for k, v in response.headers.items() if k.lower() == "www-authenticate"}
-    raise UpstreamHTTPError(http.url, response.status, response.reason or "", challenge)
+    return UpstreamHTTPError(http.url, response.status, response.reason or "", challenge)
 
 
 def _decode(body: bytes, upstream: str) -> JsonObject:

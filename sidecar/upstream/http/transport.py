@@ -73,7 +73,7 @@ class HTTPTransport:
         self._reach = reachability
         self._identities = identities or IdentityRule(config.forward_headers, config.non_identity_headers)
         self._http = UpstreamHTTP(config)
-        self._sessions = UpstreamSessions(self._http)
+        self._sessions = UpstreamSessions(self._http, lambda: reachability.outages)
         self._ids = itertools.count(1)
 
     async def start(self) -> None:
@@ -112,7 +112,10 @@ class HTTPTransport:
                 return None
 
         async def initialize() -> JsonObject:
-            # Over the network even when the context has a session: a cached one proves nothing about now.
+            # Over the network even when the context has a session: a cached one proves nothing about now. An
+            # upstream found unusable is asked on a new session: the old one may be what it cannot use.
+            if self._reach.unusable is not None:
+                self._sessions.forget(identity.context)
             return (await self._sessions.reach(identity.context, headers)).initialize_result
 
         return (await learn_era(self.url, self._config.protocol, discover, initialize))[0]

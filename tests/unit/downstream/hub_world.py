@@ -34,6 +34,11 @@ class Era:
     def __init__(self, capabilities: dict[str, Any]) -> None:
         self.info = UpstreamInfo("modern", capabilities, None, None)
         self.asked: list[Identity] = []
+        self.remembered = False
+        """The upstream cannot be reached: `discovery` answers with what it remembers."""
+        self.back = asyncio.Event()
+        """Set while the upstream can be used (`reached` waits for it)."""
+        self.back.set()
 
     @property
     def url(self) -> str:
@@ -42,6 +47,22 @@ class Era:
     async def ensure_info(self, identity: Identity = ANONYMOUS_IDENTITY) -> UpstreamInfo:
         self.asked.append(identity)
         return self.info
+
+    async def discovery(self, identity: Identity = ANONYMOUS_IDENTITY) -> tuple[UpstreamInfo, bool]:
+        return await self.ensure_info(identity), self.remembered
+
+    async def reached(self) -> UpstreamInfo:
+        await self.back.wait()
+        return self.info
+
+    def outage(self) -> None:
+        """The upstream cannot be reached: discovery is remembered, and `reached` waits."""
+        self.remembered = True
+        self.back.clear()
+
+    def recovered(self) -> None:
+        self.remembered = False
+        self.back.set()
 
 
 class Client:

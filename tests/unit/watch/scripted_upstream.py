@@ -53,6 +53,10 @@ class ScriptedUpstream:
     def url(self) -> str:
         return URL
 
+    async def ensure_info(self, identity: Identity) -> Any:
+        """The era and capabilities the test set (`info`)."""
+        return self.info
+
     def reads(self, uri: str) -> list[str]:
         """The contexts that read `uri`, in order."""
         return [context for method, asked, context in self.calls if method == "resources/read" and asked == uri]

@@ -23,7 +23,7 @@ from sidecar.changes import WatchKey, WatchKind
 from sidecar.config import PollingConfig
 from sidecar.identity import PUBLIC, Identity
 from sidecar.observability.metrics import Metrics
-from sidecar.protocol.errors import UpstreamRpcError
+from sidecar.protocol.errors import UpstreamRpcError, UpstreamUnavailable
 from sidecar.upstream.answers import UpstreamInfo
 from sidecar.upstream.base import Upstream
 from sidecar.watch.native import NativeNotifications
@@ -147,6 +147,8 @@ class PushingUpstream(ScriptedUpstream):
         """Streams whose closing waited at `closing_gate`."""
         self.refused_uris: set[str] = set()
         """URIs `resources/subscribe` refuses."""
+        self.learns: UpstreamInfo | None = None
+        """What the next probe learns while `info` is None (after an outage the era is probed afresh)."""
         self.honour: Callable[[JsonObject], Any] = acknowledge_all
         """A 2026-07-28 listen's first message, from its filter (`None`: the upstream sends none)."""
         self.listeners: list[Callable[[JsonObject], None]] = []
@@ -160,6 +162,16 @@ class PushingUpstream(ScriptedUpstream):
         """A notification on its own, outside any stream the sidecar opened (a stdio child's stdout)."""
         for listener in list(self.listeners):
             listener({"method": method, "params": params} if params is not None else {"method": method})
+
+    async def ensure_info(self, identity: Identity) -> UpstreamInfo:
+        """The era and capabilities; while unknown, a probe learns `learns` (or finds the upstream unreachable)."""
+        if self.info is None and self.learns is not None:
+            self.info, self.learns = self.learns, None
+            self.changed()
+        if self.info is None:
+            raise UpstreamUnavailable(URL, "connection refused")
+        info: UpstreamInfo = self.info
+        return info
 
     async def call(self, method: str, params: JsonObject, identity: Identity) -> JsonObject:
         try:

@@ -47,6 +47,28 @@ async def test_a_broken_stream_uncovers_its_keys_and_reopens_after_half_a_second
     assert [record.getMessage() for record in caplog.records] == ["upstream notification stream failed"]
 
 
+async def test_after_an_outage_the_era_is_learned_again_before_the_stream_reopens_and_its_keys_are_covered(
+    legacy: Bench,
+) -> None:
+    await _reopens_in_the_era_learned_again(legacy)
+
+
+async def test_after_an_outage_a_2026_upstream_is_listened_to_again_not_taken_for_a_2025_one(modern: Bench) -> None:
+    await _reopens_in_the_era_learned_again(modern)
+
+
+async def _reopens_in_the_era_learned_again(pushing: Bench) -> None:
+    doc = pushing.watch("resource", DOC, ALICE)
+    await pushing.until(lambda: doc.native)
+    # The outage: the era is forgotten, to be probed afresh once the upstream answers (which it does by the retry).
+    pushing.upstream.learns, pushing.upstream.info = pushing.upstream.info, None
+    pushing.upstream.opened[0].fail(UpstreamUnavailable(URL, "connection reset"))
+    await pushing.timer_at(0.5)
+    pushing.clock.advance(0.5)
+    await pushing.until(lambda: len(pushing.upstream.opened) == 2 and doc.native)
+    assert pushing.upstream.opened[1].wanted == pushing.upstream.opened[0].wanted, "the same era's stream again"
+
+
 async def test_a_stream_the_upstream_ends_is_opened_again(legacy: Bench, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="sidecar.watch.native")
     doc = legacy.watch("resource", DOC, ALICE)
