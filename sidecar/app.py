@@ -117,6 +117,7 @@ def build_app(config: SidecarConfig) -> web.Application:
         fair_share,
         coordinator=cluster,
         replicas=(lambda: cluster.live_replicas) if cluster is not None else lambda: 1,
+        tool_rules=config.revalidate.tools,
     )
     registry.on_observation(readthrough.observed)  # the cache drops what a watch's look contradicts
     hub = StreamHub(registry, upstream, bus, config.streams, metrics)
