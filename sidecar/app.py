@@ -122,6 +122,7 @@ def build_app(config: SidecarConfig) -> web.Application:
         coordinator=cluster,
         replicas=(lambda: cluster.live_replicas) if cluster is not None else lambda: 1,
         hint_settle_ms=config.hints.settle_ms,
+        tool_rules=config.revalidate.tools,
     )
     registry.on_observation(readthrough.observed)  # the cache drops what a watch's look contradicts
     hub = StreamHub(registry, upstream, bus, config.streams, metrics)

@@ -18,6 +18,7 @@ from pydantic import Field, PrivateAttr, SecretStr, ValidationError, model_valid
 from sidecar.config.base import ConfigError, Section
 from sidecar.config.contradictions import polling_contradictions
 from sidecar.config.hints import HintsConfig
+from sidecar.config.revalidate import RevalidateConfig, ToolRule
 from sidecar.config.sections import (
     AdminConfig,
     BusConfig,
@@ -42,8 +43,10 @@ __all__ = [
     "LoggingConfig",
     "MetricsConfig",
     "PollingConfig",
+    "RevalidateConfig",
     "SidecarConfig",
     "StreamsConfig",
+    "ToolRule",
     "TracingConfig",
     "UpstreamConfig",
     "load_config",
@@ -65,6 +68,7 @@ class SidecarConfig(Section):
     bus: BusConfig = Field(default_factory=BusConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     admin: AdminConfig = Field(default_factory=AdminConfig)
+    revalidate: RevalidateConfig = Field(default_factory=RevalidateConfig)
     hints: HintsConfig = Field(default_factory=HintsConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     tracing: TracingConfig = Field(default_factory=TracingConfig)

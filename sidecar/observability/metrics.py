@@ -13,7 +13,7 @@ from sidecar import __version__
 from sidecar.protocol.constants import LEGACY_VERSION, MODERN_VERSION, RESOURCE_UPDATED_METHOD
 from sidecar.protocol.lists import LIST_KIND_OF_METHOD, LIST_KINDS
 
-__all__ = ["CONTENT_TYPE_LATEST", "HINT_OUTCOMES", "Metrics", "ObservationBatch", "method_label"]
+__all__ = ["CONTENT_TYPE_LATEST", "HINT_OUTCOMES", "TOOL_CALL_DECISIONS", "Metrics", "ObservationBatch", "method_label"]
 
 _KNOWN_METHODS = frozenset(
     {
@@ -52,6 +52,15 @@ _RESTART_REASONS = ("exited", "unresponsive", "handshake_failed", "start_failed"
 _STDERR_OUTCOMES = ("logged", "dropped")
 HINT_OUTCOMES = ("accepted", "unauthorized", "bad_request", "too_large")
 """How a `POST /hints` was answered: 202, 401, 400, 413."""
+TOOL_CALL_DECISIONS = (
+    ("revalidate", "annotation"),
+    ("revalidate", "rule"),
+    ("revalidate", "unknown"),
+    ("read_only", "annotation"),
+    ("read_only", "rule"),
+)
+"""(decision, reason) of a forwarded `tools/call`: whether it made the watches look, and what said so (the tool's
+entry in a tools list, a `revalidate.tools` rule, or nothing: a tool not seen in a tools list)."""
 _END_REASONS = ("client", "shutdown", "auth", "max_age", "stalled", "refused")
 # No `_created` series beside every counter and histogram: Prometheus does not use them (it infers resets), and
 # they double the series an operator scrapes and stores. Process-wide, as prometheus_client keeps the switch.
@@ -195,6 +204,14 @@ class Metrics:
         self.watches_hinted = Counter(
             "mcp_sidecar_watches_hinted",
             "Watches of this process made to look at the upstream at once by the source's change announcements",
+            registry=r,
+        )
+        self.tool_calls = Counter(
+            "mcp_sidecar_tool_calls",
+            "tools/call requests forwarded, by decision (revalidate: the watches look at once; read_only: none "
+            "does) and reason (annotation: the tool's readOnlyHint in the upstream's tools list; rule: a "
+            "revalidate.tools rule; unknown: a tool not seen in a tools list, taken as writing)",
+            ["decision", "reason"],
             registry=r,
         )
         self.polls = Counter(
@@ -377,6 +394,8 @@ class Metrics:
             self.queue_wait.labels(queue)
         for reason in _END_REASONS:
             self.streams_ended.labels(reason)
+        for decision, reason in TOOL_CALL_DECISIONS:
+            self.tool_calls.labels(decision, reason)
         for reason in _RESTART_REASONS:
             self.upstream_restarts.labels(reason)
         for outcome in _STDERR_OUTCOMES:

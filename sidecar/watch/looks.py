@@ -1,21 +1,24 @@
 """The registry's looks at the upstream: every look (a poll, a first read, a joiner's look) among the polls, at
 most `polling.max_concurrency` at once, and ticketed as it starts (`sidecar.watch.tickets`); a caller's own look
-over its client's first-read rate waits its turn in that client's fair share.
+over its client's first-read rate waits its turn in that client's fair share. What a look at the tools list sees
+goes to the tool catalog (`sidecar.watch.tool_calls`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from typing import Any
 
 from sidecar.changes import WatchKind
 from sidecar.config import PollingConfig
 from sidecar.fair_share import FairShare
-from sidecar.identity import Identity
+from sidecar.identity import PUBLIC, Identity
 from sidecar.upstream.base import Upstream
-from sidecar.watch.observe import Observation, observe
+from sidecar.watch.observe import Listed, Observation, observe
 from sidecar.watch.rules import Rules
 from sidecar.watch.tickets import Tickets
+from sidecar.watch.tool_calls import ToolCatalog
 
 __all__ = ["Looks"]
 
@@ -23,12 +26,20 @@ __all__ = ["Looks"]
 class Looks:
     """The concurrency gate and the ticket clock every look shares, and a caller's look in its turn."""
 
-    def __init__(self, upstream: Upstream, config: PollingConfig, fair_share: FairShare, rules: Rules) -> None:
+    def __init__(
+        self,
+        upstream: Upstream,
+        config: PollingConfig,
+        fair_share: FairShare,
+        rules: Rules,
+        tools: ToolCatalog | None = None,
+    ) -> None:
         self._upstream = upstream
         self._config = config
         self._fair_share = fair_share
         """Where a client's first reads over its rate wait their turn, among its forwarded requests."""
         self._rules = rules
+        self._tools = tools
         self.gate = asyncio.Semaphore(config.max_concurrency)
         self.tickets = Tickets()
 
@@ -44,9 +55,25 @@ class Looks:
     async def look(self, kind: WatchKind, uri: str | None, identity: Identity, paced: bool) -> tuple[int, Observation]:
         """A caller's own look: in its turn, among the polls, ticketed as it starts."""
         async with self._turn(identity, paced), self.gate:
-            return await self.tickets.look(lambda: observe(self._upstream, kind, uri, identity, self._rules))
+            listed = self._listed(kind, identity)
+            return await self.tickets.look(
+                lambda: observe(self._upstream, kind, uri, identity, self._rules, listed=listed)
+            )
 
     async def read(self, kind: WatchKind, uri: str | None, identity: Identity) -> Observation:
         """A watch's poll with `identity`'s credential (the watch gates and tickets its own): a JSON-RPC error the
         upstream answers for the resource is its state, which the watch confirms (invariant 24)."""
-        return await observe(self._upstream, kind, uri, identity, self._rules, errors_are_states=True)
+        listed = self._listed(kind, identity)
+        return await observe(self._upstream, kind, uri, identity, self._rules, errors_are_states=True, listed=listed)
+
+    def _listed(self, kind: WatchKind, identity: Identity) -> Listed | None:
+        """Where a look at the tools list as `identity` tells what it saw: that context's tools, or everyone's when
+        the upstream marks the list public."""
+        tools = self._tools
+        if kind != "tools_list" or tools is None:
+            return None
+
+        def listed(entries: list[Any], public: bool) -> None:
+            tools.learn(PUBLIC if public else identity.context, entries, complete=True)
+
+        return listed

@@ -7,6 +7,7 @@ HTTP 5xx or a refusal (401/403) is a fault, raised as an UpstreamError.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,10 +25,13 @@ from sidecar.watch.fingerprint import (
 )
 from sidecar.watch.rules import NO_RULES, Rule, Rules
 
-__all__ = ["MAX_LIST_PAGES", "Observation", "error_state", "is_not_found", "observation_from_read", "observe"]
+__all__ = ["MAX_LIST_PAGES", "Listed", "Observation", "error_state", "is_not_found", "observation_from_read", "observe"]
 
 MAX_LIST_PAGES = 100
 """A list longer than this many pages is treated as an upstream fault (a cursor that never ends)."""
+
+Listed = Callable[[list[Any], bool], None]
+"""Told a list's entries, every page of it, and whether every page was public, once a look has walked it."""
 
 _NOT_FOUND_CODES = (-32602, -32002)
 _FAULT_STATUSES = (408, 429)
@@ -86,17 +90,25 @@ async def observe(
     rules: Rules = NO_RULES,
     *,
     errors_are_states: bool = False,
+    listed: Listed | None = None,
 ) -> Observation:
     """Look once, as `identity`; raises UpstreamError when the upstream cannot answer (a not-found resource is an
-    answer, and with `errors_are_states`, a watch's poll, so is a resource read answered with an error)."""
+    answer, and with `errors_are_states`, a watch's poll, so is a resource read answered with an error). A list
+    look's entries go to `listed`, if given."""
     try:
-        return await _observe(upstream, kind, uri, identity, rules, errors_are_states)
+        return await _observe(upstream, kind, uri, identity, rules, errors_are_states, listed)
     except ValueError as exc:  # an answer that cannot be fingerprinted is a bad answer for this key
         raise UpstreamBadResponse(upstream.url, str(exc)) from exc
 
 
 async def _observe(
-    upstream: Upstream, kind: WatchKind, uri: str | None, identity: Identity, rules: Rules, errors_are_states: bool
+    upstream: Upstream,
+    kind: WatchKind,
+    uri: str | None,
+    identity: Identity,
+    rules: Rules,
+    errors_are_states: bool,
+    listed: Listed | None,
 ) -> Observation:
     if kind == "resource":
         try:
@@ -135,4 +147,7 @@ async def _observe(
             cursor = next_cursor
         else:
             raise UpstreamBadResponse(upstream.url, f"{method} has more than {MAX_LIST_PAGES} pages")
-    return Observation(fingerprint_items(items), min(ttls) if ttls else None, public)
+    observation = Observation(fingerprint_items(items), min(ttls) if ttls else None, public)  # raises if unreadable
+    if listed is not None:
+        listed([item for _, item in items], public)
+    return observation

@@ -13,11 +13,11 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from sidecar.changes import Bus, ChangeEvent, LocalCoordinator, PollCoordinator, WatchKey, WatchKind
-from sidecar.config import PollingConfig
+from sidecar.config import PollingConfig, ToolRule
 from sidecar.fair_share import FairShare
 from sidecar.identity import Identity
 from sidecar.observability.metrics import Metrics
@@ -70,6 +70,7 @@ from sidecar.watch.poller import ObservationListener, Watch
 from sidecar.watch.rules import Rules
 from sidecar.watch.schedule import HintBudget, Schedule
 from sidecar.watch.source_hints import SourceHint
+from sidecar.watch.tool_calls import ToolCalls, ToolCatalog
 
 __all__ = ["AuthFailureListener", "Handle", "Stage", "WatchRegistry"]
 
@@ -95,6 +96,7 @@ class WatchRegistry:
         clock: Clock = LOOP_CLOCK,
         replicas: Callable[[], int] = lambda: 1,
         hint_settle_ms: int = 0,
+        tool_rules: Sequence[ToolRule] = (),
     ) -> None:
         self._clock = clock
         self._coordinator: PollCoordinator = coordinator or LocalCoordinator()
@@ -108,7 +110,10 @@ class WatchRegistry:
         self._reads = ReadBudget(
             config, metrics, clock, watches=self.watches, may_poll=self._coordinator.may_poll, replicas=replicas
         )
-        self._looks = Looks(upstream, config, fair_share, self._rules)
+        catalog = ToolCatalog()
+        self._tool_calls = ToolCalls(tool_rules, catalog, metrics)
+        """Which tool calls may write (`revalidate.tools`, and the tools lists the looks and forwarded answers show)."""
+        self._looks = Looks(upstream, config, fair_share, self._rules, tools=catalog)
         self._engine = Engine(
             linger_s=config.linger_ms / 1000,
             absent_ttl_s=config.default_interval_ms / 1000,
@@ -341,7 +346,12 @@ class WatchRegistry:
     def after_forward(
         self, method: str, params: JsonObject, identity: Identity, answer: JsonObject, ticket: int
     ) -> None:
-        """A forwarded request taught us something (see `sidecar.watch.engine.evidence`)."""
+        """A forwarded request taught us something (see `sidecar.watch.engine.evidence`); a tools list shows which
+        tools only read, and a call of one of those writes nothing (see `sidecar.watch.tool_calls`)."""
+        if method == "tools/list":
+            self._tool_calls.catalog.listed(identity.context, params, answer)
+        elif method == "tools/call" and not self._tool_calls.writes(params, identity.context):
+            return
         if teaches(method):
             self._handle(Forwarded(method, params, identity, answer, ticket))
 

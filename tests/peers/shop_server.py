@@ -6,6 +6,9 @@
 handshake era). ``legacy`` puts an ASGI guard in front that answers any non-handshake
 ``MCP-Protocol-Version`` with 400 -32600, as mcp 1.x does, so it is a 2025-11-25-only server.
 
+Tools: ``set_price``, ``bump_profile``, ``add_*`` and ``echo`` carry no annotations; ``lookup_price`` only reads
+(``annotations.readOnlyHint: true``).
+
 Resources (all text/plain): ``catalog://price`` (public), ``catalog://items/{sku}`` (public),
 ``catalog://profile`` (private; text depends on the caller's ``Authorization``),
 ``catalog://forbidden`` (every read fails with -32603), ``catalog://note`` (public; a note that can be deleted,
@@ -56,7 +59,14 @@ from mcp.server.subscriptions import (
     ServerEvent,
     ToolsListChanged,
 )
-from mcp.types import Completion, CompletionArgument, CompletionContext, PromptReference, ResourceTemplateReference
+from mcp.types import (
+    Completion,
+    CompletionArgument,
+    CompletionContext,
+    PromptReference,
+    ResourceTemplateReference,
+    ToolAnnotations,
+)
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, Router
@@ -242,6 +252,11 @@ def build_app(
     @mcp.tool()
     def echo(text: str) -> str:
         return text
+
+    @mcp.tool(annotations=ToolAnnotations(read_only_hint=True))
+    def lookup_price() -> str:
+        """Only reads: its tools/list entry says readOnlyHint: true."""
+        return f"price={state.price}"
 
     @mcp.prompt()
     def pricing(sku: str) -> str:

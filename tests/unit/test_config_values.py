@@ -269,3 +269,49 @@ def test_upstream_tls_files_that_work_load(tmp_path: Path, pem: dict[str, str]) 
     assert "upstream.tls.server_name: 'api example' is not a valid host name" in _error(
         _write(tmp_path, yaml.safe_dump({"upstream": upstream}))
     )
+
+
+# -- revalidate.tools: which tool calls make the watches look ----------------------------------------------------
+
+
+def test_tool_rules_load_from_the_file_and_from_the_environment(tmp_path: Path) -> None:
+    text = (
+        UPSTREAM
+        + "revalidate:\n  tools:\n    - {match: 'get_*', revalidate: false}\n    - {match: '*', revalidate: true}\n"
+    )
+    rules = load_config(_write(tmp_path, text), environ={}).revalidate.tools
+    assert [(rule.match, rule.revalidate) for rule in rules] == [("get_*", False), ("*", True)]
+    environ = {"MCP_SIDECAR__REVALIDATE__TOOLS": '[{match: "query", revalidate: false}]'}
+    rules = load_config(_write(tmp_path, UPSTREAM), environ=environ).revalidate.tools
+    assert [(rule.match, rule.revalidate) for rule in rules] == [("query", False)]
+
+
+@pytest.mark.parametrize(
+    ("rules", "problem"),
+    [
+        pytest.param(
+            "[{match: 5, revalidate: false}]",
+            "revalidate.tools[0].match: Input should be a valid string",
+            id="glob-type",
+        ),
+        pytest.param(
+            "[{match: 'a b', revalidate: false}]", "revalidate.tools[0].match: 'a b': a tool name glob", id="space"
+        ),
+        pytest.param("[{match: '', revalidate: false}]", "revalidate.tools[0].match: an empty glob", id="empty"),
+        pytest.param("[{match: query}]", "revalidate.tools[0].revalidate: Field required", id="no-revalidate"),
+        pytest.param("[{revalidate: true}]", "revalidate.tools[0].match: Field required", id="no-match"),
+        pytest.param(
+            "[{match: q, revalidate: maybe}]",
+            "revalidate.tools[0].revalidate: Input should be a valid boolean",
+            id="not-a-boolean",
+        ),
+        pytest.param(
+            "[{match: q, revalidate: true, readonly: true}]",
+            "revalidate.tools[0].readonly: unknown key",
+            id="unknown-key",
+        ),
+        pytest.param("{match: q, revalidate: true}", "revalidate.tools: Input should be a valid list", id="not-a-list"),
+    ],
+)
+def test_a_bad_tool_rule_fails_at_start_naming_its_key(tmp_path: Path, rules: str, problem: str) -> None:
+    assert _error(_write(tmp_path, f"{UPSTREAM}revalidate:\n  tools: {rules}\n")).startswith(problem)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -13,7 +13,7 @@ import pytest
 
 from sidecar.bus.memory import MemoryBus
 from sidecar.changes import ChangeEvent, WatchKey, WatchState
-from sidecar.config import PollingConfig
+from sidecar.config import PollingConfig, ToolRule
 from sidecar.fair_share import FairShare
 from sidecar.identity import ANONYMOUS_IDENTITY, Identity
 from sidecar.observability.metrics import Metrics
@@ -153,6 +153,7 @@ def make_world(
     bus: MemoryBus | None = None,
     coordinator: Coordinator | None = None,
     replicas: Callable[[], int] = lambda: 1,
+    tool_rules: Sequence[ToolRule] = (),
 ) -> World:
     clock = ManualClock()
     upstream = ScriptedUpstream()
@@ -168,6 +169,7 @@ def make_world(
         coordinator=coordinator,
         clock=clock,
         replicas=replicas,
+        tool_rules=tool_rules,
     )
     world = World(clock, upstream, bus, metrics, fair_share, registry)
     bus.subscribe(world.events.append)
