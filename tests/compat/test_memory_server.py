@@ -94,6 +94,7 @@ async def test_a_graph_written_behind_its_back_is_heard_within_one_poll_interval
         assert json.loads(await text_of(watch.client, GRAPH)) == graph(ADA, GRACE)
 
 
+@pytest.mark.invariant(19)
 @pytest.mark.invariant(22)
 async def test_its_announcement_of_an_unchanged_graph_reaches_no_client(tmp_path: Path) -> None:
     # Creating Ada again changes nothing, yet the server announces an update and the call is a write: the
