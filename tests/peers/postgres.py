@@ -57,17 +57,20 @@ class Postgres:
     port: int
     password: str
     process: ServerProcess
+    home: Path
+    """Its data folder and log; removed when it stops."""
 
     @property
     def url(self) -> str:
         """The connection URL, password included, as server-postgres's README passes it on the command line."""
         return f"postgresql://{OWNER}:{self.password}@127.0.0.1:{self.port}/postgres"
 
-    async def sql(self, statements: str) -> str:
-        """Run `statements` with psql as the owner (stopping at the first error); its unaligned output."""
+    async def sql(self, statements: str, *, password: str | None = None) -> str:
+        """Run `statements` with psql as the owner (stopping at the first error); its unaligned output.
+        `password`: another one than the owner's, to see it refused."""
         argv = [str(self.bin / "psql"), "-h", "127.0.0.1", "-p", str(self.port), "-U", OWNER, "-d", "postgres",
                 "-v", "ON_ERROR_STOP=1", "-qAtX", "-c", statements]  # fmt: skip
-        return await _run(argv, {"PGPASSWORD": self.password, "PGCONNECT_TIMEOUT": "5"})
+        return await _run(argv, {"PGPASSWORD": password or self.password, "PGCONNECT_TIMEOUT": "5"})
 
 
 async def _run(argv: Sequence[str], env: dict[str, str] | None = None) -> str:
@@ -136,7 +139,7 @@ async def start_postgres() -> AsyncIterator[Postgres]:
         process = ServerProcess(f"postgres:{port}", _as_server_user(server, home), home / "postgres.log", cwd=home)
         await process.start(_answers(bin_dir, port), START_TIMEOUT_S)
         try:
-            yield Postgres(bin_dir, port, password, process)
+            yield Postgres(bin_dir, port, password, process, home)
         finally:
             # SIGTERM would wait for every client to leave; SIGINT is the fast shutdown (clients disconnected).
             await process.signal(signal.SIGINT)
