@@ -1,15 +1,18 @@
 """Stdio MCP servers for the tests, as commands the sidecar starts, and a sidecar in front of one.
 
 Third-party servers come from `.tools/` (`bash .ci/install-peers`): the npm reference server
-(`server-everything`, stdio mode, Node 22) and the 1.x-era `mcp-server-time` in its own venv; a test
-that needs one skips, naming that script, when it is missing. The 2026-era `mcp-server-time` and our
-own servers (`stdio_notes_server`, SDK 2.3; `stdio_toy_server`, hand-written) run on this Python.
+(`server-everything`, stdio mode), the npm `server-memory` (a knowledge graph in a JSONL file) and
+`server-postgres` (a PostgreSQL database's table schemas), all on Node 22, and the 1.x-era `mcp-server-time`
+in its own venv; a test that needs one skips, naming that script, when it is missing. The 2026-era
+`mcp-server-time` and our own servers (`stdio_notes_server`, SDK 2.3; `stdio_toy_server`, hand-written) run
+on this Python.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import sys
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -20,11 +23,16 @@ from tests.kit import Sidecar, serve_config
 from tests.prereqs import skip_missing
 
 __all__ = [
+    "MEMORY_VERSION",
+    "POSTGRES_VERSION",
     "REPO_ROOT",
     "everything_command",
+    "installed_version",
     "launcher_command",
     "live_processes",
+    "memory_command",
     "notes_command",
+    "postgres_command",
     "serve_stdio_sidecar",
     "session_members",
     "session_of",
@@ -38,6 +46,11 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 TOOLS = REPO_ROOT / ".tools"
 NODE = TOOLS / "node22" / "node_modules" / ".bin" / "node"
 EVERYTHING = TOOLS / "server-everything" / "node_modules" / "@modelcontextprotocol" / "server-everything"
+MEMORY = TOOLS / "server-memory" / "node_modules" / "@modelcontextprotocol" / "server-memory"
+POSTGRES = TOOLS / "server-postgres" / "node_modules" / "@modelcontextprotocol" / "server-postgres"
+MEMORY_VERSION = "2026.8.31"
+"""The versions .ci/install-peers pins (tests/compat/test_stdio_servers.py checks the installed ones)."""
+POSTGRES_VERSION = "0.6.2"
 TIME1_PYTHON = TOOLS / "venv-mcp1" / "bin" / "python"
 _INSTALL = "run `bash .ci/install-peers` to install it under .tools/"
 
@@ -52,6 +65,29 @@ def everything_command() -> list[str]:
     _require(NODE, "Node 22")
     _require(EVERYTHING / "dist" / "index.js", "@modelcontextprotocol/server-everything")
     return [str(NODE), str(EVERYTHING / "dist" / "index.js"), "stdio"]
+
+
+def memory_command() -> list[str]:
+    """`@modelcontextprotocol/server-memory` (npm, pinned by .ci/install-peers): its graph lives in the file
+    that the environment variable `MEMORY_FILE_PATH` names (pass it in `upstream.env`)."""
+    _require(NODE, "Node 22")
+    _require(MEMORY / "dist" / "index.js", "@modelcontextprotocol/server-memory")
+    return [str(NODE), str(MEMORY / "dist" / "index.js")]
+
+
+def postgres_command(database_url: str) -> list[str]:
+    """`@modelcontextprotocol/server-postgres` (npm, pinned by .ci/install-peers) on `database_url`, passed on its
+    command line as its README does (a password included)."""
+    _require(NODE, "Node 22")
+    _require(POSTGRES / "dist" / "index.js", "@modelcontextprotocol/server-postgres")
+    return [str(NODE), str(POSTGRES / "dist" / "index.js"), database_url]
+
+
+def installed_version(command: list[str]) -> str:
+    """The npm package version of the server `command` runs (from its package.json beside dist/)."""
+    package = Path(command[1]).parents[1] / "package.json"
+    version: str = json.loads(package.read_text(encoding="utf-8"))["version"]
+    return version
 
 
 def time1_command() -> list[str]:
