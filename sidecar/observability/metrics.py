@@ -52,7 +52,7 @@ _RESTART_REASONS = ("exited", "unresponsive", "handshake_failed", "start_failed"
 _STDERR_OUTCOMES = ("logged", "dropped")
 HINT_OUTCOMES = ("accepted", "unauthorized", "bad_request", "too_large")
 """How a `POST /hints` was answered: 202, 401, 400, 413."""
-_END_REASONS = ("client", "shutdown", "auth", "max_age", "stalled", "refused")
+_END_REASONS = ("client", "shutdown", "auth", "max_age", "stalled", "refused", "moved")
 # No `_created` series beside every counter and histogram: Prometheus does not use them (it infers resets), and
 # they double the series an operator scrapes and stores. Process-wide, as prometheus_client keeps the switch.
 disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -303,6 +303,12 @@ class Metrics:
         self.redis_up = Gauge(
             "mcp_sidecar_redis_up",
             "1 while Redis answers; always 0 with bus.backend: memory, which uses no Redis",
+            registry=r,
+        )
+        self.upstream_cut = Gauge(
+            "mcp_sidecar_upstream_cut",
+            "1 while this replica cannot reach the upstream and another replica can: the watches it polled and its "
+            "clients moved to the replicas that can (Redis bus)",
             registry=r,
         )
         self.leases_held = Gauge(
