@@ -91,6 +91,8 @@ def build_app(config: SidecarConfig) -> web.Application:
     bus: Bus
     cluster: RedisBus | None = None
     if config.bus.backend == "redis":
+        # The upstream's reachability goes into this replica's heartbeats: a replica that cannot read while
+        # another can gives that one its keys and its clients (invariant 23).
         cluster = RedisBus(
             config.bus.redis_url.get_secret_value(),
             instance=INSTANCE_ID,
@@ -98,6 +100,7 @@ def build_app(config: SidecarConfig) -> web.Application:
             lease_ms=config.bus.lease_ms,
             fallback=config.bus.fallback == "local",
             buckets=config.bus.buckets,
+            upstream=upstream,
         )
         app[CLUSTER] = cluster
         app.cleanup_ctx.append(_cluster_context)
@@ -126,6 +129,8 @@ def build_app(config: SidecarConfig) -> web.Application:
     app[REGISTRY] = registry
     app[HUB] = hub
     app[LEGACY] = legacy
+    if cluster is not None:
+        cluster.on_moved(lambda moved: _move_clients(hub, legacy, cluster.moved if moved else None))
     app.cleanup_ctx.append(_watch_context)
     app.on_shutdown.append(_end_streams)
 
@@ -146,7 +151,9 @@ def build_app(config: SidecarConfig) -> web.Application:
     app.router.add_delete(path, endpoint.handle_delete)
     app.router.add_get("/.well-known/oauth-protected-resource", endpoint.handle_protected_resource_metadata)
     app.router.add_get("/.well-known/oauth-protected-resource/{path:.*}", endpoint.handle_protected_resource_metadata)
-    readyz = make_readyz(upstream, lambda: cluster.degraded if cluster else None)
+    readyz = make_readyz(
+        upstream, lambda: cluster.degraded if cluster else None, lambda: cluster.moved if cluster else None
+    )
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
 
@@ -179,6 +186,15 @@ def _fair_share_of(config: SidecarConfig, metrics: Metrics) -> FairShare:
     return FairShare(
         capacity=capacity, per_client=per_client, max_queued_per_client=upstream.max_queued_per_client, metrics=metrics
     )
+
+
+def _move_clients(hub: StreamHub, legacy: LegacySessions, why: str | None) -> None:
+    """This replica cannot read the upstream and another can (`why`): its listen streams end with a retryable
+    reason and its 2025-11-25 sessions end, so their clients come back through the load balancer to a replica that
+    reads; `why` None: it serves them again."""
+    hub.move(why)
+    if why is not None:
+        legacy.end_all()
 
 
 async def _upstream_context(app: web.Application) -> AsyncIterator[None]:

@@ -16,6 +16,7 @@ __all__ = [
     "LEGACY_VERSION",
     "META_CLIENT_CAPABILITIES",
     "META_CLIENT_INFO",
+    "META_ENDED",
     "META_LEFT_OUT",
     "META_LOG_LEVEL",
     "META_PROTOCOL_VERSION",
@@ -62,6 +63,11 @@ META_SUBSCRIPTION_ID = "io.modelcontextprotocol/subscriptionId"
 
 META_UPSTREAM_SERVER_INFO = "io.github.mcp-sidecar/upstreamServerInfo"
 """Our own result `_meta` key on `server/discover`: the upstream's serverInfo."""
+
+META_ENDED = "io.github.mcp-sidecar/ended"
+"""Our own `_meta` key on a listen's complete result when the sidecar ended it for a reason the client should act on:
+`{"reason": "upstream_unreachable", "retryable": true}` (listen again through the load balancer: this replica cannot
+reach the upstream and another can)."""
 
 META_LEFT_OUT = "io.github.mcp-sidecar/leftOut"
 """Our own `_meta` key on a listen's ack: what the ack leaves out of the filter, each with the JSON-RPC error

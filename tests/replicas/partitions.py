@@ -239,6 +239,8 @@ class Campaign:
         self.windows: list[Window] = []
         self.foreign: list[str] = []
         self.moved = 0
+        self.journal: list[tuple[float, str, str]] = []
+        """(when, client, what happened to its stream): what a failure message quotes."""
         self._stop = asyncio.Event()
 
     # -- the source and the clients ---------------------------------------------------------------------------------
@@ -267,11 +269,17 @@ class Campaign:
         self.reads.append(Read(client, replica.name, started, time.monotonic(), value))
         return True
 
-    async def _read_until_answered(self, client: str, replica: Replica, stream: ListenStream) -> None:
-        while not await self._read(client, replica):
-            if stream.ended or self._stop.is_set():
-                return
-            await asyncio.sleep(_RETRY_READ_S)
+    async def _reader(self, client: str, replica: Replica, wanted: asyncio.Event) -> None:
+        """The client's reads on `replica`: one after each ack or notification (those that come during a read make
+        one more after it), each tried again until answered. Cancelled when its stream ends: a real client's
+        stream reader does not wait for its reads."""
+        while True:
+            await wanted.wait()
+            wanted.clear()
+            for _ in itertools.count():
+                if await self._read(client, replica):
+                    break
+                await asyncio.sleep(_RETRY_READ_S)  # a client's pause before it tries a failed read again
 
     async def _client(self, name: str) -> None:
         for n in itertools.count():
@@ -282,36 +290,45 @@ class Campaign:
             try:
                 try:
                     await stream.open(within_s=10.0)
-                except (AssertionError, aiohttp.ClientError, TimeoutError):
+                except (AssertionError, aiohttp.ClientError, TimeoutError) as exc:
+                    self._note(name, f"listen on {replica.name} failed: {str(exc)[:80]}")
                     await asyncio.sleep(_RELISTEN_S)  # refused (or not answered): listen again, elsewhere
                     continue
-                reading = asyncio.get_running_loop().create_task(self._read_until_answered(name, replica, stream))
+                self._note(name, f"listening on {replica.name}")
+                wanted = asyncio.Event()
+                wanted.set()  # the read after the ack
+                reading = asyncio.get_running_loop().create_task(self._reader(name, replica, wanted))
                 try:
-                    await self._follow(name, replica, stream)
+                    await self._follow(name, replica, stream, wanted)
                 finally:
                     reading.cancel()
             finally:
                 await stream.close()
 
-    async def _follow(self, name: str, replica: Replica, stream: ListenStream) -> None:
+    async def _follow(self, name: str, replica: Replica, stream: ListenStream, wanted: asyncio.Event) -> None:
         while not self._stop.is_set():
             try:
                 frame = await stream.next(within_s=1.0)
             except AssertionError:
                 if stream.ended:
+                    self._note(name, f"stream on {replica.name} cut off")
                     return
                 continue  # quiet for a second: look at the stop flag
             if frame.get("method") == UPDATED:
                 if frame["params"]["uri"] != URI:
                     self.foreign.append(f"{stream.label}: {frame}")
                     continue
-                await self._read_until_answered(name, replica, stream)
+                wanted.set()
             elif "result" in frame:
                 if MOVED_META in frame["result"].get("_meta", {}):
                     self.moved += 1
+                self._note(name, f"stream on {replica.name} ended: {frame['result'].get('_meta')}")
                 return
             else:
                 self.foreign.append(f"{stream.label}: {frame}")
+
+    def _note(self, client: str, what: str) -> None:
+        self.journal.append((time.monotonic(), client, what))
 
     # -- the cuts ---------------------------------------------------------------------------------------------------
 
@@ -393,7 +410,8 @@ class Campaign:
                 label = self._window_of(sent)
                 if lateness > verdict.longest.get(label, -1.0):
                     verdict.longest[label] = lateness
-                    worst[label] = f"{client} read {value} on {fresh.replica}"
+                    journal = [f"{at - sent:+.2f} s {what}" for at, c, what in self.journal if c == client]
+                    worst[label] = f"{client} read {value} on {fresh.replica} ({'; '.join(journal[-6:])})"
         for label, seconds in verdict.longest.items():
             if seconds > late_s:
                 verdict.late.append(f"{label}: {worst[label]} {seconds:.2f} s after it was made")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
+
 from sidecar.bus.ownership import Ownership, rendezvous_owner
 
 KEYS = [f"key-{n}" for n in range(3000)]
@@ -81,6 +83,7 @@ def test_this_replica_counts_as_live_for_itself_before_its_heartbeat_is_read() -
     assert table.owns("k")
 
 
+@pytest.mark.invariant(23)
 def test_a_replica_cut_from_the_upstream_gives_its_keys_to_the_interested_replicas_that_read() -> None:
     tables = {name: Ownership(name) for name in REPLICAS}
     for table in tables.values():
@@ -110,6 +113,7 @@ def test_a_cut_replica_keeps_the_keys_no_reader_is_interested_in() -> None:
     assert a.set_cut(["a"]) == (set(), set()) and a.owns("only-a")
 
 
+@pytest.mark.invariant(23)
 def test_with_every_interested_replica_cut_ownership_is_as_if_none_were() -> None:
     tables = {name: Ownership(name) for name in REPLICAS[:3]}
     for table in tables.values():
