@@ -76,6 +76,7 @@ class Reach:
         self._reloading: list[tuple[str, str | None]] | None = None
         """Declarations heard while the hash is being read: applied over what the read returns."""
         self._moved = False
+        self._beat_failed = False
         self._listeners: list[Callable[[bool], None]] = []
 
     # -- what the others see ---------------------------------------------------------------------------------------
@@ -95,7 +96,18 @@ class Reach:
 
     async def beat(self) -> None:
         """After each heartbeat: sample this replica's signal, write its declaration when what it says changed,
-        confirm a peer's declaration (when this replica reads) and follow the live set."""
+        confirm a peer's declaration (when this replica reads) and follow the live set. Redis's failures are the
+        heartbeat's to handle; any other error is logged (once) and the heartbeats go on."""
+        try:
+            await self._beat()
+        except REDIS_FAILURES:
+            raise
+        except Exception:  # boundary: a replica whose heartbeats stopped would be taken for dead
+            if not self._beat_failed:
+                self._beat_failed = True
+                logger.exception("telling whether this replica can read the upstream failed; heartbeats go on")
+
+    async def _beat(self) -> None:
         if self._upstream is not None:
             reads = self._signal.sample(self._upstream.not_ready_reason is None, time.monotonic())
             if reads != self._written:
