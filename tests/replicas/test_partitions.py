@@ -201,6 +201,32 @@ async def test_with_the_upstream_cut_from_every_replica_nothing_moves_and_every_
                 await stream.aclose()
 
 
+async def test_a_replica_whose_upstream_is_slow_but_answers_keeps_its_keys_and_its_clients(
+    tmp_path: Path, shop: Upstream, redis: RedisServer, http: aiohttp.ClientSession
+) -> None:
+    async with partitioned_fleet(tmp_path, shop, redis, 2, instances=instances_where_first_polls(URI, 2)) as fleet:
+        slow = fleet.members[0]
+        streams = await _streams(http, fleet)
+        try:
+            await _holds(fleet, [1, 0])
+            acquired = [await _acquisitions(replica) for replica in fleet.replicas]
+            marks = [stream.mark() for stream in streams]
+            await shop.set_price(601)
+            for _ in range(6):  # every answer a second late, under upstream.timeout_s, for several leases
+                slow.upstream.hold()
+                await asyncio.sleep(1.0)  # the scenario: an upstream that takes a second to answer
+                slow.upstream.release()
+                await asyncio.sleep(0.1)
+            await all_updated(streams, URI, WITHIN_S, marks)
+            assert not _said_unreadable(slow.replica)
+            assert await leases_held(fleet.replicas) == [1, 0]
+            assert [await _acquisitions(replica) for replica in fleet.replicas] == acquired
+            assert not any(stream.ended for stream in streams)
+        finally:
+            for stream in streams:
+                await stream.aclose()
+
+
 @pytest.mark.invariant(23)
 async def test_a_replica_cut_from_the_upstream_ends_its_2025_11_25_sessions_so_their_clients_initialize_elsewhere(
     tmp_path: Path, shop: Upstream, redis: RedisServer, http: aiohttp.ClientSession
