@@ -95,6 +95,8 @@ def build_app(config: SidecarConfig) -> web.Application:
     cluster: RedisBus | None = None
     if config.bus.backend == "redis":
         metrics.redis_configured.set(1)
+        # The upstream's reachability goes into this replica's heartbeats: a replica that cannot read while
+        # another can gives that one its keys and its clients (invariant 23).
         cluster = RedisBus(
             config.bus.redis_url.get_secret_value(),
             instance=INSTANCE_ID,
@@ -102,6 +104,7 @@ def build_app(config: SidecarConfig) -> web.Application:
             lease_ms=config.bus.lease_ms,
             fallback=config.bus.fallback == "local",
             buckets=config.bus.buckets,
+            upstream=upstream,
         )
         app[CLUSTER] = cluster
         app.cleanup_ctx.append(_cluster_context)
@@ -132,6 +135,8 @@ def build_app(config: SidecarConfig) -> web.Application:
     app[REGISTRY] = registry
     app[HUB] = hub
     app[LEGACY] = legacy
+    if cluster is not None:
+        cluster.on_moved(lambda moved: _move_clients(hub, legacy, cluster.moved if moved else None))
     app.cleanup_ctx.append(_watch_context)
     app.on_shutdown.append(_end_streams)
 
@@ -155,14 +160,16 @@ def build_app(config: SidecarConfig) -> web.Application:
     # Anyone who can reach the MCP port may ask: ready or not, and nothing about the upstream (its address may
     # hold what an operator did not mean to publish); the reasons are the admin listener's.
     app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", make_readyz(upstream, detail=False))
+    degraded = (lambda: cluster.degraded) if cluster is not None else (lambda: None)
+    moved = (lambda: cluster.moved) if cluster is not None else (lambda: None)
+    app.router.add_get("/readyz", make_readyz(upstream, degraded, moved, detail=False))
 
     # Metrics and the status page list what the sidecar watches: on a listener of their own, off the MCP port.
     admin = web.Application(middlewares=[no_tracebacks])
     admin[METRICS] = metrics
     admin[UPSTREAM] = upstream
     admin.router.add_get("/healthz", healthz)
-    admin.router.add_get("/readyz", make_readyz(upstream, lambda: cluster.degraded if cluster else None, detail=True))
+    admin.router.add_get("/readyz", make_readyz(upstream, degraded, moved, detail=True))
     admin.router.add_get(config.metrics.path, _metrics_handler)
     admin.router.add_get("/status", make_status(upstream, registry, hub, fair_share))
     if config.hints.token_file is not None:
@@ -187,6 +194,15 @@ def _fair_share_of(config: SidecarConfig, metrics: Metrics) -> FairShare:
     return FairShare(
         capacity=capacity, per_client=per_client, max_queued_per_client=upstream.max_queued_per_client, metrics=metrics
     )
+
+
+def _move_clients(hub: StreamHub, legacy: LegacySessions, why: str | None) -> None:
+    """This replica cannot read the upstream and another can (`why`): its listen streams end with a retryable
+    reason and its 2025-11-25 sessions end, so their clients come back through the load balancer to a replica that
+    reads; `why` None: it serves them again."""
+    hub.move(why)
+    if why is not None:
+        legacy.end_all()
 
 
 async def _upstream_context(app: web.Application) -> AsyncIterator[None]:

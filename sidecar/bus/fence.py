@@ -47,8 +47,15 @@ class Fence:
         this replica's streams told (invariant 17). A change is recorded as the key's state in the same script
         that publishes it, fenced by the generation this replica last knew: a change another replica already
         told is not told again, and one told on a view that missed a newer change is re-read instead.
-        Redis down: local streams are told all the same."""
+        Redis down: local streams are told all the same, at once: while the link is degraded Redis is not asked (a
+        partition that answers nothing would hold each change for the client's socket timeout), and the change is
+        published when it answers again."""
         key = event.key
+        if self._link.degraded is not None:
+            if not event.baseline:
+                self._unpublished[key] = event
+            await self._local.publish(event)
+            return
         layout = self._link.layout
         bucket = layout.bucket_of(key)
         state = layout.state(bucket, key_hash(key))

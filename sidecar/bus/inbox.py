@@ -1,5 +1,6 @@
 """The bus's messages as they are read: decoded and routed (another replica's interest to ownership, a change to
-the fence and this replica's listeners, a write through another replica or its leaving to the hints' listeners).
+the fence and this replica's listeners, a write through another replica or its leaving to the hints' listeners, a
+replica's declaration that it cannot read the upstream to reach).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from sidecar.bus.interest import InterestWriter
 from sidecar.bus.keys import TrackedKeys
 from sidecar.bus.layout import HINTS_CHANNEL, Interest, decode
 from sidecar.bus.memory import MemoryBus
+from sidecar.bus.reach import Reach
 from sidecar.bus.takeover import Takeover
 from sidecar.observability.metrics import Metrics
 
@@ -36,8 +38,10 @@ class Inbox:
         takeover: Takeover,
         local: MemoryBus,
         metrics: Metrics,
+        reach: Reach,
     ) -> None:
         self._instance = instance
+        self._reach = reach
         self._keys = keys
         self._fence = fence
         self._writer = writer
@@ -82,6 +86,9 @@ class Inbox:
             message = orjson.loads(data)
             origin = str(message["o"])
             if origin == self._instance:
+                return
+            if "r" in message:
+                self._reach.heard(message["r"])
                 return
             if message.get("left"):
                 self._takeover.set_live(self._takeover.live - {origin})

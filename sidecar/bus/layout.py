@@ -5,11 +5,12 @@ which knows only its URI, finds its channel. A bucket's names share a hash tag, 
 Cluster its interest sets, states and channel live in one slot (one shard, sharded pub/sub there).
 
     mcp-sidecar:replicas                        ZSET instance -> heartbeat deadline (ms, Redis clock)
+    mcp-sidecar:readers                         HASH instance -> it cannot read the upstream (`sidecar.bus.readers`)
     mcp-sidecar:interest-of:<instance>          SET of "<bucket>:<key hash>" that instance is interested in
     {mcp-sidecar:b<n>}:interest:<key hash>      SET of instances with local streams on the key
     {mcp-sidecar:b<n>}:state:<key hash>         HASH f (last fingerprint told), g (its generation)
     {mcp-sidecar:b<n>}:events                   channel: changes, first looks and interest of the bucket's keys
-    mcp-sidecar:revalidate                      channel: writes through a replica, and replicas leaving
+    mcp-sidecar:revalidate                      channel: writes through a replica, replicas leaving, declarations
     mcp-sidecar:partition-key                   the shared secret that names authorization contexts
 """
 
@@ -27,6 +28,7 @@ __all__ = [
     "DEFAULT_BUCKETS",
     "HINTS_CHANNEL",
     "PREFIX",
+    "READERS",
     "REPLICAS",
     "Interest",
     "Layout",
@@ -40,6 +42,7 @@ __all__ = [
 
 PREFIX = "mcp-sidecar:"
 REPLICAS = PREFIX + "replicas"
+READERS = PREFIX + "readers"
 HINTS_CHANNEL = PREFIX + "revalidate"
 CONTEXT_NAMING_KEY = PREFIX + "partition-key"  # the stored name stays: replicas of every version share it
 DEFAULT_BUCKETS = 1024

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import orjson
 
 from sidecar.bus.connect import REDIS_FAILURES, Op
-from sidecar.bus.layout import HINTS_CHANNEL, REPLICAS, Interest, encode_interest, text
+from sidecar.bus.layout import HINTS_CHANNEL, READERS, REPLICAS, Interest, encode_interest, text
 from sidecar.bus.link import Link
 from sidecar.bus.takeover import Takeover
 from sidecar.tasks import TaskSet
@@ -37,11 +37,13 @@ class Membership:
         *,
         lease_ms: int,
         taken_for_dead: Callable[[], None],
+        forgotten: Callable[[str], None] = lambda instance: None,
     ) -> None:
         self._link = link
         self._takeover = takeover
         self._background = background
         self._taken_for_dead = taken_for_dead
+        self._forgotten = forgotten
         self._lease_ms = lease_ms
         self._beaten = False
         self._cleaning: set[str] = set()
@@ -105,9 +107,13 @@ class Membership:
                 keys = [layout.interest(bucket, hashed), layout.channel(bucket)]
                 message = encode_interest(Interest(instance, hashed, False))
                 ops.append(Op(self._link.scripts.leave, keys, [instance, *self._link.publish_args(message)]))
+            # Its declaration that it cannot read the upstream leaves too (a restarted one has not said it yet).
+            told = orjson.dumps({"o": self._link.instance, "c": [], "r": {"i": instance, "v": None}})
+            ops.append(Op(self._link.scripts.declare, [READERS], [instance, "", "", HINTS_CHANNEL, told]))
             await self._link.batch(ops)
             await client.delete(index)
             self._takeover.forget(instance)
+            self._forgotten(instance)
             await client.zrem(REPLICAS, instance)
         except _CLEAN_UP_FAILURES:
             pass  # its claim (if taken) runs out: the next heartbeat that lists it dead tries again

@@ -1,9 +1,12 @@
-"""Who polls a key: rendezvous (highest-random-weight) hashing over the live replicas interested in it.
+"""Who polls a key: rendezvous (highest-random-weight) hashing over the live replicas interested in it that can read
+the upstream.
 
-Pure bookkeeping, no I/O: the Redis coordinator feeds it the live replicas (from heartbeats) and each key's
-interested replicas (read when this replica's interest arrives, then kept current by the bucket's interest
-messages), and asks it what this replica owns. Every replica that holds the same inputs picks the same owner;
-one joining or leaving moves only the keys it wins or held, about 1/N of them.
+Pure bookkeeping, no I/O: the Redis coordinator feeds it the live replicas (from heartbeats), each key's interested
+replicas (read when this replica's interest arrives, then kept current by the bucket's interest messages) and the
+replicas cut from the upstream (those a peer that reads confirmed, `sidecar.bus.readers`), and asks it what this
+replica owns. Every replica that holds the same inputs picks the same owner; one joining or leaving moves only the
+keys it wins or held, about 1/N of them; one cut from the upstream gives its keys to the interested replicas that
+can read, and keeps those none of them is interested in (invariant 23). With nobody cut, nothing changes.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ class Ownership:
     def __init__(self, me: str) -> None:
         self.me = me
         self._live: frozenset[str] = frozenset({me})
+        self._cut: frozenset[str] = frozenset()
         self._interest: dict[str, set[str]] = {}
         self._owned: set[str] = set()
 
@@ -92,6 +96,15 @@ class Ownership:
         self._live = new
         return self._settle(self._interest)
 
+    def set_cut(self, cut: Iterable[str]) -> tuple[set[str], set[str]]:
+        """The replicas cut from the upstream (a peer that reads confirmed it): each key they would own goes to the
+        next of its interested live replicas that is not cut, when there is one."""
+        new = frozenset(cut)
+        if new == self._cut:
+            return set(), set()
+        self._cut = new
+        return self._settle(self._interest)
+
     def forget(self, instance: str) -> None:
         """A dead replica's interest was removed from Redis: it leaves every key's interest here too."""
         if instance == self.me:
@@ -102,10 +115,14 @@ class Ownership:
     def _settle(self, hashes: Iterable[str]) -> tuple[set[str], set[str]]:
         gained: set[str] = set()
         lost: set[str] = set()
-        live = self._live
+        live, cut = self._live, self._cut
         for hashed in hashes:
             members = self._interest.get(hashed)
-            owner = rendezvous_owner((m for m in members if m in live), hashed) if members else None
+            candidates = [m for m in members if m in live] if members else []
+            # Among those that can read, when one of them is interested; else as if nobody were cut (an outage for
+            # all moves nothing).
+            readers = [m for m in candidates if m not in cut] if cut else candidates
+            owner = rendezvous_owner(readers or candidates, hashed)
             if owner == self.me:
                 if hashed not in self._owned:
                     self._owned.add(hashed)

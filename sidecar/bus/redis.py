@@ -36,6 +36,7 @@ from sidecar.bus.layout import CONTEXT_NAMING_KEY, DEFAULT_BUCKETS, HINTS_CHANNE
 from sidecar.bus.link import Link, RedisUnavailable
 from sidecar.bus.membership import DEFAULT_LEASE_MS, Membership
 from sidecar.bus.memory import MemoryBus
+from sidecar.bus.reach import Reach, Readable
 from sidecar.bus.takeover import Takeover
 from sidecar.changes import ChangeEvent, ChangeListener, WatchKey, WatchKind, WatchState
 from sidecar.observability.metrics import Metrics
@@ -62,6 +63,7 @@ class RedisBus:
         buckets: int = DEFAULT_BUCKETS,
         membership: type[Membership] = Membership,
         fence: type[Fence] = Fence,
+        upstream: Readable | None = None,
     ) -> None:
         conn = connect(url)
         layout = Layout(buckets)
@@ -71,7 +73,7 @@ class RedisBus:
             sharded=conn.sharded,
             hooks=ChannelHooks(
                 message=self._read,
-                connected=lambda: self._link.set_up(True),
+                connected=self._hints_heard,
                 confirmed=self._heard_again,
                 lost=lambda reason: self._link.set_up(False, reason),
             ),
@@ -85,10 +87,18 @@ class RedisBus:
         self._fence = fence(self._link, self._keys, self._local, metrics)
         self._takeover = Takeover(self._link, self._keys, self._fence, self._tasks, metrics)
         self._writer = InterestWriter(self._link, self._channels, self._keys, self._fence, self._takeover)
+        self._reach = Reach(self._link, self._takeover, self._tasks, metrics, upstream=upstream, lease_ms=lease_ms)
         self._membership = membership(
-            self._link, self._takeover, self._tasks, lease_ms=lease_ms, taken_for_dead=self._writer.write_all
+            self._link,
+            self._takeover,
+            self._tasks,
+            lease_ms=lease_ms,
+            taken_for_dead=self._taken_for_dead,
+            forgotten=self._reach.forget,
         )
-        self._inbox = Inbox(instance, self._keys, self._fence, self._writer, self._takeover, self._local, metrics)
+        self._inbox = Inbox(
+            instance, self._keys, self._fence, self._writer, self._takeover, self._local, metrics, self._reach
+        )
         self._cache_holds: dict[int, float] = {}
         """Bucket -> until when (monotonic) the cache holds an entry of it, so keeps hearing its changes."""
 
@@ -100,6 +110,15 @@ class RedisBus:
     def degraded(self) -> str | None:
         """Why coordination is off (Redis unreachable), or None while it works."""
         return self._link.degraded
+
+    @property
+    def moved(self) -> str | None:
+        """Why this replica's clients belong on another replica (it cannot read the upstream and one can), or None."""
+        return self._reach.moved
+
+    def on_moved(self, listener: Callable[[bool], None]) -> None:
+        """`listener(True)` when this replica's clients should listen again elsewhere, `listener(False)` when not."""
+        self._reach.on_moved(listener)
 
     @property
     def owned_count(self) -> int:
@@ -151,6 +170,7 @@ class RedisBus:
             try:
                 await self._membership.beat()
                 self._link.set_up(True)
+                await self._reach.beat()
                 if self._fence.behind and self._link.degraded is None:
                     await self._fence.publish_again()
                 await self._link.follow_slots()
@@ -159,7 +179,16 @@ class RedisBus:
                 self._link.failed(exc)
             self._sweep_cache_holds()
 
+    def _taken_for_dead(self) -> None:
+        self._writer.write_all()
+        self._reach.rewrite()
+
     # -- what the bus reader hears ---------------------------------------------------------------------------
+
+    def _hints_heard(self) -> None:
+        """The revalidate channel is (re)subscribed: declarations told while it was not are read afresh."""
+        self._link.set_up(True)
+        self._tasks.spawn(self._reach.reload())
 
     def _read(self, channel: bytes, data: bytes) -> None:
         self._inbox.read(channel, data)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["BASELINE", "CLAIM", "GENERATION", "HEARTBEAT", "JOIN", "LEAVE", "PUBLISH_CHANGE", "Scripts"]
+__all__ = ["BASELINE", "CLAIM", "DECLARE", "GENERATION", "HEARTBEAT", "JOIN", "LEAVE", "PUBLISH_CHANGE", "Scripts"]
 
 GENERATION = """
 -- A stored generation as a number, or nil when this version cannot read it (not decimal digits alone below 2^53).
@@ -95,6 +95,23 @@ return 1
 )
 
 
+DECLARE = """
+-- KEYS[1] readers; ARGV[1] instance, ARGV[2] its declaration ('' withdraws it), ARGV[3] the declaration it must hold
+-- now ('' whatever it holds), ARGV[4] channel, ARGV[5] message. Written and told on the channel: returns 1; the field
+-- held another declaration, or there was none to withdraw: 0, nothing told.
+local current = redis.call('HGET', KEYS[1], ARGV[1])
+if ARGV[3] ~= '' and current ~= ARGV[3] then return 0 end
+if ARGV[2] == '' then
+  if not current then return 0 end
+  redis.call('HDEL', KEYS[1], ARGV[1])
+else
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+end
+redis.call('PUBLISH', ARGV[4], ARGV[5])
+return 1
+"""
+
+
 @dataclass(frozen=True, slots=True)
 class Scripts:
     """The scripts registered on one client (each runs by its SHA, loaded on first use)."""
@@ -105,8 +122,9 @@ class Scripts:
     leave: Any
     publish_change: Any
     baseline: Any
+    declare: Any
 
     @classmethod
     def register(cls, client: Any) -> Scripts:
-        scripts = (HEARTBEAT, CLAIM, JOIN, LEAVE, PUBLISH_CHANGE, BASELINE)
+        scripts = (HEARTBEAT, CLAIM, JOIN, LEAVE, PUBLISH_CHANGE, BASELINE, DECLARE)
         return cls(*(client.register_script(script) for script in scripts))

@@ -69,6 +69,10 @@ class Takeover:
     def set_live(self, live: Iterable[str]) -> None:
         self._settle(self._own.set_live(live))
 
+    def set_cut(self, cut: Iterable[str]) -> None:
+        """The replicas cut from the upstream (`sidecar.bus.reach`): their keys go to the interested readers."""
+        self._settle(self._own.set_cut(cut))
+
     def forget(self, instance: str) -> None:
         self._own.forget(instance)
 

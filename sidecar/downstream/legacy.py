@@ -100,6 +100,11 @@ class LegacySessions:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reaper
+        self.end_all()
+
+    def end_all(self) -> None:
+        """Every session ends (its GET streams with it): its client's next request is answered 404 and it
+        initializes again, through the load balancer, perhaps on another replica."""
         for session_id in list(self._sessions):
             self._end(session_id)
 

@@ -77,6 +77,8 @@ class StreamHub:
         self._by_key: dict[WatchKey, set[SignalSink]] = {}
         self._streams: set[ListenStream] = set()
         self._closing = False
+        self._moved: str | None = None
+        """Why new listens go elsewhere (this replica cannot read the upstream and another can), or None."""
         self._dirty: dict[ListenStream, None] = {}
         """Streams with pending signals, in the order they got them, for the next fan-out pass."""
         self._flush_scheduled = False
@@ -155,6 +157,8 @@ class StreamHub:
         if self._closing:
             # After close_all, a stream opened now would never get its complete frame: refuse it with an answer.
             raise Overloaded("the sidecar is shutting down; listen again elsewhere or after the restart")
+        if self._moved is not None:
+            raise Overloaded(f"{self._moved}; listen again")
         if len(self._streams) >= self._config.max_streams:
             self._metrics.limit_rejections.labels("max_streams").inc()
             raise Overloaded(f"this sidecar already serves {self._config.max_streams} listen streams; retry later")
@@ -331,6 +335,16 @@ class StreamHub:
             if held:
                 extra["not_logged_before"] = held  # streams ended for the same reason since the last such line
             logger.info("listen stream ended", extra=extra)
+
+    def move(self, why: str | None) -> None:
+        """`why` not None: this replica cannot read the upstream and another can, so every stream ends with the
+        complete result and a retryable reason (its client listens again, through the load balancer, elsewhere)
+        and new listens are refused until `move(None)`. Never while no other replica can read (invariant 14)."""
+        self._moved = why
+        if why is None:
+            return
+        for stream in list(self._streams):
+            stream.close("moved")
 
     async def close_all(self, reason: str = "shutdown") -> None:
         """Graceful shutdown: every stream gets the complete result; callers wait for their handlers."""

@@ -28,6 +28,10 @@ if TYPE_CHECKING:
 
 __all__ = ["Connection", "ListenStream", "SignalSink", "Step", "Writer", "frame_around_id"]
 
+_ENDED = {"moved": {"reason": "upstream_unreachable", "retryable": True}}
+"""What the complete result says of an end the client should act on: this replica cannot reach the upstream and
+another can, so listen again (through the load balancer) and re-read."""
+
 _ID_SLOT = "\x00"
 _ID_SLOT_JSON = b'"\\u0000"'
 
@@ -189,7 +193,7 @@ class ListenStream:
         if self._pending:
             return Step.DRAIN
         if self._closing:
-            writer.write_event(orjson.dumps(complete_result(self.subscription_id)))
+            writer.write_event(orjson.dumps(complete_result(self.subscription_id, _ENDED.get(self.end_reason))))
             return Step.DONE
         return Step.WAIT
 

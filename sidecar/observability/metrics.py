@@ -61,7 +61,7 @@ TOOL_CALL_DECISIONS = (
 )
 """(decision, reason) of a forwarded `tools/call`: whether it made the watches look, and what said so (the tool's
 entry in a tools list, a `revalidate.tools` rule, or nothing: a tool not seen in a tools list)."""
-_END_REASONS = ("client", "shutdown", "auth", "max_age", "stalled", "refused")
+_END_REASONS = ("client", "shutdown", "auth", "max_age", "stalled", "refused", "moved")
 # No `_created` series beside every counter and histogram: Prometheus does not use them (it infers resets), and
 # they double the series an operator scrapes and stores. Process-wide, as prometheus_client keeps the switch.
 disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -326,6 +326,12 @@ class Metrics:
         self.redis_configured = Gauge(
             "mcp_sidecar_redis_configured",
             "1 with bus.backend: redis (then mcp_sidecar_redis_up 0 means Redis is unreachable), 0 with memory",
+            registry=r,
+        )
+        self.upstream_cut = Gauge(
+            "mcp_sidecar_upstream_cut",
+            "1 while this replica cannot reach the upstream and another replica can: the watches it polled and its "
+            "clients moved to the replicas that can (Redis bus)",
             registry=r,
         )
         self.leases_held = Gauge(

@@ -16,6 +16,7 @@ __all__ = [
     "LEGACY_VERSION",
     "META_CLIENT_CAPABILITIES",
     "META_CLIENT_INFO",
+    "META_ENDED",
     "META_LEFT_OUT",
     "META_LOG_LEVEL",
     "META_PROTOCOL_VERSION",
@@ -66,6 +67,11 @@ META_UPSTREAM_SERVER_INFO = "io.github.mcp-sidecar/upstreamServerInfo"
 META_CACHED = "io.github.mcp-sidecar/cached"
 """Our own result `_meta` key on `server/discover`: true when the upstream could not be reached and the answer is
 the last one this client's context was given (so a client can connect, and listen, during an outage)."""
+
+META_ENDED = "io.github.mcp-sidecar/ended"
+"""Our own `_meta` key on a listen's complete result when the sidecar ended it for a reason the client should act on:
+`{"reason": "upstream_unreachable", "retryable": true}` (listen again through the load balancer: this replica cannot
+reach the upstream and another can)."""
 
 META_LEFT_OUT = "io.github.mcp-sidecar/leftOut"
 """Our own `_meta` key on a listen's ack: what the ack leaves out of the filter, each with the JSON-RPC error

@@ -8,6 +8,7 @@ from sidecar.protocol.constants import (
     CACHEABLE_METHODS,
     META_CLIENT_CAPABILITIES,
     META_CLIENT_INFO,
+    META_ENDED,
     META_LEFT_OUT,
     META_PROTOCOL_VERSION,
     META_SUBSCRIPTION_ID,
@@ -74,11 +75,13 @@ def ack_notification(
     return {"jsonrpc": "2.0", "method": ACK_METHOD, "params": {"_meta": meta, "notifications": honoured}}
 
 
-def complete_result(subscription_id: RequestId) -> JsonObject:
-    """The only result a listen request ever gets: the graceful end of the stream."""
-    return result_response(
-        subscription_id, {"resultType": "complete", "_meta": {META_SUBSCRIPTION_ID: subscription_id}}
-    )
+def complete_result(subscription_id: RequestId, ended: JsonObject | None = None) -> JsonObject:
+    """The only result a listen request ever gets: the graceful end of the stream; `ended` says why, when the
+    client should act on it (`META_ENDED`)."""
+    meta: JsonObject = {META_SUBSCRIPTION_ID: subscription_id}
+    if ended is not None:
+        meta[META_ENDED] = ended
+    return result_response(subscription_id, {"resultType": "complete", "_meta": meta})
 
 
 def stamp_result(method: str, result: JsonObject, *, ttl_ms: int, scope: str) -> JsonObject:

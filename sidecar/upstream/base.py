@@ -178,6 +178,11 @@ class Health(Protocol):
         """Readiness: True when the upstream answers (probed again when not heard from lately)."""
         ...
 
+    async def answers_now(self) -> bool:
+        """One exchange with the upstream, started now (whatever was heard lately): True when it answered. A replica
+        asks before it takes the keys of a peer that cannot read."""
+        ...
+
     async def reached(self) -> UpstreamInfo:
         """The era and capabilities once the upstream has answered, waiting (however long) until it has."""
         ...

@@ -105,6 +105,21 @@ class UpstreamBridge:
                 await (self._liveness(info) if self._on_demand else self._transport.liveness(info))
         return self._reach.not_ready_reason is None
 
+    async def answers_now(self) -> bool:
+        """One exchange with the upstream now: a probe while the era is not known, else a liveness check."""
+        with contextlib.suppress(UpstreamError):
+            info = self._reach.info
+            if info is None:
+                if not self._on_demand:
+                    return False  # a stdio child not answering its handshake yet
+                await self.ensure_info()
+            elif self._on_demand:
+                await self._liveness(info)
+            else:
+                await self._transport.liveness(info)
+            return self._reach.not_ready_reason is None
+        return False
+
     # -- lifecycle ----------------------------------------------------------------------------------------
 
     async def start(self) -> None:

@@ -13,6 +13,8 @@
 - `sync_process`: a server process driven without an event loop, for a hypothesis property (not re-exported).
 - `session`: the one raw 2025-11-25 session client (`Session`, `sessions`), its GET stream read as frames arrive (not
   re-exported).
+- `partition_proxy`: a TCP proxy that can hold every byte both ways without closing (`PartitionProxy`,
+  `partition_proxy`), a partition between a replica and Redis or the upstream (not re-exported).
 
 Everything is re-exported here: `from tests.kit import ListenStream, eventually, rpc`.
 """

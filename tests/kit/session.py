@@ -59,6 +59,11 @@ class Session:
         assert response.status == 200, await response.text()
         self._reader = asyncio.get_running_loop().create_task(self._read(response))
 
+    @property
+    def streaming(self) -> bool:
+        """Its GET stream is open (the sidecar has not ended it)."""
+        return self._reader is not None and not self._reader.done()
+
     async def _read(self, response: aiohttp.ClientResponse) -> None:
         try:
             await read_events(response, self.frames, self.comment_times, self._arrived)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
+
 from sidecar.bus.ownership import Ownership, rendezvous_owner
 
 KEYS = [f"key-{n}" for n in range(3000)]
@@ -79,3 +81,47 @@ def test_this_replica_counts_as_live_for_itself_before_its_heartbeat_is_read() -
     assert gained == {"k"}
     table.set_live(["b"])  # a heartbeat read that does not list us yet
     assert table.owns("k")
+
+
+@pytest.mark.invariant(23)
+def test_a_replica_cut_from_the_upstream_gives_its_keys_to_the_interested_replicas_that_read() -> None:
+    tables = {name: Ownership(name) for name in REPLICAS}
+    for table in tables.values():
+        table.set_live(REPLICAS)
+        for key in KEYS[:300]:
+            table.track(key, REPLICAS)
+    cut = REPLICAS[0]
+    held = {key for key in KEYS[:300] if tables[cut].owns(key)}
+    moves = {name: table.set_cut([cut]) for name, table in tables.items()}
+    assert moves[cut] == (set(), held)
+    gained = set().union(*(moves[name][0] for name in REPLICAS[1:]))
+    assert gained == held  # only the cut replica's keys move, each to one reader
+    for key in KEYS[:300]:
+        assert sum(table.owns(key) for table in tables.values()) == 1, key
+    assert not any(tables[cut].owns(key) for key in KEYS[:300])
+    # Readable again: exactly its keys come back.
+    back = {name: table.set_cut([]) for name, table in tables.items()}
+    assert back[cut] == (held, set())
+
+
+def test_a_cut_replica_keeps_the_keys_no_reader_is_interested_in() -> None:
+    a, b = Ownership("a"), Ownership("b")
+    for table in (a, b):
+        table.set_live(["a", "b"])
+    a.track("only-a", [])
+    assert a.owns("only-a")
+    assert a.set_cut(["a"]) == (set(), set()) and a.owns("only-a")
+
+
+@pytest.mark.invariant(23)
+def test_with_every_interested_replica_cut_ownership_is_as_if_none_were() -> None:
+    tables = {name: Ownership(name) for name in REPLICAS[:3]}
+    for table in tables.values():
+        table.set_live(REPLICAS[:3])
+        for key in KEYS[:100]:
+            table.track(key, REPLICAS[:3])
+    before = {key: [name for name, table in tables.items() if table.owns(key)] for key in KEYS[:100]}
+    for table in tables.values():
+        assert table.set_cut(REPLICAS[:3]) == (set(), set())
+    after = {key: [name for name, table in tables.items() if table.owns(key)] for key in KEYS[:100]}
+    assert after == before
