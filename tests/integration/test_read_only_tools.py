@@ -44,7 +44,7 @@ async def shop() -> AsyncIterator[Upstream]:
 def hints(tmp_path: Path) -> dict[str, Any]:
     path = tmp_path / "hints-token"
     path.write_text(TOKEN, encoding="utf-8")
-    return {"token_file": str(path)}
+    return {"token_file": str(path), "settle_ms": 0}  # one look per hint: the sync point reads once
 
 
 async def _call(http: aiohttp.ClientSession, sidecar: Sidecar, tool: str) -> str:
@@ -72,7 +72,7 @@ async def _quiet_then_read(
     await _call(http, sidecar, quiet)
     headers = {"Authorization": f"Bearer {TOKEN}"}
     async with http.post(f"{sidecar.admin_url}/hints", json={"uris": [ITEM]}, headers=headers) as resp:
-        assert (resp.status, await resp.json()) == (202, {"hinted": 1})
+        assert (resp.status, await resp.json()) == (202, {"hinted": 1, "warm_ms": 0})
     await eventually(lambda: _read(shop, ITEM), what="the hinted look at the item")
     assert await shop.count("resources/read", PRICE) == 0, f"{quiet} made the price's watch look"
     await _call(http, sidecar, reading)
