@@ -160,6 +160,11 @@ BAD_VALUES = [
         {"polling": {"rules": [{"match": "a://*", "ignore": {"patterns": ["id=\\d+", "([a-z]"]}}]}},
         "rule-pattern",
     ),
+    _row(
+        "revalidate.tools[1].match",
+        {"revalidate": {"tools": [{"match": "read_*", "revalidate": False}, {"match": "query all", "revalidate": True}]}},
+        "tool-rule-glob",
+    ),
 ]
 
 FREE_TEXT = {"tracing.service_name": "any name is a service name"}
