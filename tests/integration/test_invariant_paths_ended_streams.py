@@ -70,8 +70,14 @@ async def test_a_stream_closed_with_signals_pending_keeps_one_per_subscription_a
 
 
 @pytest.mark.invariant(5)
+@pytest.mark.parametrize(
+    ("first_id", "again_id"),
+    # SDK clients number every listen 1 (python-sdk #3060): the new stream then has the ended one's id.
+    [("first", "again"), (1, 1)],
+    ids=["new-id", "reused-id"],
+)
 async def test_a_stream_that_ended_with_a_signal_pending_is_recovered_by_listening_again_and_nothing_is_replayed(
-    http: aiohttp.ClientSession,
+    http: aiohttp.ClientSession, first_id: str | int, again_id: str | int
 ) -> None:
     async with (
         FaultyUpstream(ttl_ms=60_000) as up,
@@ -79,7 +85,7 @@ async def test_a_stream_that_ended_with_a_signal_pending_is_recovered_by_listeni
     ):
         metrics = sidecar.app[METRICS]
         up.fail(Fault.HANG, uri=HUNG)
-        first = ListenStream(http, sidecar.url, "first", [SEEN, HUNG])
+        first = ListenStream(http, sidecar.url, first_id, [SEEN, HUNG])
         opening = asyncio.ensure_future(first.open())
         try:
             await eventually(lambda: metrics.subscriptions._value.get() == 1, what="SEEN joined, HUNG still out")
@@ -95,7 +101,7 @@ async def test_a_stream_that_ended_with_a_signal_pending_is_recovered_by_listeni
         finally:
             opening.cancel()
         up.contents[SEEN] = "version 2"  # while no stream listens; no poll comes
-        again = ListenStream(http, sidecar.url, "again", [SEEN])
+        again = ListenStream(http, sidecar.url, again_id, [SEEN])
         await again.open()  # rejoins SEEN's lingering watch: the ack waits for its look
         try:
             assert text_of(await read_resource(http, sidecar.url, SEEN)) == "version 2"
@@ -104,5 +110,11 @@ async def test_a_stream_that_ended_with_a_signal_pending_is_recovered_by_listeni
             comments = len(again.comment_times)
             await eventually(lambda: len(again.comment_times) >= comments + 2, what="two keep-alive comments")
             assert again.pending() == []
+            # Its subscription is live: the next change is told once, stamped with its own id.
+            up.contents[SEEN] = "version 3"
+            status, _ = await rpc(http, sidecar.url, "tools/call", {"name": "echo", "arguments": {"text": "w"}})
+            assert status == 200
+            update = {"jsonrpc": "2.0", "method": UPDATED, "params": {"uri": SEEN, "_meta": {SUB_ID_KEY: again_id}}}
+            assert await again.next() == update
         finally:
             await again.close()
