@@ -22,7 +22,7 @@ import pytest
 
 from sidecar.app import HUB, METRICS, REGISTRY
 from sidecar.observability.metrics import Metrics
-from tests.kit import SUB_ID_KEY, ListenStream, eventually, read_resource, rpc, serve_sidecar, text_of
+from tests.kit import SUB_ID_KEY, UPDATED, ListenStream, eventually, read_resource, rpc, serve_sidecar, text_of
 from tests.kit.polling import FAST, QUICK_COMMENTS, SLOW
 from tests.kit.session import Session
 from tests.peers import Upstream
@@ -35,7 +35,6 @@ HUNG = "x://hung"
 PRICE = "catalog://price"
 REUSED_ID = 1
 """The id every listen (and every subscribe) of the clients that reuse ids carries."""
-UPDATED = "notifications/resources/updated"
 POLLED = {"min_interval_ms": 50, "default_interval_ms": 100, "max_interval_ms": 100}
 
 

@@ -15,9 +15,8 @@ from sidecar.identity import ANONYMOUS_IDENTITY, Identity
 from sidecar.observability.metrics import Metrics
 from sidecar.protocol.frames import session_notification
 from sidecar.watch.handles import Handle
-from tests.kit import WAIT_S
+from tests.kit import UPDATED, WAIT_S
 
-UPDATED = "notifications/resources/updated"
 TOOLS = "notifications/tools/list_changed"
 
 

@@ -21,8 +21,8 @@ from sidecar.identity import ANONYMOUS_IDENTITY
 from sidecar.observability.metrics import Metrics
 from sidecar.protocol.errors import InvalidParams
 from sidecar.protocol.frames import complete_result, notification
+from tests.kit import UPDATED
 
-UPDATED = "notifications/resources/updated"
 TOOLS = "notifications/tools/list_changed"
 
 

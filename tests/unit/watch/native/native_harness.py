@@ -28,6 +28,7 @@ from sidecar.upstream.answers import UpstreamInfo
 from sidecar.upstream.base import Upstream
 from sidecar.watch.native import NativeNotifications
 from sidecar.watch.poller import Watch
+from tests.kit import UPDATED
 from tests.unit.watch.manual_clock import ManualClock
 from tests.unit.watch.scripted_upstream import URL, ScriptedUpstream
 
@@ -67,7 +68,6 @@ ALICE = Identity("alice", (("authorization", "Bearer a"),), client="alice-laptop
 BOB = Identity("bob", (("authorization", "Bearer b"),), client="bob-laptop")
 DOC = "file:///doc"
 OTHER = "file:///other"
-UPDATED = "notifications/resources/updated"
 DEBOUNCE_S = 0.05
 """The pause after a change of what a context watches before its stream is asked for again."""
 WAIT_S = 5.0
