@@ -10,6 +10,7 @@ read the upstream after hearing it (one exchange of its own), in the same script
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import time
@@ -76,6 +77,9 @@ class Reach:
         self._reloading: list[tuple[str, str | None]] | None = None
         """Declarations heard while the hash is being read: applied over what the read returns."""
         self._moved = False
+        self._checking = False
+        self._checked_at = -float("inf")
+        """When this replica last checked, by an exchange of its own, that it cannot read before moving its clients."""
         self._beat_failed = False
         self._listeners: list[Callable[[bool], None]] = []
 
@@ -231,6 +235,35 @@ class Reach:
     def _settle(self) -> None:
         self._takeover.set_cut(self._board.cut())
         moved = self._board.moved(self._takeover.live)
+        if moved and not self._moved and self._upstream is not None:
+            # Confirmed; but the upstream may have come back for every replica between our declaration and its
+            # confirmation. Our clients leave only if an exchange of our own, now, is not answered within a lease.
+            self._check_before_moving()
+            return
+        self._follow(moved)
+
+    def _check_before_moving(self) -> None:
+        now = time.monotonic()
+        if self._checking or now - self._checked_at < self._lease_s:
+            return
+        self._checking, self._checked_at = True, now
+        self._background.spawn(self._check_then_move())
+
+    async def _check_then_move(self) -> None:
+        assert self._upstream is not None
+        try:
+            try:
+                reads = await asyncio.wait_for(self._upstream.answers_now(), self._lease_s)
+            except TimeoutError:
+                reads = False
+        finally:
+            self._checking = False
+        if reads:
+            logger.info("a peer confirmed this replica cannot reach the upstream, but it answers now: its clients stay")
+            return
+        self._follow(self._board.moved(self._takeover.live))
+
+    def _follow(self, moved: bool) -> None:
         self._metrics.upstream_cut.set(1 if moved else 0)
         if moved == self._moved:
             return
