@@ -10,7 +10,6 @@ dropped from its look if it leaves first.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -72,6 +71,7 @@ from sidecar.watch.rules import Rules
 from sidecar.watch.schedule import HintBudget, Schedule
 from sidecar.watch.source_hints import SourceHint
 from sidecar.watch.tool_calls import ToolCalls, ToolCatalog
+from sidecar.watch.waiters import Waiters
 
 __all__ = ["AuthFailureListener", "Handle", "Stage", "WatchRegistry"]
 
@@ -122,11 +122,7 @@ class WatchRegistry:
         )
         self._watches: dict[WatchKey, Watch] = {}
         """The engine's watches, as pollers (one per record the engine keeps)."""
-        self._waiters: dict[int, asyncio.Future[WatchKey | None]] = {}
-        self._answered: dict[int, WatchKey] = {}
-        """The watch each waiter was answered with, until its caller takes it: a caller cancelled before it resumes
-        (its future cancelled, then answered in the same step) still lets go of what the engine gave it."""
-        self._ids = itertools.count(1)
+        self._waiters = Waiters()
         self._timers: dict[int, Timer] = {}
         self._inflight: set[asyncio.Task[None]] = set()
         """Looks and first publishes the engine waits on (cancelled at shutdown)."""
@@ -190,21 +186,19 @@ class WatchRegistry:
         TooManyRequests when the client's first reads beyond `polling.max_baselines_per_s` could not start
         within `polling.baseline_wait_s` (its own requests upstream held every slot of its fair share).
         """
-        waiter = next(self._ids)
-        answer = self._waiters[waiter] = asyncio.get_running_loop().create_future()
+        waiter, answer = self._waiters.add()
         self._handle(Subscribe(waiter, kind, uri, identity))
         try:
             key = await answer
         except asyncio.CancelledError:
-            held = self._answered.get(waiter)
+            held = self._waiters.held(waiter)
             if held is not None:
                 self._handle(Release(held, identity.context))  # answered as it was cancelled: it lets go
             else:
                 self._handle(Leave(waiter))  # still waiting (or failed, or found nothing): dropped from its look
             raise
         finally:
-            del self._waiters[waiter]
-            self._answered.pop(waiter, None)
+            self._waiters.remove(waiter)
         return None if key is None else Handle(key, identity.context, self._release_handle)
 
     def _release(self, handle: Handle) -> None:
@@ -220,16 +214,9 @@ class WatchRegistry:
         if isinstance(command, Apply):
             self._apply(command.key, command.observation, command.ticket)
         elif isinstance(command, Answer):
-            answer = self._waiters.get(command.waiter)
-            if answer is not None:
-                if command.key is not None:
-                    self._answered[command.waiter] = command.key
-                if not answer.done():
-                    answer.set_result(command.key)
+            self._waiters.answer(command.waiter, command.key)
         elif isinstance(command, Fail):
-            answer = self._waiters.get(command.waiter)
-            if answer is not None and not answer.done():
-                answer.set_exception(command.error)
+            self._waiters.fail(command.waiter, command.error)
         elif isinstance(command, Look):
             self._run(self._look(command))
         elif isinstance(command, Track):
@@ -386,8 +373,7 @@ class WatchRegistry:
         inflight = list(self._inflight)
         for task in inflight:
             task.cancel()
-        for answer in self._waiters.values():
-            answer.cancel()
+        self._waiters.cancel_all()
         self._engine.close()
         for timer in self._timers.values():
             timer.cancel()
