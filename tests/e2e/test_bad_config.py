@@ -162,7 +162,11 @@ BAD_VALUES = [
     ),
     _row(
         "revalidate.tools[1].match",
-        {"revalidate": {"tools": [{"match": "read_*", "revalidate": False}, {"match": "query all", "revalidate": True}]}},
+        {
+            "revalidate": {
+                "tools": [{"match": "read_*", "revalidate": False}, {"match": "query all", "revalidate": True}]
+            }
+        },
         "tool-rule-glob",
     ),
 ]
