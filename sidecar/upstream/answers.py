@@ -9,10 +9,9 @@ from typing import Any, Protocol
 import orjson
 
 from sidecar.protocol.envelope import ERA_REVISIONS, Era
+from sidecar.protocol.types import JsonObject
 
 __all__ = ["ByteStream", "ReleasingStream", "Reply", "UpstreamInfo", "json_object"]
-
-JsonObject = dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)

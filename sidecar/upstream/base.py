@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from multidict import CIMultiDictProxy
 
 from sidecar.identity import ANONYMOUS_IDENTITY, Identity
+from sidecar.protocol.types import JsonObject
 
 if TYPE_CHECKING:
     from sidecar.protocol.envelope import Message
@@ -38,7 +39,6 @@ __all__ = [
     "Watched",
 ]
 
-JsonObject = dict[str, Any]
 Headers = CIMultiDictProxy[str] | Mapping[str, str]
 
 NotificationListener = Callable[[JsonObject], None]

@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 from functools import partial
-from typing import Any
 
 from cachetools import LRUCache
 
@@ -22,6 +21,7 @@ from sidecar.config import CacheConfig
 from sidecar.identity import ANONYMOUS_IDENTITY, Identity
 from sidecar.protocol.envelope import Era, Message, RequestId
 from sidecar.protocol.errors import UpstreamError, UpstreamRpcError
+from sidecar.protocol.types import JsonObject
 from sidecar.upstream.answers import Reply, UpstreamInfo
 from sidecar.upstream.base import Headers
 from sidecar.upstream.era import checked, own_request_params, response, result_of, strip_modern_meta, translated
@@ -29,8 +29,6 @@ from sidecar.upstream.reachability import Reachability
 from sidecar.upstream.transport import AnswerShaper, Transport
 
 __all__ = ["UpstreamBridge"]
-
-JsonObject = dict[str, Any]
 
 _JSON = {"Content-Type": "application/json"}
 _REMEMBERED_CONTEXTS = 10_000

@@ -4,13 +4,12 @@ section 5), the `_meta` a 2026-07-28 server needs, and what counts as an answer 
 
 from __future__ import annotations
 
-from typing import Any
-
 from sidecar.config import CacheConfig
 from sidecar.protocol.constants import META_CLIENT_CAPABILITIES, META_CLIENT_INFO, META_LOG_LEVEL, META_PROTOCOL_VERSION
 from sidecar.protocol.envelope import RequestId
 from sidecar.protocol.errors import UpstreamBadResponse, UpstreamRpcError
 from sidecar.protocol.frames import modern_request_meta, stamp_result
+from sidecar.protocol.types import JsonObject
 
 __all__ = [
     "checked",
@@ -23,8 +22,6 @@ __all__ = [
     "translated",
     "with_modern_meta",
 ]
-
-JsonObject = dict[str, Any]
 
 _MODERN_META_KEYS = (META_PROTOCOL_VERSION, META_CLIENT_CAPABILITIES, META_CLIENT_INFO, META_LOG_LEVEL)
 _NOT_FOUND_CODES = (-32002, 0)  # -32002: 2025-11-25 and most SDKs; 0: Python SDK 1.x (SEP-2164 table)

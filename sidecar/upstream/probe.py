@@ -10,18 +10,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from sidecar.protocol.constants import HANDSHAKE_VERSIONS, LEGACY_VERSION, MODERN_VERSION
 from sidecar.protocol.errors import UpstreamBadResponse, UpstreamRpcError
 from sidecar.protocol.frames import SERVER_INFO
+from sidecar.protocol.types import JsonObject
 from sidecar.upstream.answers import UpstreamInfo
 
 __all__ = ["INITIALIZE_PARAMS", "initialize_result", "learn_era"]
 
 logger = logging.getLogger("sidecar.upstream")
-
-JsonObject = dict[str, Any]
 
 INITIALIZE_PARAMS: JsonObject = {"protocolVersion": LEGACY_VERSION, "capabilities": {}, "clientInfo": SERVER_INFO}
 """The sidecar's own `initialize` (a 2025-11-25 session of its own, or a stdio child's handshake)."""

@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 from sidecar.identity import Identity
 from sidecar.protocol.envelope import Era, Message, RequestId
+from sidecar.protocol.types import JsonObject
 from sidecar.upstream.answers import Reply, UpstreamInfo
 from sidecar.upstream.base import Headers
 
 __all__ = ["AnswerShaper", "Transport"]
 
-JsonObject = dict[str, Any]
 AnswerShaper = Callable[[JsonObject], JsonObject]
 """Turns the upstream's raw answer into what the client gets (its `result` or `error`), or raises."""
 

@@ -33,10 +33,11 @@ from sidecar.identity import PUBLIC, Identity
 from sidecar.observability.metrics import Metrics
 from sidecar.protocol.constants import RESOURCE_UPDATED_METHOD
 from sidecar.protocol.lists import LIST_KIND_OF_NOTIFICATION
+from sidecar.protocol.types import JsonObject
 from sidecar.tasks import TaskSet
 from sidecar.upstream.base import NotificationSource, Upstream
 from sidecar.watch.clock import LOOP_CLOCK, Clock
-from sidecar.watch.native_stream import FILTER_FIELDS, JsonObject, NativeStream, capability
+from sidecar.watch.native_stream import FILTER_FIELDS, NativeStream, capability
 from sidecar.watch.poller import Watch
 
 __all__ = ["NativeNotifications"]

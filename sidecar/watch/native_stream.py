@@ -16,14 +16,14 @@ from sidecar.identity import Identity
 from sidecar.protocol.constants import RESOURCE_UPDATED_METHOD
 from sidecar.protocol.errors import UpstreamError, UpstreamHTTPError, UpstreamRpcError
 from sidecar.protocol.lists import LIST_KIND_OF_NOTIFICATION, LIST_KINDS
+from sidecar.protocol.types import JsonObject
 from sidecar.upstream.base import Upstream
 from sidecar.watch.clock import Clock, sleep, within
 
-__all__ = ["FILTER_FIELDS", "JsonObject", "NativeStream", "StreamOwner", "capability"]
+__all__ = ["FILTER_FIELDS", "NativeStream", "StreamOwner", "capability"]
 
 logger = logging.getLogger("sidecar.watch.native")  # the feature's name, which its log lines are filtered by
 
-JsonObject = dict[str, Any]
 _KIND_OF_METHOD: dict[str, WatchKind] = dict(LIST_KIND_OF_NOTIFICATION)
 FILTER_FIELDS: dict[WatchKind, tuple[str, str]] = {
     row.kind: (row.filter_field, row.primitive) for row in LIST_KINDS.values()

@@ -22,6 +22,7 @@ from sidecar.fair_share import FairShare
 from sidecar.identity import Identity
 from sidecar.observability.metrics import Metrics
 from sidecar.protocol.errors import UpstreamHTTPError
+from sidecar.protocol.types import JsonObject
 from sidecar.tasks import TaskSet
 from sidecar.upstream.base import Upstream
 from sidecar.watch.budget import ReadBudget
@@ -75,8 +76,6 @@ from sidecar.watch.tool_calls import ToolCalls, ToolCatalog
 __all__ = ["AuthFailureListener", "Handle", "Stage", "WatchRegistry"]
 
 logger = logging.getLogger(__name__)
-
-JsonObject = dict[str, Any]
 
 AuthFailureListener = Callable[[WatchKey, str], None]
 """Told that a context's credential was refused while polling a key (its streams should end)."""

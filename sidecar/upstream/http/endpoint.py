@@ -8,7 +8,6 @@ import contextlib
 import logging
 import ssl
 from collections.abc import AsyncIterator, Iterator, Mapping
-from typing import Any
 
 import aiohttp
 import orjson
@@ -22,6 +21,7 @@ from sidecar.protocol.errors import (
     UpstreamTimeout,
     UpstreamUnavailable,
 )
+from sidecar.protocol.types import JsonObject
 from sidecar.tls import upstream_context
 from sidecar.upstream.answers import json_object
 from sidecar.upstream.http.wire import Answer, WirePool
@@ -30,8 +30,6 @@ from sidecar.upstream.sse import SSE_CONTENT_TYPE, SSEDecoder, SSETooLarge
 __all__ = ["UpstreamHTTP", "iter_messages", "raise_for_status", "read_limited", "status_error"]
 
 logger = logging.getLogger(__name__)
-
-JsonObject = dict[str, Any]
 
 _DRAIN_MARGIN_S = 1.0
 """Time kept at the end of the shutdown grace for answering aborted requests and closing down."""

@@ -18,6 +18,7 @@ from cachetools import LRUCache
 
 from sidecar.protocol.constants import HEADER_PROTOCOL_VERSION, HEADER_SESSION_ID, READ_ONLY_METHODS
 from sidecar.protocol.errors import UpstreamBadResponse
+from sidecar.protocol.types import JsonObject
 from sidecar.upstream.era import checked, reply_to_server_request, strip_modern_meta
 from sidecar.upstream.http.endpoint import UpstreamHTTP, iter_messages, raise_for_status, read_limited, status_error
 from sidecar.upstream.http.session_refusal import refuses_session
@@ -29,7 +30,6 @@ __all__ = ["UpstreamSession", "UpstreamSessions"]
 
 logger = logging.getLogger(__name__)
 
-JsonObject = dict[str, Any]
 NotificationSink = Callable[[JsonObject], None]
 
 MAX_SESSIONS = 10_000

@@ -9,7 +9,6 @@ import itertools
 import logging
 import ssl
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
-from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import orjson
@@ -33,6 +32,7 @@ from sidecar.protocol.errors import (
     UpstreamHTTPError,
     UpstreamRpcError,
 )
+from sidecar.protocol.types import JsonObject
 from sidecar.upstream.answers import ReleasingStream, Reply, UpstreamInfo, json_object
 from sidecar.upstream.base import Headers
 from sidecar.upstream.era import checked, own_request_params, result_of
@@ -49,8 +49,6 @@ from sidecar.upstream.transport import AnswerShaper
 __all__ = ["HTTPTransport"]
 
 logger = logging.getLogger(__name__)
-
-JsonObject = dict[str, Any]
 
 _PASSTHROUGH_RESPONSE_HEADERS = ("Content-Type", "WWW-Authenticate")
 _MCP_REQUEST_HEADERS = frozenset(name.lower() for name in (HEADER_PROTOCOL_VERSION, HEADER_METHOD, HEADER_NAME))

@@ -34,6 +34,7 @@ from sidecar.protocol.errors import (
     UpstreamTimeout,
     UpstreamUnavailable,
 )
+from sidecar.protocol.types import JsonObject
 from sidecar.upstream.era import reply_to_server_request
 from sidecar.upstream.stdio.lines import LineSplitter, OverlongLine, RateLimitedLog, TokenBucket
 from sidecar.upstream.stdio.process import ChildStdin, end_process_group, exit_reason, start_in_own_session
@@ -44,7 +45,6 @@ logger = logging.getLogger(__name__)
 stderr_logger = logging.getLogger("sidecar.upstream.stdio.stderr")  # a documented name: users route it
 """The child's own stderr lines, one log record each, so they can be routed or silenced apart."""
 
-JsonObject = dict[str, Any]
 NotificationSink = Callable[[JsonObject], None]
 
 _READ_CHUNK_BYTES = 65_536

@@ -11,11 +11,10 @@ import orjson
 
 from sidecar.protocol.constants import META_SUBSCRIPTION_ID
 from sidecar.protocol.envelope import RequestId
+from sidecar.protocol.types import JsonObject
 from sidecar.upstream.stdio.child import StdioChild
 
 __all__ = ["event", "for_subscription", "streamed", "until_ended"]
-
-JsonObject = dict[str, Any]
 
 
 async def until_ended(

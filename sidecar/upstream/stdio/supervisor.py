@@ -27,6 +27,7 @@ from sidecar.backoff import Backoff
 from sidecar.config import UpstreamConfig
 from sidecar.observability.metrics import Metrics
 from sidecar.protocol.errors import ShuttingDown, UpstreamBusy, UpstreamError, UpstreamTimeout, UpstreamUnavailable
+from sidecar.protocol.types import JsonObject
 from sidecar.tasks import TaskSet
 from sidecar.upstream.answers import UpstreamInfo
 from sidecar.upstream.base import NotificationListener
@@ -40,7 +41,6 @@ __all__ = ["StdioSupervisor", "SupervisorState"]
 
 logger = logging.getLogger(__name__)
 
-JsonObject = dict[str, Any]
 SupervisorState = Literal["starting", "ready", "down", "closed"]
 
 STABLE_AFTER_S = 60.0

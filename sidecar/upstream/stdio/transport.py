@@ -17,7 +17,6 @@ import copy
 import logging
 import secrets
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
-from typing import Any
 
 from sidecar.config import UpstreamConfig
 from sidecar.identity import Identity
@@ -26,6 +25,7 @@ from sidecar.protocol.constants import HANDSHAKE_VERSIONS, HEADER_SESSION_ID, LE
 from sidecar.protocol.envelope import Era, Message, RequestId
 from sidecar.protocol.errors import InvalidRequest, UpstreamError, UpstreamTimeout
 from sidecar.protocol.frames import SERVER_INFO, error_response
+from sidecar.protocol.types import JsonObject
 from sidecar.upstream.answers import Reply, UpstreamInfo, json_object
 from sidecar.upstream.base import Headers, NotificationListener
 from sidecar.upstream.era import checked, response, with_modern_meta
@@ -39,8 +39,6 @@ from sidecar.upstream.transport import AnswerShaper
 __all__ = ["StdioTransport"]
 
 logger = logging.getLogger(__name__)
-
-JsonObject = dict[str, Any]
 
 _DRAIN_MARGIN_S = 1.0
 _MAX_QUEUED_NOTIFICATIONS = 1024

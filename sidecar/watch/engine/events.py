@@ -7,10 +7,10 @@ each with commands. Plain frozen values, so a test can write the exact event it 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from sidecar.changes import ChangeEvent, WatchKey, WatchKind
 from sidecar.identity import Identity
+from sidecar.protocol.types import JsonObject
 from sidecar.watch.observe import Observation
 
 __all__ = [
@@ -27,8 +27,6 @@ __all__ = [
     "Subscribe",
     "TimerFired",
 ]
-
-JsonObject = dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from sidecar.changes import WatchKey
 from sidecar.identity import PUBLIC, Identity
 from sidecar.protocol.constants import READ_ONLY_METHODS
+from sidecar.protocol.types import JsonObject
 from sidecar.watch.admission import Admission
 from sidecar.watch.engine.commands import Apply, Command, HintWrite, Revoke
-from sidecar.watch.engine.events import JsonObject
 from sidecar.watch.engine.record import Record
 from sidecar.watch.fingerprint import ABSENT
 from sidecar.watch.observe import Observation, observation_from_read

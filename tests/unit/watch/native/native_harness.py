@@ -24,6 +24,7 @@ from sidecar.config import PollingConfig
 from sidecar.identity import PUBLIC, Identity
 from sidecar.observability.metrics import Metrics
 from sidecar.protocol.errors import UpstreamRpcError, UpstreamUnavailable
+from sidecar.protocol.types import JsonObject
 from sidecar.upstream.answers import UpstreamInfo
 from sidecar.upstream.base import Upstream
 from sidecar.watch.native import NativeNotifications
@@ -44,7 +45,6 @@ __all__ = [
     "Bench",
     "FixedJitter",
     "HeardWatch",
-    "JsonObject",
     "Opened",
     "PushingUpstream",
     "Signal",
@@ -55,7 +55,6 @@ __all__ = [
     "warnings_of",
 ]
 
-JsonObject = dict[str, Any]
 ACKNOWLEDGED = "notifications/subscriptions/acknowledged"
 EVERYTHING = {
     "resources": {"subscribe": True, "listChanged": True},

@@ -12,6 +12,7 @@ import logging
 import pytest
 
 from sidecar.changes import WatchKey
+from sidecar.protocol.types import JsonObject
 from tests.unit.watch.native.native_harness import (
     ACKNOWLEDGED,
     ALICE,
@@ -20,7 +21,6 @@ from tests.unit.watch.native.native_harness import (
     OTHER,
     UPDATED,
     Bench,
-    JsonObject,
     acknowledge_all,
     make_bench,
     warnings_of,

@@ -11,6 +11,7 @@ from typing import cast
 import pytest
 
 from sidecar.changes import WatchKind
+from sidecar.protocol.types import JsonObject
 from tests.unit.watch.native.native_harness import (
     ALICE,
     BOB,
@@ -19,7 +20,6 @@ from tests.unit.watch.native.native_harness import (
     OTHER,
     UPDATED,
     Bench,
-    JsonObject,
     make_bench,
 )
 
