@@ -25,12 +25,12 @@ from mcp.shared.exceptions import MCPDeprecationWarning
 from pydantic import BaseModel
 
 from tests.compat.upstreams import CompatUpstream, comparable
+from tests.kit import UPDATED
 
 __all__ = ["SdkMode", "Watch", "dump", "sdk_client", "surface", "text_of", "watching"]
 
 SdkMode = Literal["2026", "legacy"]
 """`2026`: `Client`'s default mode (probes `server/discover`); `legacy`: the initialize handshake only."""
-UPDATED = "notifications/resources/updated"
 
 
 def sdk_client(url: str, mode: SdkMode, **options: Any) -> Client:

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from sidecar.protocol.constants import NAMED_METHODS
 from sidecar.protocol.envelope import encode_header_value
-from tests.kit import META, PV, SseParser, parse_sse
+from tests.kit import ACK, META, PV, SseParser, parse_sse
 from tests.kit.sync_process import Process, spawn, wait_http
 from tests.procs import free_port
 
@@ -37,7 +37,6 @@ MAX_URI_LENGTH = 256
 MAX_URIS = 8
 RSS_GROWTH_LIMIT = 48 * 1024 * 1024
 """What 200 requests may add to the process's resident memory (it is about 60 MiB to start with)."""
-ACK = "notifications/subscriptions/acknowledged"
 SHOP_URIS = ("catalog://price", "catalog://items/a1", "catalog://profile", "catalog://forbidden", "catalog://nope")
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from sidecar.app import HUB, METRICS
 from sidecar.observability.metrics import Metrics
-from tests.kit import SUB_ID_KEY, ListenStream, eventually, read_resource, rpc, serve_sidecar, text_of
+from tests.kit import SUB_ID_KEY, UPDATED, ListenStream, eventually, read_resource, rpc, serve_sidecar, text_of
 from tests.kit.polling import QUICK_COMMENTS, SLOW
 from tests.peers.faulty import Fault, FaultyUpstream
 
@@ -26,7 +26,6 @@ SEEN = "x://seen"
 """Its watch starts at once; it changes while the stream waits for its ack."""
 HUNG = "x://hung"
 """Its first read never comes back (until the upstream stops)."""
-UPDATED = "notifications/resources/updated"
 POLLED = {"min_interval_ms": 50, "default_interval_ms": 100, "max_interval_ms": 100}
 
 

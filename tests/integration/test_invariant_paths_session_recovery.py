@@ -12,13 +12,12 @@ import aiohttp
 import pytest
 
 from sidecar.app import METRICS, REGISTRY
-from tests.kit import eventually, read_resource, rpc, serve_sidecar, text_of
+from tests.kit import UPDATED, eventually, read_resource, rpc, serve_sidecar, text_of
 from tests.kit.polling import FAST, QUICK_COMMENTS, SLOW
 from tests.kit.session import Session, sessions
 from tests.peers import Upstream
 
 PRICE = "catalog://price"
-UPDATED = "notifications/resources/updated"
 
 
 async def _quiet_interval(session: Session) -> None:

@@ -21,12 +21,11 @@ from sidecar.app import FAIR_SHARE, METRICS
 from sidecar.config.sections import DEFAULT_JITTER
 from sidecar.identity import PUBLIC
 from tests.integration.listen_watches import POLLING, PRICE, TTL_MS, answered, most_in_flight, polled, reads_of, watches
-from tests.kit import WAIT_S, eventually, serve_sidecar
+from tests.kit import UPDATED, WAIT_S, eventually, serve_sidecar
 from tests.kit.session import Session, sessions
 from tests.peers import Upstream
 from tests.peers.faulty import Fault, FaultyUpstream
 
-UPDATED = "notifications/resources/updated"
 SESSIONS = 40
 
 

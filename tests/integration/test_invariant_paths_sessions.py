@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 
 from sidecar.app import METRICS
-from tests.kit import ListenStream, eventually, read_resource, serve_sidecar, text_of
+from tests.kit import UPDATED, ListenStream, eventually, read_resource, serve_sidecar, text_of
 from tests.kit.polling import FAST, SLOW
 from tests.kit.session import sessions
 from tests.peers import Upstream, start_upstream
@@ -22,7 +22,6 @@ PRICE = "catalog://price"
 PROFILE = "catalog://profile"
 STATIC = "catalog://extra/static"
 """Never changes: a session subscribed to it alone must never be told of the price."""
-UPDATED = "notifications/resources/updated"
 
 
 @pytest.fixture

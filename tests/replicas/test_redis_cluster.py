@@ -16,10 +16,9 @@ import aiohttp
 import pytest
 
 from tests.cluster import RedisClusterNodes, leases_held, redis_cluster, sidecar_replicas
-from tests.kit import ListenStream, eventually
+from tests.kit import UPDATED, ListenStream, eventually
 from tests.peers import Upstream
 
-UPDATED = "notifications/resources/updated"
 URIS = ["catalog://price", *(f"catalog://items/{n}" for n in range(24))]
 """Every one changes with the price; spread over the cluster's slots by their buckets."""
 WITHIN_S = 20.0

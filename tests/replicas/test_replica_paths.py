@@ -32,7 +32,6 @@ PRICE = "catalog://price"
 PROFILE = "catalog://profile"
 STATIC = "catalog://extra/static"
 """Never changes."""
-UPDATED = "notifications/resources/updated"
 TOKEN = "s3cret-hint-token"
 TEN_MINUTES = {"default_interval_ms": 600_000, "max_interval_ms": 600_000, "min_interval_ms": 10, "linger_ms": 100}
 """Only a hint makes a watch look within a test's waits."""

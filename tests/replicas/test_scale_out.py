@@ -31,11 +31,10 @@ from tests.cluster import (
     sidecar_config,
     sidecar_replicas,
 )
-from tests.kit import ListenStream, eventually, rpc
+from tests.kit import UPDATED, ListenStream, eventually, rpc
 from tests.peers import Upstream
 from tests.procs import START_TIMEOUT_S
 
-UPDATED = "notifications/resources/updated"
 KEYS = 300
 URIS = [f"catalog://items/{n}" for n in range(KEYS)]
 READ_TTL_MS = 1000

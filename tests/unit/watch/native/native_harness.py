@@ -29,11 +29,11 @@ from sidecar.upstream.answers import UpstreamInfo
 from sidecar.upstream.base import Upstream
 from sidecar.watch.native import NativeNotifications
 from sidecar.watch.poller import Watch
+from tests.kit import ACK
 from tests.unit.watch.manual_clock import ManualClock
 from tests.unit.watch.scripted_upstream import URL, ScriptedUpstream
 
 __all__ = [
-    "ACKNOWLEDGED",
     "ALICE",
     "BOB",
     "CONFIG",
@@ -41,7 +41,6 @@ __all__ = [
     "DOC",
     "EVERYTHING",
     "OTHER",
-    "UPDATED",
     "Bench",
     "FixedJitter",
     "HeardWatch",
@@ -55,7 +54,6 @@ __all__ = [
     "warnings_of",
 ]
 
-ACKNOWLEDGED = "notifications/subscriptions/acknowledged"
 EVERYTHING = {
     "resources": {"subscribe": True, "listChanged": True},
     "tools": {"listChanged": True},
@@ -66,7 +64,6 @@ ALICE = Identity("alice", (("authorization", "Bearer a"),), client="alice-laptop
 BOB = Identity("bob", (("authorization", "Bearer b"),), client="bob-laptop")
 DOC = "file:///doc"
 OTHER = "file:///other"
-UPDATED = "notifications/resources/updated"
 DEBOUNCE_S = 0.05
 """The pause after a change of what a context watches before its stream is asked for again."""
 WAIT_S = 5.0
@@ -124,7 +121,7 @@ class Opened:
 
 
 def acknowledge_all(wanted: JsonObject) -> JsonObject:
-    return {"method": ACKNOWLEDGED, "params": {"notifications": wanted}}
+    return {"method": ACK, "params": {"notifications": wanted}}
 
 
 class PushingUpstream(ScriptedUpstream):

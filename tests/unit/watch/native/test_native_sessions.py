@@ -12,16 +12,8 @@ import pytest
 
 from sidecar.changes import WatchKind
 from sidecar.protocol.types import JsonObject
-from tests.unit.watch.native.native_harness import (
-    ALICE,
-    BOB,
-    DEBOUNCE_S,
-    DOC,
-    OTHER,
-    UPDATED,
-    Bench,
-    make_bench,
-)
+from tests.kit import UPDATED
+from tests.unit.watch.native.native_harness import ALICE, BOB, DEBOUNCE_S, DOC, OTHER, Bench, make_bench
 
 # -- 2025-11-25: the context's session stream, URIs subscribed one by one ----------------------------------------
 
