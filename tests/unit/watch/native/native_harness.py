@@ -66,8 +66,9 @@ DOC = "file:///doc"
 OTHER = "file:///other"
 DEBOUNCE_S = 0.05
 """The pause after a change of what a context watches before its stream is asked for again."""
-WAIT_S = 5.0
-"""The longest a test waits for what it expects (it comes in a few turns of the loop when all is well)."""
+IN_PROCESS_WAIT_S = 5.0
+"""The longest a test waits for what it expects (it comes in a few turns of the loop when all is well); below
+the kit's WAIT_S, nothing here crosses a socket."""
 
 
 class Signal:
@@ -79,7 +80,7 @@ class Signal:
     def __call__(self) -> None:
         self._event.set()
 
-    async def until(self, condition: Callable[[], bool], within_s: float = WAIT_S) -> None:
+    async def until(self, condition: Callable[[], bool], within_s: float = IN_PROCESS_WAIT_S) -> None:
         """Return once `condition()` holds, checking it again after each change; fail after `within_s`."""
         async with asyncio.timeout(within_s):
             while True:
@@ -293,7 +294,7 @@ class Bench:
         self.native.hold(identity, kind, uri)
         return watch
 
-    async def until(self, condition: Callable[[], bool], within_s: float = WAIT_S) -> None:
+    async def until(self, condition: Callable[[], bool], within_s: float = IN_PROCESS_WAIT_S) -> None:
         await self.changed.until(condition, within_s)
 
     async def timer_at(self, when: float) -> None:
@@ -328,7 +329,7 @@ def stream_tasks() -> set[asyncio.Task[Any]]:
 async def ended(tasks: set[asyncio.Task[Any]]) -> None:
     """Wait until each of `tasks` has finished (and the callbacks that let go of it have run)."""
     if tasks:
-        await asyncio.wait(tasks, timeout=WAIT_S)
+        await asyncio.wait(tasks, timeout=IN_PROCESS_WAIT_S)
         assert all(task.done() for task in tasks), "a stream's task did not end"
 
 
