@@ -39,7 +39,7 @@ class ChannelHooks:
     """The hints channel is subscribed: the bus is heard again."""
     confirmed: Callable[[int], None]
     """A held bucket's subscription is confirmed (on this connection)."""
-    lost: Callable[[str], None]
+    lost: Callable[[Exception], None]
     """The connection failed, with the reason."""
 
 
@@ -179,7 +179,7 @@ class Channels:
                 task = asyncio.current_task()
                 if task is not None and task.cancelling():
                     raise  # the client turned our cancellation into a connection error: stop, do not retry
-                self._hooks.lost(str(exc))
+                self._hooks.lost(exc)
             finally:
                 self.connected = self._open = False
                 self._pubsub = None

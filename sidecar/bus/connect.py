@@ -17,10 +17,11 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.exceptions import AskError, ClusterDownError, RedisError, TryAgainError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from sidecar.config.redis_url import CLUSTER_SCHEMES, check_redis_url, cluster_seeds, url_scheme
 
-__all__ = ["REDIS_FAILURES", "SLOTS_MOVING", "Connection", "Op", "connect", "stop_if_cancelled"]
+__all__ = ["REDIS_FAILURES", "SLOTS_MOVING", "TIMEOUTS", "Connection", "Op", "connect", "stop_if_cancelled"]
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +32,8 @@ AttributeError (a connection whose writer was dropped) while a node fails over."
 SLOTS_MOVING: tuple[type[Exception], ...] = (AskError, TryAgainError, ClusterDownError)
 """A cluster's slots are moving (a migration, a failover; MovedError is an AskError): shard subscriptions may
 lag behind their slots for a moment."""
+TIMEOUTS: tuple[type[Exception], ...] = (RedisTimeoutError, TimeoutError)
+"""A command nobody answered within the socket timeout: Redis is cut off (a partition), not refusing."""
 _SOCKET_TIMEOUT_S = 2.0
 _CLUSTER_BATCH = 64
 """Commands in flight at once on a cluster (each goes to its slot's node; the client pools per node)."""

@@ -47,11 +47,12 @@ class Fence:
         this replica's streams told (invariant 17). A change is recorded as the key's state in the same script
         that publishes it, fenced by the generation this replica last knew: a change another replica already
         told is not told again, and one told on a view that missed a newer change is re-read instead.
-        Redis down: local streams are told all the same, at once: while the link is degraded Redis is not asked (a
-        partition that answers nothing would hold each change for the client's socket timeout), and the change is
-        published when it answers again."""
+        Redis down: local streams are told all the same. Once a command timed out (a partition: nothing answers)
+        Redis is not asked, so no change waits out the socket timeout, and the change is published when Redis
+        answers again; otherwise (refused, reset, a cluster's slots moving) the fence is asked as usual and
+        fails at once, so a change another replica told meanwhile is not told here twice."""
         key = event.key
-        if self._link.degraded is not None:
+        if not self._link.answering:
             if not event.baseline:
                 self._unpublished[key] = event
             await self._local.publish(event)

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from sidecar.bus.channels import Channels
-from sidecar.bus.connect import SLOTS_MOVING, Connection, Op
+from sidecar.bus.connect import SLOTS_MOVING, TIMEOUTS, Connection, Op
 from sidecar.bus.layout import Layout
 from sidecar.bus.scripts import Scripts
 from sidecar.observability.metrics import Metrics
@@ -47,6 +47,10 @@ class Link:
         self._instance = instance
         self._scripts = Scripts.register(conn.client)
         self._degraded: str | None = None
+        self._answering = True
+        """False once a command timed out (nothing answers: a partition), until coordination resumes. A refused or
+        reset connection, or a cluster's redirect while slots move, is an answer: Redis (or the node that failed)
+        says so at once, and asking it again costs nothing."""
 
     @property
     def layout(self) -> Layout:
@@ -65,6 +69,11 @@ class Link:
     def degraded(self) -> str | None:
         """Why coordination is off (Redis unreachable), or None while it works."""
         return self._degraded
+
+    @property
+    def answering(self) -> bool:
+        """Redis answers commands, at once if with an error: False after a command timed out."""
+        return self._answering
 
     @property
     def client(self) -> Any:
@@ -88,6 +97,7 @@ class Link:
         """Raises RedisUnavailable, unless falling back to local polling (then degraded from the start)."""
         if not self._fallback:
             raise RedisUnavailable(f"cannot reach Redis at bus.redis_url: {exc}") from exc
+        self._heard_of(exc)
         self.set_up(False, f"redis unreachable at start: {exc}")
 
     def failed(self, exc: Exception) -> None:
@@ -96,7 +106,17 @@ class Link:
             # published meanwhile would not reach us). Subscribing afresh, on the owners, and resyncing each
             # confirmed bucket's keys from their stored states closes that gap.
             self._channels.reopen()
+        self._heard_of(exc)
         self.set_up(False, str(exc))
+
+    def lost(self, exc: Exception) -> None:
+        """The bus reader's connection failed: coordination stops until it is heard again."""
+        self._heard_of(exc)
+        self.set_up(False, str(exc))
+
+    def _heard_of(self, exc: Exception) -> None:
+        if isinstance(exc, TIMEOUTS):
+            self._answering = False
 
     def set_up(self, up: bool, reason: str | None = None) -> None:
         self._metrics.redis_up.set(1 if up else 0)
@@ -108,6 +128,7 @@ class Link:
         if up and self._degraded is not None:
             logger.info("redis reachable again; coordinated polling resumes")
             self._degraded = None
+            self._answering = True
             for listener in self._listeners:
                 listener(True)
         elif not up and self._degraded is None:

@@ -75,7 +75,7 @@ class RedisBus:
                 message=self._read,
                 connected=self._hints_heard,
                 confirmed=self._heard_again,
-                lost=lambda reason: self._link.set_up(False, reason),
+                lost=lambda exc: self._link.lost(exc),
             ),
         )
         self._link = Link(conn, self._channels, layout=layout, instance=instance, metrics=metrics, fallback=fallback)

@@ -10,64 +10,28 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, choose_encoder
 
 from sidecar import __version__
-from sidecar.protocol.constants import LEGACY_VERSION, MODERN_VERSION, RESOURCE_UPDATED_METHOD
-from sidecar.protocol.lists import LIST_KIND_OF_METHOD, LIST_KINDS
+from sidecar.observability.metric_labels import (
+    END_REASONS,
+    HINT_OUTCOMES,
+    INTERVAL_BUCKETS,
+    KNOWN_METHODS,
+    LATENCY_BUCKETS,
+    LIMITS,
+    NOTIFICATION_METHODS,
+    POLL_OUTCOMES,
+    QUEUES,
+    RESTART_REASONS,
+    STDERR_OUTCOMES,
+    TOOL_CALL_DECISIONS,
+    WATCH_KINDS,
+)
+from sidecar.protocol.constants import LEGACY_VERSION, MODERN_VERSION
 
 __all__ = ["CONTENT_TYPE_LATEST", "HINT_OUTCOMES", "TOOL_CALL_DECISIONS", "Metrics", "ObservationBatch", "method_label"]
 
-_KNOWN_METHODS = frozenset(
-    {
-        "server/discover",
-        "subscriptions/listen",
-        *LIST_KIND_OF_METHOD,
-        "tools/call",
-        "prompts/get",
-        "resources/read",
-        "completion/complete",
-        "initialize",
-        "ping",
-        "probe",
-        "legacy-session",
-    }
-)
-_WATCH_KINDS = ("resource", *LIST_KINDS)
-_NOTIFICATION_METHODS = (RESOURCE_UPDATED_METHOD, *(row.notification_method for row in LIST_KINDS.values()))
-_POLL_OUTCOMES = ("ok", "error")
-_LIMITS = (
-    "max_streams",
-    "max_uris_per_stream",
-    "max_sessions",
-    "max_sessions_per_client",
-    "native_streams",
-    "max_connections",
-    "queued_per_client",
-    "queued_new_credentials",
-    "queue_wait",
-    "baseline_wait",
-    "upstream_max_in_flight",
-    "upstream_max_response_bytes",
-)
-_QUEUES = ("upstream_requests", "poll_concurrency", "hinted_polls", "read_budget")
-_RESTART_REASONS = ("exited", "unresponsive", "handshake_failed", "start_failed")
-_STDERR_OUTCOMES = ("logged", "dropped")
-HINT_OUTCOMES = ("accepted", "unauthorized", "bad_request", "too_large")
-"""How a `POST /hints` was answered: 202, 401, 400, 413."""
-TOOL_CALL_DECISIONS = (
-    ("revalidate", "annotation"),
-    ("revalidate", "rule"),
-    ("revalidate", "unknown"),
-    ("read_only", "annotation"),
-    ("read_only", "rule"),
-)
-"""(decision, reason) of a forwarded `tools/call`: whether it made the watches look, and what said so (the tool's
-entry in a tools list, a `revalidate.tools` rule, or nothing: a tool not seen in a tools list)."""
-_END_REASONS = ("client", "shutdown", "auth", "max_age", "stalled", "refused", "moved")
 # No `_created` series beside every counter and histogram: Prometheus does not use them (it infers resets), and
 # they double the series an operator scrapes and stores. Process-wide, as prometheus_client keeps the switch.
 disable_created_metrics()  # type: ignore[no-untyped-call]
-
-_INTERVAL_BUCKETS = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
-_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
 class ObservationBatch:
@@ -113,7 +77,7 @@ class ObservationBatch:
 
 def method_label(method: str) -> str:
     """A JSON-RPC method name as a label: known names as they are, anything else `other`."""
-    return method if method in _KNOWN_METHODS else "other"
+    return method if method in KNOWN_METHODS else "other"
 
 
 class Metrics:
@@ -129,7 +93,7 @@ class Metrics:
             "mcp_sidecar_request_duration_seconds",
             "How long the sidecar took to answer a client's request, by method",
             ["method"],
-            buckets=_LATENCY_BUCKETS,
+            buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.upstream_requests = Counter(
@@ -142,7 +106,7 @@ class Metrics:
             "mcp_sidecar_upstream_request_duration_seconds",
             "How long the upstream took to answer, by method",
             ["method"],
-            buckets=_LATENCY_BUCKETS,
+            buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.upstream_up = Gauge(
@@ -227,13 +191,13 @@ class Metrics:
             "How long each poll took, by kind; also counts, at no time, a due poll skipped because no stream "
             "holds the watch any more",
             ["kind"],
-            buckets=_LATENCY_BUCKETS,
+            buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.poll_lag = Histogram(
             "mcp_sidecar_poll_schedule_lag_seconds",
             "How late each due poll started (a busy process, or polls over polling.max_concurrency)",
-            buckets=_LATENCY_BUCKETS,
+            buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.poll_changes = Counter(
@@ -246,7 +210,7 @@ class Metrics:
             "mcp_sidecar_poll_interval_seconds",
             "The interval each watch was scheduled at after a poll (ttlMs, its rule, or what the read budget "
             "allocated it), jitter included",
-            buckets=_INTERVAL_BUCKETS,
+            buckets=INTERVAL_BUCKETS,
             registry=r,
         )
         self.read_budget = Gauge(
@@ -275,7 +239,7 @@ class Metrics:
         self.delivery_latency = Histogram(
             "mcp_sidecar_change_delivery_seconds",
             "From a change detected to its notification written to a stream",
-            buckets=_LATENCY_BUCKETS,
+            buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.limit_rejections = Counter(
@@ -290,7 +254,7 @@ class Metrics:
             "polls for polling.max_concurrency, polls asked for by writes deferred by polling.max_hinted_polls_per_s, "
             "polls waiting their slot of polling.max_reads_per_s",
             ["limit"],
-            buckets=_LATENCY_BUCKETS,
+            buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.clients_active = Gauge(
@@ -382,29 +346,29 @@ class Metrics:
         )
         # Series of the known label values exist from the start, at 0: a ratio or `increase()` then sees the
         # first error, rejection or change instead of a series that appears already at 1.
-        for kind in _WATCH_KINDS:
+        for kind in WATCH_KINDS:
             self.watches.labels(kind)
             self.changes.labels(kind)
             self.poll_changes.labels(kind)
-            for outcome in _POLL_OUTCOMES:
+            for outcome in POLL_OUTCOMES:
                 self.polls.labels(kind, outcome)
-        for method in _NOTIFICATION_METHODS:
+        for method in NOTIFICATION_METHODS:
             self.notifications.labels(method)
             self.upstream_notifications.labels(method)
-        for limit in _LIMITS:
+        for limit in LIMITS:
             self.limit_rejections.labels(limit)
         for outcome in HINT_OUTCOMES:
             self.hints_received.labels(outcome)
-        for queue in _QUEUES:
+        for queue in QUEUES:
             self.queue_depth.labels(queue)
             self.queue_wait.labels(queue)
-        for reason in _END_REASONS:
+        for reason in END_REASONS:
             self.streams_ended.labels(reason)
         for decision, reason in TOOL_CALL_DECISIONS:
             self.tool_calls.labels(decision, reason)
-        for reason in _RESTART_REASONS:
+        for reason in RESTART_REASONS:
             self.upstream_restarts.labels(reason)
-        for outcome in _STDERR_OUTCOMES:
+        for outcome in STDERR_OUTCOMES:
             self.upstream_stderr_lines.labels(outcome)
         build = Gauge(
             "mcp_sidecar_build_info",

@@ -30,6 +30,7 @@ from sidecar.upstream.transport import AnswerShaper, Transport
 
 __all__ = ["UpstreamBridge"]
 
+
 _JSON = {"Content-Type": "application/json"}
 _REMEMBERED_CONTEXTS = 10_000
 """Contexts whose last discovery is kept for an outage (least recently used go first: theirs fails as it did)."""

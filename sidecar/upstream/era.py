@@ -23,6 +23,7 @@ __all__ = [
     "with_modern_meta",
 ]
 
+
 _MODERN_META_KEYS = (META_PROTOCOL_VERSION, META_CLIENT_CAPABILITIES, META_CLIENT_INFO, META_LOG_LEVEL)
 _NOT_FOUND_CODES = (-32002, 0)  # -32002: 2025-11-25 and most SDKs; 0: Python SDK 1.x (SEP-2164 table)
 _NOT_FOUND_WORDS = ("not found", "unknown resource", "no such resource", "does not exist")

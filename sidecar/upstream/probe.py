@@ -21,6 +21,7 @@ __all__ = ["INITIALIZE_PARAMS", "initialize_result", "learn_era"]
 
 logger = logging.getLogger("sidecar.upstream")
 
+
 INITIALIZE_PARAMS: JsonObject = {"protocolVersion": LEGACY_VERSION, "capabilities": {}, "clientInfo": SERVER_INFO}
 """The sidecar's own `initialize` (a 2025-11-25 session of its own, or a stdio child's handshake)."""
 

@@ -77,6 +77,7 @@ __all__ = ["AuthFailureListener", "Handle", "Stage", "WatchRegistry"]
 
 logger = logging.getLogger(__name__)
 
+
 AuthFailureListener = Callable[[WatchKey, str], None]
 """Told that a context's credential was refused while polling a key (its streams should end)."""
 
@@ -347,11 +348,7 @@ class WatchRegistry:
     ) -> None:
         """A forwarded request taught us something (see `sidecar.watch.engine.evidence`); a tools list shows which
         tools only read, and a call of one of those writes nothing (see `sidecar.watch.tool_calls`)."""
-        if method == "tools/list":
-            self._tool_calls.catalog.listed(identity.context, params, answer)
-        elif method == "tools/call" and not self._tool_calls.writes(params, identity.context):
-            return
-        if teaches(method):
+        if self._tool_calls.forwarded(method, params, identity.context, answer) and teaches(method):
             self._handle(Forwarded(method, params, identity, answer, ticket))
 
     def refused(self, method: str, params: JsonObject, identity: Identity) -> None:

@@ -99,6 +99,15 @@ class ToolCalls:
             return "revalidate", "unknown"
         return ("read_only" if read_only else "revalidate"), "annotation"
 
+    def forwarded(self, method: str, params: JsonObject, context: str, answer: JsonObject) -> bool:
+        """A forwarded request's answer was read: a tools list shows which tools only read; False for a call of
+        one of those (it wrote nothing, so it teaches the watches nothing), True otherwise."""
+        if method == "tools/list":
+            self.catalog.listed(context, params, answer)
+        elif method == "tools/call":
+            return self.writes(params, context)
+        return True
+
     def writes(self, params: JsonObject, context: str) -> bool:
         """Whether a forwarded `tools/call` with `params` may have written (counted by decision and reason)."""
         decision, reason = self.decide(params.get("name"), context)

@@ -242,17 +242,21 @@ class Campaign:
         self.journal: list[tuple[float, str, str]] = []
         """(when, client, what happened to its stream): what a failure message quotes."""
         self._stop = asyncio.Event()
+        self._source_stop = asyncio.Event()
+        """The source makes no more changes: set, never a cancellation (a change cut off half-way may have reached
+        the source without being recorded, and the clients would read a value it seems never to have held)."""
 
     # -- the source and the clients ---------------------------------------------------------------------------------
 
     async def _change_source(self) -> None:
         value = 1000
-        while not self._stop.is_set():
+        while not self._source_stop.is_set():
             value += 1
             sent = time.monotonic()
             await self._shop.set_price(value)
             self.changes.append((sent, value))
-            await asyncio.sleep(self._change_every_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._source_stop.wait(), self._change_every_s)  # the pace, or the stop
 
     async def _read(self, client: str, replica: Replica) -> bool:
         started = time.monotonic()
@@ -354,12 +358,12 @@ class Campaign:
             await asyncio.sleep(settle_s)  # the clients listen and the fleet settles
             for cut in cuts:
                 await self._cut(cut)
-            source.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await source
+            self._source_stop.set()
+            await source
             await asyncio.sleep(end_s)  # every client reads the last change
         finally:
             self._stop.set()
+            self._source_stop.set()
             source.cancel()
             for task in clients:
                 task.cancel()

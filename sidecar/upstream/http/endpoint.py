@@ -31,6 +31,7 @@ __all__ = ["UpstreamHTTP", "iter_messages", "raise_for_status", "read_limited", 
 
 logger = logging.getLogger(__name__)
 
+
 _DRAIN_MARGIN_S = 1.0
 """Time kept at the end of the shutdown grace for answering aborted requests and closing down."""
 _MAX_SSE_EVENT_BYTES = 16 * 1_048_576

@@ -50,6 +50,7 @@ __all__ = ["HTTPTransport"]
 
 logger = logging.getLogger(__name__)
 
+
 _PASSTHROUGH_RESPONSE_HEADERS = ("Content-Type", "WWW-Authenticate")
 _MCP_REQUEST_HEADERS = frozenset(name.lower() for name in (HEADER_PROTOCOL_VERSION, HEADER_METHOD, HEADER_NAME))
 """The client's 2026-07-28 headers that go upstream as they came (validated equal to the body's values), and

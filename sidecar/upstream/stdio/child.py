@@ -17,14 +17,12 @@ import contextlib
 import itertools
 import logging
 import time
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-from sidecar.masking import scrub
 from sidecar.observability.metrics import Metrics
 from sidecar.protocol.constants import META_SUBSCRIPTION_ID
 from sidecar.protocol.errors import (
@@ -36,23 +34,17 @@ from sidecar.protocol.errors import (
 )
 from sidecar.protocol.types import JsonObject
 from sidecar.upstream.era import reply_to_server_request
-from sidecar.upstream.stdio.lines import LineSplitter, OverlongLine, RateLimitedLog, TokenBucket
+from sidecar.upstream.stdio.lines import LineSplitter, OverlongLine, RateLimitedLog
 from sidecar.upstream.stdio.process import ChildStdin, end_process_group, exit_reason, start_in_own_session
+from sidecar.upstream.stdio.stderr import StderrReader
 
 __all__ = ["InFlight", "StdioChild"]
 
 logger = logging.getLogger(__name__)
-stderr_logger = logging.getLogger("sidecar.upstream.stdio.stderr")  # a documented name: users route it
-"""The child's own stderr lines, one log record each, so they can be routed or silenced apart."""
 
 NotificationSink = Callable[[JsonObject], None]
 
 _READ_CHUNK_BYTES = 65_536
-_STDERR_LINE_BYTES = 8_192
-"""A longer stderr line is logged cut to this length."""
-_STDERR_TAIL_LINES = 10
-_STDERR_TAIL_LINE_CHARS = 200
-"""The last stderr lines kept to say why a child ended (10 of at most 200 characters)."""
 _STDERR_SETTLE_S = 0.5
 """How long an exited child's last stderr lines may take to be read, when something else still holds the pipe."""
 _EXIT_AFTER_EOF_S = 2.0
@@ -96,7 +88,6 @@ class StdioChild:
         self._cwd = cwd
         self._max_line_bytes = max_line_bytes
         self._max_in_flight = max_in_flight
-        self._stderr_lines_per_s = stderr_lines_per_s
         self.stderr_level = stderr_level
         """The level of its stderr lines while it runs; once it has exited, its last ones are warnings."""
         self._metrics = metrics
@@ -107,7 +98,7 @@ class StdioChild:
         self._pending: dict[int, InFlight] = {}
         self._by_token: dict[str, InFlight] = {}
         self._tasks: list[asyncio.Task[None]] = []
-        self._stderr_tail: deque[str] = deque(maxlen=_STDERR_TAIL_LINES)
+        self._stderr = StderrReader(stderr_lines_per_s, metrics)
         self._bad_lines = RateLimitedLog(logger, "stdio server wrote lines that are not JSON-RPC (ignored)")
         self.ended: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         """Resolves, with the reason in words, once the process is gone and its stdout closed."""
@@ -130,7 +121,7 @@ class StdioChild:
     @property
     def stderr_tail(self) -> list[str]:
         """The last lines the child wrote on stderr (at most 10, each cut to 200 characters)."""
-        return list(self._stderr_tail)
+        return self._stderr.tail
 
     def read_what_it_was_sent(self) -> bool | None:
         """Once the child has ended: True when it had read every byte written to it, False when it had not (or
@@ -344,30 +335,12 @@ class StdioChild:
                 call.answer.set_exception(error)
 
     async def _drain_stderr(self) -> None:
-        assert self._proc is not None and self._proc.stderr is not None
-        lines = LineSplitter(_STDERR_LINE_BYTES)
-        log = RateLimitedLog(stderr_logger, "stdio server stderr lines not logged (over upstream.stderr_lines_per_s)")
-        allowance = TokenBucket(self._stderr_lines_per_s)
-        logged = self._metrics.upstream_stderr_lines.labels("logged")
-        dropped = self._metrics.upstream_stderr_lines.labels("dropped")
+        proc = self._proc
+        assert proc is not None and proc.stderr is not None
         extra = {"upstream": self.label, "pid": self.pid, "source": "stderr"}
-        with contextlib.suppress(Exception):  # boundary: a failing drain must not take the child down with it
-            while chunk := await self._proc.stderr.read(_READ_CHUNK_BYTES):
-                for line in lines.feed(chunk):
-                    text = (line.head if isinstance(line, OverlongLine) else line).decode("utf-8", "replace").rstrip()
-                    text = scrub(text)  # a child may print its own arguments: a reason built from it shows no secret
-                    if not text:
-                        continue
-                    self._stderr_tail.append(text[:_STDERR_TAIL_LINE_CHARS])
-                    if allowance.take():
-                        log.flush()
-                        exited = self._proc.returncode is not None  # the lines that say why it ended
-                        stderr_logger.log(logging.WARNING if exited else self.stderr_level, "%s", text, extra=extra)
-                        logged.inc()
-                    else:
-                        log.count()
-                        dropped.inc()
-            log.flush()
+        await self._stderr.drain(
+            proc.stderr, level=lambda: self.stderr_level, exited=lambda: proc.returncode is not None, extra=extra
+        )
 
     async def _finish(self) -> None:
         """stdout is closed: the child exits (or is made to), every request in flight fails, `ended` resolves."""
@@ -381,8 +354,8 @@ class StdioChild:
         self._stdin.close()
         # Its last words may still be in the stderr pipe: read them, unless a process that lives on holds it.
         await asyncio.wait(self._tasks[1:], timeout=_STDERR_SETTLE_S)
-        if self._stderr_tail:
-            reason += f" (last stderr line: {self._stderr_tail[-1]})"
+        if tail := self._stderr.tail:
+            reason += f" (last stderr line: {tail[-1]})"
         self.fail_all(UpstreamUnavailable(self.label, f"the stdio server {reason}"))
         if not self.ended.done():
             self.ended.set_result(reason)

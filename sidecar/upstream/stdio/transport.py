@@ -40,6 +40,7 @@ __all__ = ["StdioTransport"]
 
 logger = logging.getLogger(__name__)
 
+
 _DRAIN_MARGIN_S = 1.0
 _MAX_QUEUED_NOTIFICATIONS = 1024
 """Progress notifications of one request waiting for its client; beyond, the oldest are dropped (the newest

@@ -5,21 +5,47 @@ makes a request in flight unjoinable (invariant 5). Also a list page's freshness
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
+from typing import TypeVar
 
 import pytest
 
 from sidecar.changes import ChangeEvent, WatchKey
 from sidecar.upstream.answers import Reply
+from tests.kit.waiting import WAIT_S
 from tests.unit.downstream.readthrough_kit import READ, Clock, Gate, answering, cache, ok, result, sample, store
 
 A = {"uri": "x://a"}
 JOINS = "mcp_sidecar_singleflight_joins_total"
+T = TypeVar("T")
 
 
 async def _in_flight(rt: object, gate: Gate, context: str = "alice", client: str = "c1", **kw: object) -> asyncio.Task:
+    """`client`'s request, once it is upstream (in `gate`). A request that joins one in flight instead waits for
+    an answer nobody lets come: it fails here, after the kit's bounded wait, rather than hang the run."""
     task = asyncio.ensure_future(rt.fetch(kw.get("method", READ), kw.get("params", A), context, gate, 0, client))  # type: ignore[attr-defined]
-    await gate.entered.wait()
+    entered = asyncio.ensure_future(gate.entered.wait())
+    await asyncio.wait({entered, task}, timeout=WAIT_S, return_when=asyncio.FIRST_COMPLETED)
+    if not entered.done():
+        entered.cancel()
+        answered = task.done()
+        task.cancel()
+        await asyncio.gather(entered, task, return_exceptions=True)
+        raise AssertionError(
+            f"{client}'s request did not go upstream: "
+            + ("it was answered without" if answered else f"not within {WAIT_S} s (it joined a request in flight)")
+        )
     return task
+
+
+async def _answered(request: Awaitable[T], what: str) -> T:
+    """What `request` answers; an AssertionError naming `what` after the kit's bounded wait (a request that joined
+    one held in flight would wait until the test runner gives up)."""
+    try:
+        async with asyncio.timeout(WAIT_S):
+            return await request
+    except TimeoutError:
+        raise AssertionError(f"not within {WAIT_S} s: {what}") from None
 
 
 async def test_a_request_like_one_upstream_joins_it_and_gets_its_answer() -> None:
@@ -43,7 +69,10 @@ async def test_a_request_still_queued_for_its_slot_is_joined_only_by_its_own_cli
     rt, metrics = cache()
     queued = Gate(ok(result()), bound=False)
     leader = await _in_flight(rt, queued, client="c1")
-    other = await rt.fetch(READ, A, "alice", answering(ok(result("c2's"))), 0, "c2")
+    other = await _answered(
+        rt.fetch(READ, A, "alice", answering(ok(result("c2's"))), 0, "c2"),
+        "c2's request answered while c1's like one still waits for its slot (c2 joined it)",
+    )
     assert other[0] is not None, "another client does not wait behind c1's queue"
     same_client = asyncio.ensure_future(rt.fetch(READ, A, "alice", answering(None), 0, "c1"))
     assert queued.started is not None
@@ -164,7 +193,10 @@ async def test_a_list_change_makes_every_page_of_its_list_in_flight_unjoinable()
     page = Gate(ok(result()))
     task = await _in_flight(rt, page, method="tools/list", params={"cursor": "2"})
     rt.on_change(ChangeEvent(WatchKey("tools_list", None, "alice"), "f", 1, 0.0))
-    fresh = await rt.fetch("tools/list", {"cursor": "2"}, "alice", answering(ok(result("new"))), 0, "c2")
+    fresh = await _answered(
+        rt.fetch("tools/list", {"cursor": "2"}, "alice", answering(ok(result("new"))), 0, "c2"),
+        "the page asked for after the change answered while the one from before it is still in flight (joined it)",
+    )
     assert fresh[0] is not None, "went upstream itself"
     page.release.set()
     await task
