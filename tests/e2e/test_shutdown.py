@@ -27,7 +27,8 @@ from tests.peers.faulty import Fault, FaultyUpstream
 
 GRACE_S = 4.0
 STREAMS = 1000
-WAIT_S = 20.0
+STREAMS_WAIT_S = 20.0
+"""Above the kit's WAIT_S: what STREAMS streams do together (open, get a final frame, end) on a small machine."""
 
 
 @pytest.fixture
@@ -69,7 +70,7 @@ async def test_sigterm_ends_every_stream_answers_every_request_and_exits_within_
             )
         # From now on every poll takes a second: at the signal, polls are in flight.
         up.read_delay_s = 1.0
-        await eventually(lambda: up.inflight_total >= 20, within_s=WAIT_S)
+        await eventually(lambda: up.inflight_total >= 20, within_s=STREAMS_WAIT_S)
 
         # Client requests in flight at the signal: ten the upstream answers after 1.5 s, three it never answers.
         for n in range(10):
@@ -79,7 +80,7 @@ async def test_sigterm_ends_every_stream_answers_every_request_and_exits_within_
         hung = [asyncio.create_task(_read(wide_http, replica.url, "hang://x", f"hung-{n}")) for n in range(3)]
         await eventually(
             lambda: len(up.reads("hang://x")) >= 1 and sum(up.inflight[f"data://{n}"] for n in range(10)) == 10,
-            within_s=WAIT_S,
+            within_s=STREAMS_WAIT_S,
         )
 
         assert any(uri.startswith("slow://") for uri in up.inflight), "polls in flight at the signal"
@@ -103,10 +104,10 @@ async def test_sigterm_ends_every_stream_answers_every_request_and_exits_within_
             assert message["id"] == f"hung-{n}" and message["error"]["code"] == -32603
             assert "shutting down" in message["error"]["message"]
         for n, stream in enumerate(streams):
-            final = await stream.wait_for(lambda frame: "result" in frame, WAIT_S)
+            final = await stream.wait_for(lambda frame: "result" in frame, STREAMS_WAIT_S)
             assert _complete(final, n), final
             assert final is stream.frames[-1]  # the last frame of the stream...
-        await eventually(lambda: all(stream.ended for stream in streams), within_s=WAIT_S)  # ...which then ends
+        await eventually(lambda: all(stream.ended for stream in streams), within_s=STREAMS_WAIT_S)  # ...which then ends
         log = replica.service.log_text()
         assert "Traceback" not in log
         assert '"level": "error"' not in log
@@ -125,10 +126,10 @@ async def test_after_kill_9_and_a_restart_clients_listen_again_and_read_current_
     try:
         before = [await ListenStream.connect(http, replica.url, f"before-{n}", [uri]) for n, uri in enumerate(uris)]
         up.contents["data://0"] = "v2"
-        await before[0].wait_update("data://0", WAIT_S)
+        await before[0].wait_update("data://0", STREAMS_WAIT_S)
 
         await replica.service.kill()  # kill -9: no final frame, no cleanup
-        await eventually(lambda: all(stream.ended for stream in before), within_s=WAIT_S)
+        await eventually(lambda: all(stream.ended for stream in before), within_s=STREAMS_WAIT_S)
         for stream in before:
             assert not any("result" in frame for frame in stream.frames)  # killed: no final frame
             await stream.aclose()
@@ -145,7 +146,7 @@ async def test_after_kill_9_and_a_restart_clients_listen_again_and_read_current_
                 assert message["result"]["contents"][0]["text"] == "changed while the sidecar was down"
             # And the new process's watches work: a later change is notified.
             up.contents["data://3"] = "v3"
-            await after[3].wait_update("data://3", WAIT_S)
+            await after[3].wait_update("data://3", STREAMS_WAIT_S)
         finally:
             for stream in after:
                 await stream.aclose()

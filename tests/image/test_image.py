@@ -44,7 +44,8 @@ STDIO_IMAGE = "localhost/mcp-sidecar-stdio:test"
 BUILD = "bash .ci/build-image"
 START_S = 60.0
 """Bound on a container's start: buildah mounts the image first, then the sidecar starts."""
-WAIT_S = 20.0
+CONTAINER_WAIT_S = 20.0
+"""Above the kit's WAIT_S: what the sidecar in a started container does (an update, a final frame, an exit)."""
 PRICE = "catalog://price"
 CONFIG_FILE = "/etc/mcp-sidecar/config.yaml"
 """Where the image's own configuration lies, and where an operator mounts theirs."""
@@ -385,7 +386,7 @@ async def test_a_listen_is_acked_and_notified_of_a_change_and_metrics_are_on_the
         try:
             since = stream.mark()
             await up.set_price(321)
-            update = await stream.wait_update(PRICE, WAIT_S, since)
+            update = await stream.wait_update(PRICE, CONTAINER_WAIT_S, since)
             assert update["params"]["_meta"][SUB_ID_KEY] == "image-1"
             status, reply = await rpc(http, sidecar.url, "resources/read", {"uri": PRICE})
             assert status == 200 and reply["result"]["contents"][0]["text"] == "price=321", reply
@@ -427,7 +428,7 @@ async def test_sigterm_ends_streams_with_their_result_frame_and_exits_0_within_t
         try:
             assert await sidecar.terminate(within_s=grace_s + 5) == 0, sidecar.service.log_tail()
             for request_id, stream in streams.items():
-                final = await stream.wait_for(lambda frame: "result" in frame, WAIT_S)
+                final = await stream.wait_for(lambda frame: "result" in frame, CONTAINER_WAIT_S)
                 assert final == {
                     "jsonrpc": "2.0",
                     "id": request_id,
@@ -465,7 +466,7 @@ async def test_the_stdio_recipe_serves_a_read_and_a_listen_through_its_child_and
             assert _cmdline(child)[-2:] == ["-m", "mcp_server_time"]
             group = session_members(child)  # the child leads a session (and group) of its own
             assert len(group) == (1 if command is None else 2), group
-            assert await sidecar.terminate(within_s=WAIT_S) == 0, sidecar.service.log_tail()
+            assert await sidecar.terminate(within_s=CONTAINER_WAIT_S) == 0, sidecar.service.log_tail()
         assert live_processes([init, pid, *group]) == []
 
 
@@ -489,13 +490,17 @@ async def test_an_orphan_the_stdio_childs_own_children_leave_is_reaped_by_the_im
             found = orphans()
             return len(found) == 1 and (_state(found[0]) or ("", 0))[1] == init
 
-        await eventually(handed_to_init, WAIT_S, what=f"the orphaned sleep handed to the image's init ({init})")
+        await eventually(
+            handed_to_init, CONTAINER_WAIT_S, what=f"the orphaned sleep handed to the image's init ({init})"
+        )
         [orphan] = orphans()
         os.kill(orphan, signal.SIGKILL)
-        await eventually(lambda: _state(orphan) is None, WAIT_S, what="the killed orphan reaped, not left a zombie")
+        await eventually(
+            lambda: _state(orphan) is None, CONTAINER_WAIT_S, what="the killed orphan reaped, not left a zombie"
+        )
         status, reply = await rpc(
             http, sidecar.url, "tools/call", {"name": "get_current_time", "arguments": {"timezone": "Etc/UTC"}}
         )
         assert status == 200 and "Etc/UTC" in reply["result"]["content"][0]["text"], reply
-        assert await sidecar.terminate(within_s=WAIT_S) == 0, sidecar.service.log_tail()
+        assert await sidecar.terminate(within_s=CONTAINER_WAIT_S) == 0, sidecar.service.log_tail()
     assert live_processes([init, pid, child]) == []

@@ -15,9 +15,6 @@ __all__ = [
     "POLLING",
     "PRICE",
     "PROFILE",
-    "PROMPTS_CHANGED",
-    "RESOURCES_CHANGED",
-    "TOOLS_CHANGED",
     "TTL_MS",
     "answered",
     "most_in_flight",
@@ -36,9 +33,6 @@ POLLING = {"min_interval_ms": 100, "default_interval_ms": TTL_MS, "linger_ms": 1
 
 PRICE = "catalog://price"
 PROFILE = "catalog://profile"
-TOOLS_CHANGED = "notifications/tools/list_changed"
-PROMPTS_CHANGED = "notifications/prompts/list_changed"
-RESOURCES_CHANGED = "notifications/resources/list_changed"
 
 
 def polls(sidecar: Sidecar, kind: WatchKind) -> float:

@@ -32,7 +32,6 @@ from tests.peers import Upstream, start_upstream
 
 PRICE = "catalog://price"
 PROFILE = "catalog://profile"
-WAIT_S = 15.0
 POLLING = {"min_interval_ms": 50, "default_interval_ms": 150, "max_interval_ms": 150, "linger_ms": 100}
 PUBLIC_URL = "https://mcp.example.com/mcp"
 

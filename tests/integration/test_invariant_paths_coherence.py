@@ -18,13 +18,12 @@ import pytest
 from mcp import Client
 from mcp.shared.exceptions import MCPDeprecationWarning
 
-from tests.kit import ListenStream, read_resource, rpc, serve_sidecar, text_of
+from tests.kit import TOOLS_CHANGED, ListenStream, read_resource, rpc, serve_sidecar, text_of
 from tests.kit.polling import FAST
 from tests.peers import Upstream, start_upstream
 
 PRICE = "catalog://price"
 PROFILE = "catalog://profile"
-TOOLS_CHANGED = "notifications/tools/list_changed"
 MINUTE_MS = 60_000
 SLOW = {"default_interval_ms": MINUTE_MS, "max_interval_ms": MINUTE_MS, "min_interval_ms": 50, "linger_ms": MINUTE_MS}
 """Nobody's poll comes in time: only a first look or a joiner's look can make a read fresh."""

@@ -14,11 +14,9 @@ import aiohttp
 import pytest
 
 from sidecar.app import METRICS, REGISTRY
-from tests.kit import SUB_ID_KEY, ListenStream, eventually, read_resource, rpc, serve_sidecar
+from tests.kit import SUB_ID_KEY, TOOLS_CHANGED, ListenStream, eventually, read_resource, rpc, serve_sidecar
 from tests.kit.polling import FAST, QUICK_COMMENTS, SLOW
 from tests.peers import Upstream
-
-TOOLS_CHANGED = "notifications/tools/list_changed"
 
 
 def _tools_changed(listen_id: Any) -> dict[str, Any]:

@@ -14,18 +14,10 @@ import pytest
 from mcp import Client
 
 from sidecar.app import HUB, METRICS
-from tests.integration.listen_watches import (
-    POLLING,
-    PRICE,
-    TOOLS_CHANGED,
-    TTL_MS,
-    polled,
-    polls,
-    watch_count,
-    watches,
-)
+from tests.integration.listen_watches import POLLING, PRICE, TTL_MS, polled, polls, watch_count, watches
 from tests.kit import (
     ACK,
+    TOOLS_CHANGED,
     UPDATED,
     WAIT_S,
     ListenStream,

@@ -23,9 +23,6 @@ from tests.integration.listen_watches import (
     POLLING,
     PRICE,
     PROFILE,
-    PROMPTS_CHANGED,
-    RESOURCES_CHANGED,
-    TOOLS_CHANGED,
     TTL_MS,
     answered,
     most_in_flight,
@@ -36,7 +33,10 @@ from tests.integration.listen_watches import (
     watches,
 )
 from tests.kit import (
+    PROMPTS_CHANGED,
+    RESOURCES_CHANGED,
     SUB_ID_KEY,
+    TOOLS_CHANGED,
     UPDATED,
     WAIT_S,
     ListenStream,

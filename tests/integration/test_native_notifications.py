@@ -19,7 +19,7 @@ from tests.peers import Upstream, start_upstream
 
 PRICE = "catalog://price"
 SLOW = {"default_interval_ms": 60_000, "max_interval_ms": 120_000, "min_interval_ms": 50, "linger_ms": 100}
-WAIT_S = 10.0
+PUSH_WAIT_S = 10.0
 """Far below the 60 s poll interval: a notification in time came from the upstream's push."""
 
 
@@ -44,13 +44,13 @@ async def test_an_out_of_band_change_the_upstream_announces_reaches_the_client_a
             assert modes == {"resource": "native", "tools_list": "native"}
 
             await pushing.set_price(141)  # out of band: no request through the sidecar
-            frame = await stream.next(within_s=WAIT_S)
+            frame = await stream.next(within_s=PUSH_WAIT_S)
             assert frame["method"] == UPDATED and frame["params"]["uri"] == PRICE
             status, message = await rpc(http, sidecar.url, "resources/read", {"uri": PRICE})
             assert status == 200 and message["result"]["contents"][0]["text"] == "price=141"
 
             await pushing.add("tool", "late_tool")
-            frame = await stream.next(within_s=WAIT_S)
+            frame = await stream.next(within_s=PUSH_WAIT_S)
             assert frame["method"] == "notifications/tools/list_changed"
             assert metrics.upstream_notifications.labels(UPDATED)._value.get() >= 1
         finally:
@@ -71,9 +71,9 @@ async def test_an_announced_change_that_changed_nothing_is_not_passed_on(
             await eventually(lambda: sidecar.app[METRICS].native_watches._value.get() >= 2)
             await pushing.reset_log()
             await pushing.notify(uri=other)  # nothing changed
-            await eventually(lambda: _reads(pushing, other), within_s=WAIT_S)  # the hint made it look at once
+            await eventually(lambda: _reads(pushing, other), within_s=PUSH_WAIT_S)  # the hint made it look at once
             await pushing.add("tool", "after_the_false_alarm")  # a real change, after the false alarm
-            frame = await stream.next(within_s=WAIT_S)
+            frame = await stream.next(within_s=PUSH_WAIT_S)
             assert frame["method"] == "notifications/tools/list_changed", frame  # the false alarm never came
         finally:
             await stream.close()

@@ -22,6 +22,7 @@ from tests.kit import (
     ACK,
     SUB_ID_KEY,
     UPDATED,
+    WAIT_S,
     ListenStream,
     Sidecar,
     eventually,
@@ -38,8 +39,6 @@ from tests.peers import Upstream, start_upstream
 PRICE = "catalog://price"
 PROFILE = "catalog://profile"
 READ = "resources/read"
-WAIT_S = 15.0
-"""Upper bound for anything that should happen within a poll or two."""
 BURST_S = 60.0
 """Upper bound for a burst of a thousand or more requests on this small machine."""
 

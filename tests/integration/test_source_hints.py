@@ -30,7 +30,8 @@ A1, B2 = "catalog://items/a1", "catalog://items/b2"
 TOKEN = "s3cret-hint-token"
 TEN_MINUTES = {"default_interval_ms": 600_000, "max_interval_ms": 600_000, "min_interval_ms": 10, "linger_ms": 100}
 """Only a hint (or a write) makes a watch look within a test's waits."""
-WAIT_S = 10.0
+HINT_WAIT_S = 10.0
+"""Far below the ten-minute poll interval: a look in time came from a hint (or a write)."""
 
 
 @pytest.fixture
@@ -73,7 +74,7 @@ async def test_a_change_at_the_source_reaches_a_listener_within_one_hint(
     async with listening(stream):
         await shop.set_price(150)  # at the source: nothing goes through the sidecar
         assert await _hint(http, sidecar, {"uris": [PRICE]}) == (202, {"hinted": 1, "warm_ms": 0})
-        frame = await stream.next(within_s=WAIT_S)
+        frame = await stream.next(within_s=HINT_WAIT_S)
         assert frame["method"] == UPDATED and frame["params"] == {"uri": PRICE, "_meta": frame["params"]["_meta"]}
         status, message = await rpc(http, sidecar.url, "resources/read", {"uri": PRICE})
         assert status == 200 and message["result"]["contents"][0]["text"] == "price=150"
@@ -96,7 +97,7 @@ async def test_a_missing_or_wrong_token_polls_nothing(
         assert _outcomes(sidecar, "unauthorized") == 5
         # The right token polls: a refused hint that had polled would have read before this one.
         assert await _hint(http, sidecar, {"uris": [PRICE]}) == (202, {"hinted": 1, "warm_ms": 0})
-        await eventually(lambda: _reads_over(shop, PRICE, before), within_s=WAIT_S)
+        await eventually(lambda: _reads_over(shop, PRICE, before), within_s=HINT_WAIT_S)
         assert await shop.count("resources/read", PRICE) == before + 1
 
 
@@ -113,7 +114,7 @@ async def test_a_glob_hints_every_watch_it_matches(
         await shop.add("tool", "late_tool")
         status, body = await _hint(http, sidecar, {"uris": ["catalog://items/*"], "lists": ["tools"]})
         assert (status, body) == (202, {"hinted": 3, "warm_ms": 0})  # two items and the tool list; not the price
-        told = {(await stream.next(within_s=WAIT_S))["params"].get("uri", "tools") for _ in range(3)}
+        told = {(await stream.next(within_s=HINT_WAIT_S))["params"].get("uri", "tools") for _ in range(3)}
         assert told == {A1, B2, "tools"}
 
 
@@ -125,10 +126,10 @@ async def test_a_hint_for_an_unchanged_resource_notifies_nobody(
     async with listening(stream):
         before = await shop.count("resources/read", A1)
         assert await _hint(http, sidecar, {"uris": [A1]}) == (202, {"hinted": 1, "warm_ms": 0})  # nothing changed at A1
-        await eventually(lambda: _reads_over(shop, A1, before), within_s=WAIT_S)  # the hint's look happened
+        await eventually(lambda: _reads_over(shop, A1, before), within_s=HINT_WAIT_S)  # the hint's look happened
         await shop.set_price(170)
         assert await _hint(http, sidecar, {"uris": [PRICE]}) == (202, {"hinted": 1, "warm_ms": 0})
-        frame = await stream.next(within_s=WAIT_S)
+        frame = await stream.next(within_s=HINT_WAIT_S)
         assert frame["params"]["uri"] == PRICE, "the false alarm never reached the client; the real change did"
 
 
@@ -202,7 +203,7 @@ async def test_a_burst_of_writes_costs_at_most_two_reads(shop: Upstream, http: a
                     http, sidecar.url, "tools/call", {"name": "echo", "arguments": {"text": f"write {n}"}}
                 )
                 assert status == 200 and "result" in message
-            await eventually(lambda: _reads_over(shop, PRICE, before + 1), within_s=WAIT_S)  # the trailing look
+            await eventually(lambda: _reads_over(shop, PRICE, before + 1), within_s=HINT_WAIT_S)  # the trailing look
             assert await shop.count("resources/read", PRICE) == before + 2
 
 
@@ -242,7 +243,7 @@ async def test_mcp_sidecar_hint_reaches_a_listener_and_a_token_rotated_by_sighup
             await shop.set_price(190)
             code, out, err = await _cli_hint(replica.admin_port, token_file, PRICE)
             assert (code, out.strip(), err) == (0, "hinted 1 watch, warm for 3 s", "")
-            await stream.wait_update(PRICE, WAIT_S)
+            await stream.wait_update(PRICE, HINT_WAIT_S)
 
             old = _written(tmp_path / "old-token", TOKEN)
             _written(token_file, "rotated-token\n")
@@ -256,14 +257,14 @@ async def test_mcp_sidecar_hint_reaches_a_listener_and_a_token_rotated_by_sighup
                 ) as resp:
                     return resp.status == 401
 
-            await eventually(old_refused, within_s=WAIT_S)
+            await eventually(old_refused, within_s=HINT_WAIT_S)
             code, out, err = await _cli_hint(replica.admin_port, old, PRICE)
             assert code == 1 and out == "" and err.startswith("mcp-sidecar hint: 401: ") and "Traceback" not in err
             mark = stream.mark()
             await shop.set_price(191)
             code, out, _ = await _cli_hint(replica.admin_port, token_file, "catalog://*")
             assert (code, out.strip()) == (0, "hinted 1 watch, warm for 3 s")
-            await stream.wait_update(PRICE, WAIT_S, since=mark)
+            await stream.wait_update(PRICE, HINT_WAIT_S, since=mark)
         finally:
             await stream.aclose()
 
@@ -277,8 +278,8 @@ async def test_a_hint_through_one_replica_is_looked_at_by_the_replica_that_polls
         try:
             # `other` takes the key's polling, and looks once as it does (its first read was the other look):
             # only after that look does the change below need the hint to be seen.
-            await eventually(lambda: _leases_of(other, 1), within_s=WAIT_S)
-            await eventually(lambda: _reads_over(shop, PRICE, 1), within_s=WAIT_S)
+            await eventually(lambda: _leases_of(other, 1), within_s=HINT_WAIT_S)
+            await eventually(lambda: _reads_over(shop, PRICE, 1), within_s=HINT_WAIT_S)
             await shop.set_price(200)
             async with http.post(
                 f"http://127.0.0.1:{one.admin_port}/hints",
@@ -287,7 +288,7 @@ async def test_a_hint_through_one_replica_is_looked_at_by_the_replica_that_polls
             ) as resp:
                 # `one` holds no watch of it
                 assert (resp.status, await resp.json()) == (202, {"hinted": 0, "warm_ms": 3000})
-            await stream.wait_update(PRICE, WAIT_S)
+            await stream.wait_update(PRICE, HINT_WAIT_S)
             assert (await other.metrics()).total("mcp_sidecar_watches_hinted_total") == 1
             assert (await one.metrics()).total("mcp_sidecar_hints_received_total", outcome="accepted") == 1
         finally:

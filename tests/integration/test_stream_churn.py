@@ -38,7 +38,8 @@ POLLING = {
 }
 SLOW_S = 0.3
 """How long a baseline read of a `slow://` URI takes: streams dropped meanwhile are dropped during the ack."""
-WAIT_S = 20.0
+CHURN_WAIT_S = 20.0
+"""Above the kit's WAIT_S: CONCURRENCY churning streams settling (no stream, watch, connection or task left)."""
 _TIME_WAIT = "06"
 _LISTEN = "0A"
 
@@ -78,7 +79,7 @@ async def _churn_one(port: int, n: int, up: FaultyUpstream) -> str:
         if mode == 3:
             # Gone while the sidecar reads the URI upstream (this stream's baseline, or one it shares), the ack
             # not sent yet: each read takes SLOW_S.
-            await eventually(lambda: up.inflight[uris[0]] > 0, within_s=WAIT_S)
+            await eventually(lambda: up.inflight[uris[0]] > 0, within_s=CHURN_WAIT_S)
             return "during-baseline"
         await reader.readuntil(b"\r\n\r\n")
         if mode == 2:
@@ -154,20 +155,20 @@ async def test_streams_opened_and_dropped_abruptly_leave_no_watch_task_or_socket
         assert [r.getMessage() for r in caplog.records if r.name.startswith("sidecar") and r.exc_info] == []
 
         # Every stream is gone, and so is every watch once its linger is over.
-        await eventually(lambda: hub.stream_count == 0, within_s=WAIT_S)
+        await eventually(lambda: hub.stream_count == 0, within_s=CHURN_WAIT_S)
         assert _value(metrics.listen_streams) == 0
         assert _value(metrics.subscriptions) == 0
         # Every stream whose response began was a listen the sidecar served, and has ended (counted once each).
         ended = sum(_value(metrics.streams_ended.labels(reason)) for reason in ("client", "stalled"))
         assert ended >= outcomes["at-headers"] + outcomes["after-ack"], (ended, outcomes)
-        await eventually(lambda: _watches(metrics) == 0, within_s=WAIT_S)
+        await eventually(lambda: _watches(metrics) == 0, within_s=CHURN_WAIT_S)
         assert list(registry.watches()) == []
         assert _value(metrics.watched_contexts) == 0
         assert _value(metrics.streams_ended.labels("client")) >= outcomes["after-ack"]
 
         # Nothing left running or open on the sidecar's side.
-        await eventually(lambda: _server_connections(port) == 0, within_s=WAIT_S)
-        await eventually(lambda: len(asyncio.all_tasks()) - up.connections <= tasks_before, within_s=WAIT_S)
+        await eventually(lambda: _server_connections(port) == 0, within_s=CHURN_WAIT_S)
+        await eventually(lambda: len(asyncio.all_tasks()) - up.connections <= tasks_before, within_s=CHURN_WAIT_S)
 
         # And the upstream is not polled for anyone any more (negative check over several intervals).
         polled = len(up.requests)
@@ -190,5 +191,5 @@ async def _warm_up(http: aiohttp.ClientSession, sidecar: Sidecar) -> None:
     stream = ListenStream(http, sidecar.url, "warm", ["ok://warm"])
     await stream.open()
     await stream.close()
-    await eventually(lambda: sidecar.app[HUB].stream_count == 0, within_s=WAIT_S)
-    await eventually(lambda: list(sidecar.app[REGISTRY].watches()) == [], within_s=WAIT_S)
+    await eventually(lambda: sidecar.app[HUB].stream_count == 0, within_s=CHURN_WAIT_S)
+    await eventually(lambda: list(sidecar.app[REGISTRY].watches()) == [], within_s=CHURN_WAIT_S)

@@ -35,7 +35,8 @@ MAX_SAMPLES = 80
 readiness shows in the first few)."""
 SAMPLE_PACE_S = 0.1
 """Pause between two samples, so that they spread over the sidecar's retries; no assertion depends on it."""
-WAIT_S = 30.0
+OUTAGE_WAIT_S = 30.0
+"""Above the kit's WAIT_S: it outlasts REMINDERS of the sidecar's backed-off retries, and the recovery after."""
 REMINDERS = 2
 """Backed-off "still unreachable" lines the sampling outlasts (each comes at a retry of the sidecar's own)."""
 POLLING = {"min_interval_ms": 100, "default_interval_ms": 300, "backoff_initial_ms": 100, "backoff_max_ms": 500}
@@ -69,7 +70,7 @@ async def _sample_while_down(replica: Replica, still_down: str) -> tuple[int, in
     MIN_SAMPLES samples, at most MAX_SAMPLES): (samples ready after the first not-ready, samples whose metric
     was not 0 then, the samples)."""
     samples: list[tuple[bool, float]] = []
-    async with asyncio.timeout(WAIT_S):
+    async with asyncio.timeout(OUTAGE_WAIT_S):
         while True:
             ready, up = await _sample(replica)
             if not ready:
@@ -96,7 +97,7 @@ async def _recovers(replica: Replica) -> None:
     async def ready_and_up() -> bool:
         return await replica.is_ready() and (await replica.metrics()).total("mcp_sidecar_upstream_up") == 1
 
-    await eventually(ready_and_up, within_s=WAIT_S, step=SAMPLE_PACE_S)
+    await eventually(ready_and_up, within_s=OUTAGE_WAIT_S, step=SAMPLE_PACE_S)
 
 
 @pytest.mark.parametrize(
@@ -171,7 +172,7 @@ async def _line(replica: Replica, msg: str) -> dict[str, Any]:
     async def logged() -> bool:
         return any(entry["msg"] == msg for entry in _start_lines(replica))
 
-    await eventually(logged, within_s=WAIT_S)
+    await eventually(logged, within_s=OUTAGE_WAIT_S)
     return next(entry for entry in _start_lines(replica) if entry["msg"] == msg)
 
 

@@ -16,8 +16,11 @@ __all__ = [
     "LEGACY_HEADERS",
     "LEGACY_INITIALIZE",
     "META",
+    "PROMPTS_CHANGED",
     "PV",
+    "RESOURCES_CHANGED",
     "SUB_ID_KEY",
+    "TOOLS_CHANGED",
     "UPDATED",
     "headers",
     "listen_request",
@@ -36,6 +39,9 @@ META = {
 SUB_ID_KEY = "io.modelcontextprotocol/subscriptionId"
 ACK = "notifications/subscriptions/acknowledged"
 UPDATED = "notifications/resources/updated"
+TOOLS_CHANGED = "notifications/tools/list_changed"
+PROMPTS_CHANGED = "notifications/prompts/list_changed"
+RESOURCES_CHANGED = "notifications/resources/list_changed"
 LEGACY_INITIALIZE = {
     "jsonrpc": "2.0",
     "id": 1,

@@ -15,9 +15,7 @@ from sidecar.identity import ANONYMOUS_IDENTITY, Identity
 from sidecar.observability.metrics import Metrics
 from sidecar.protocol.frames import session_notification
 from sidecar.watch.handles import Handle
-from tests.kit import UPDATED, WAIT_S
-
-TOOLS = "notifications/tools/list_changed"
+from tests.kit import TOOLS_CHANGED, UPDATED, WAIT_S
 
 
 def _session() -> tuple[LegacySession, Metrics]:
@@ -33,12 +31,12 @@ def test_the_upstreams_frame_goes_first_then_each_pending_signal_once() -> None:
     session, metrics = _session()
     for _ in range(3):
         session.signal(UPDATED, "x://a", 0.0)
-    session.signal(TOOLS, None, 0.0)
+    session.signal(TOOLS_CHANGED, None, 0.0)
     frames = list(session.outgoing(b"event: message\r\ndata: {}\r\n\r\n", quiet=False))
     assert frames == [
         b"event: message\r\ndata: {}\r\n\r\n",
         message_event(orjson.dumps(session_notification(UPDATED, "x://a"))),
-        message_event(orjson.dumps(session_notification(TOOLS, None))),
+        message_event(orjson.dumps(session_notification(TOOLS_CHANGED, None))),
     ]
     assert list(session.outgoing(None, quiet=False)) == [], "the set was emptied"
     assert _sample(metrics, "mcp_sidecar_notifications_total", method=UPDATED) == 1

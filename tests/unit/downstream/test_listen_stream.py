@@ -21,9 +21,7 @@ from sidecar.identity import ANONYMOUS_IDENTITY
 from sidecar.observability.metrics import Metrics
 from sidecar.protocol.errors import InvalidParams
 from sidecar.protocol.frames import complete_result, notification
-from tests.kit import UPDATED
-
-TOOLS = "notifications/tools/list_changed"
+from tests.kit import TOOLS_CHANGED, UPDATED
 
 
 class RecordingWriter:
@@ -73,7 +71,7 @@ def test_ten_thousand_changes_leave_one_pending_signal_per_subscription() -> Non
     stream = ListenStream("l-1", metrics, on_pending=woken.append, on_written=lambda method, at: None)
     for i in range(10_000):
         stream.signal(UPDATED, f"x://{i % 3}", 0.0)
-        stream.signal(TOOLS, None, 0.0)
+        stream.signal(TOOLS_CHANGED, None, 0.0)
     assert stream.pending_count == 4
     assert metrics.coalesced._value.get() == 20_000 - 4
     assert woken == [stream], "the fan-out is asked to visit the stream once, when its first signal pends"
@@ -100,8 +98,8 @@ def test_a_2025_session_keeps_the_same_set_and_counts_its_merges_as_a_listen_str
     session.signal(UPDATED, "x://a", 1.0)
     for _ in range(999):
         session.signal(UPDATED, "x://a", 2.0)
-    session.signal(TOOLS, None, 3.0)
-    assert dict(session._pending) == {(UPDATED, "x://a"): 1.0, (TOOLS, None): 3.0}
+    session.signal(TOOLS_CHANGED, None, 3.0)
+    assert dict(session._pending) == {(UPDATED, "x://a"): 1.0, (TOOLS_CHANGED, None): 3.0}
     assert metrics.coalesced._value.get() == 999
 
 
@@ -150,9 +148,12 @@ def test_every_signal_carries_the_listen_id_with_its_type(subscription_id: int |
     writer = RecordingWriter()
     stream.begin(writer)
     stream.signal(UPDATED, "x://a", 0.0)
-    stream.signal(TOOLS, None, 0.0)
+    stream.signal(TOOLS_CHANGED, None, 0.0)
     stream.flush()
-    assert writer.events() == [notification(subscription_id, UPDATED, "x://a"), notification(subscription_id, TOOLS)]
+    assert writer.events() == [
+        notification(subscription_id, UPDATED, "x://a"),
+        notification(subscription_id, TOOLS_CHANGED),
+    ]
 
 
 @pytest.mark.invariant(13)
@@ -251,7 +252,7 @@ def test_a_uri_longer_than_the_limit_is_invalid_params() -> None:
     [
         (7, UPDATED, "x://a"),
         ("l-1", UPDATED, 'x://"quoted"\x00and a NUL'),
-        ("l-2", TOOLS, None),
+        ("l-2", TOOLS_CHANGED, None),
     ],
     ids=["number id", "string id, odd URI", "list change"],
 )

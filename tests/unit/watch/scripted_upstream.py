@@ -13,11 +13,11 @@ from typing import Any
 
 from sidecar.identity import Identity
 from sidecar.protocol.errors import UpstreamError, UpstreamRpcError
+from sidecar.protocol.types import JsonObject
 
 __all__ = ["URL", "ScriptedUpstream", "contents"]
 
 URL = "scripted://upstream"
-JsonObject = dict[str, Any]
 
 
 def contents(uri: str, text: str, **extra: Any) -> JsonObject:

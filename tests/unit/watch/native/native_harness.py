@@ -24,16 +24,16 @@ from sidecar.config import PollingConfig
 from sidecar.identity import PUBLIC, Identity
 from sidecar.observability.metrics import Metrics
 from sidecar.protocol.errors import UpstreamRpcError, UpstreamUnavailable
+from sidecar.protocol.types import JsonObject
 from sidecar.upstream.answers import UpstreamInfo
 from sidecar.upstream.base import Upstream
 from sidecar.watch.native import NativeNotifications
 from sidecar.watch.poller import Watch
-from tests.kit import UPDATED
+from tests.kit import ACK
 from tests.unit.watch.manual_clock import ManualClock
 from tests.unit.watch.scripted_upstream import URL, ScriptedUpstream
 
 __all__ = [
-    "ACKNOWLEDGED",
     "ALICE",
     "BOB",
     "CONFIG",
@@ -41,11 +41,9 @@ __all__ = [
     "DOC",
     "EVERYTHING",
     "OTHER",
-    "UPDATED",
     "Bench",
     "FixedJitter",
     "HeardWatch",
-    "JsonObject",
     "Opened",
     "PushingUpstream",
     "Signal",
@@ -56,8 +54,6 @@ __all__ = [
     "warnings_of",
 ]
 
-JsonObject = dict[str, Any]
-ACKNOWLEDGED = "notifications/subscriptions/acknowledged"
 EVERYTHING = {
     "resources": {"subscribe": True, "listChanged": True},
     "tools": {"listChanged": True},
@@ -70,8 +66,9 @@ DOC = "file:///doc"
 OTHER = "file:///other"
 DEBOUNCE_S = 0.05
 """The pause after a change of what a context watches before its stream is asked for again."""
-WAIT_S = 5.0
-"""The longest a test waits for what it expects (it comes in a few turns of the loop when all is well)."""
+IN_PROCESS_WAIT_S = 5.0
+"""The longest a test waits for what it expects (it comes in a few turns of the loop when all is well); below
+the kit's WAIT_S, nothing here crosses a socket."""
 
 
 class Signal:
@@ -83,7 +80,7 @@ class Signal:
     def __call__(self) -> None:
         self._event.set()
 
-    async def until(self, condition: Callable[[], bool], within_s: float = WAIT_S) -> None:
+    async def until(self, condition: Callable[[], bool], within_s: float = IN_PROCESS_WAIT_S) -> None:
         """Return once `condition()` holds, checking it again after each change; fail after `within_s`."""
         async with asyncio.timeout(within_s):
             while True:
@@ -125,7 +122,7 @@ class Opened:
 
 
 def acknowledge_all(wanted: JsonObject) -> JsonObject:
-    return {"method": ACKNOWLEDGED, "params": {"notifications": wanted}}
+    return {"method": ACK, "params": {"notifications": wanted}}
 
 
 class PushingUpstream(ScriptedUpstream):
@@ -297,7 +294,7 @@ class Bench:
         self.native.hold(identity, kind, uri)
         return watch
 
-    async def until(self, condition: Callable[[], bool], within_s: float = WAIT_S) -> None:
+    async def until(self, condition: Callable[[], bool], within_s: float = IN_PROCESS_WAIT_S) -> None:
         await self.changed.until(condition, within_s)
 
     async def timer_at(self, when: float) -> None:
@@ -332,7 +329,7 @@ def stream_tasks() -> set[asyncio.Task[Any]]:
 async def ended(tasks: set[asyncio.Task[Any]]) -> None:
     """Wait until each of `tasks` has finished (and the callbacks that let go of it have run)."""
     if tasks:
-        await asyncio.wait(tasks, timeout=WAIT_S)
+        await asyncio.wait(tasks, timeout=IN_PROCESS_WAIT_S)
         assert all(task.done() for task in tasks), "a stream's task did not end"
 
 

@@ -12,15 +12,14 @@ import logging
 import pytest
 
 from sidecar.changes import WatchKey
+from sidecar.protocol.types import JsonObject
+from tests.kit import ACK, UPDATED
 from tests.unit.watch.native.native_harness import (
-    ACKNOWLEDGED,
     ALICE,
     DEBOUNCE_S,
     DOC,
     OTHER,
-    UPDATED,
     Bench,
-    JsonObject,
     acknowledge_all,
     make_bench,
     warnings_of,
@@ -64,7 +63,7 @@ async def test_the_filter_asks_only_for_what_the_upstream_declares() -> None:
 
 async def test_only_what_the_upstream_acknowledged_is_covered(modern: Bench) -> None:
     modern.upstream.honour = lambda wanted: {
-        "method": ACKNOWLEDGED,
+        "method": ACK,
         "params": {"notifications": {"resourceSubscriptions": [DOC, 7], "toolsListChanged": "yes"}},
     }
     doc = modern.watch("resource", DOC, ALICE)
@@ -80,9 +79,9 @@ async def test_only_what_the_upstream_acknowledged_is_covered(modern: Bench) -> 
     "first",
     [
         {"method": "notifications/message", "params": {"notifications": {"toolsListChanged": True}}},
-        {"method": ACKNOWLEDGED},
-        {"method": ACKNOWLEDGED, "params": ["notifications"]},
-        {"method": ACKNOWLEDGED, "params": {"notifications": ["toolsListChanged"]}},
+        {"method": ACK},
+        {"method": ACK, "params": ["notifications"]},
+        {"method": ACK, "params": {"notifications": ["toolsListChanged"]}},
     ],
     ids=["not-an-ack", "no-params", "params-not-an-object", "notifications-not-an-object"],
 )

@@ -11,17 +11,9 @@ from typing import cast
 import pytest
 
 from sidecar.changes import WatchKind
-from tests.unit.watch.native.native_harness import (
-    ALICE,
-    BOB,
-    DEBOUNCE_S,
-    DOC,
-    OTHER,
-    UPDATED,
-    Bench,
-    JsonObject,
-    make_bench,
-)
+from sidecar.protocol.types import JsonObject
+from tests.kit import UPDATED
+from tests.unit.watch.native.native_harness import ALICE, BOB, DEBOUNCE_S, DOC, OTHER, Bench, make_bench
 
 # -- 2025-11-25: the context's session stream, URIs subscribed one by one ----------------------------------------
 

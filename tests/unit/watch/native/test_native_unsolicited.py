@@ -7,7 +7,8 @@ nothing; a 2025-11-25 stream open on the child hears the same message, so it is 
 from __future__ import annotations
 
 from sidecar.config import PollingConfig
-from tests.unit.watch.native.native_harness import ALICE, BOB, CONFIG, DOC, OTHER, UPDATED, Bench, make_bench
+from tests.kit import UPDATED
+from tests.unit.watch.native.native_harness import ALICE, BOB, CONFIG, DOC, OTHER, Bench, make_bench
 
 UNDECLARED = {"resources": {}, "tools": {}, "prompts": {}}
 
