@@ -106,11 +106,10 @@ class Link:
             # published meanwhile would not reach us). Subscribing afresh, on the owners, and resyncing each
             # confirmed bucket's keys from their stored states closes that gap.
             self._channels.reopen()
-        self._heard_of(exc)
-        self.set_up(False, str(exc))
+        self.lost(exc)
 
     def lost(self, exc: Exception) -> None:
-        """The bus reader's connection failed: coordination stops until it is heard again."""
+        """A command or the bus reader's connection failed: coordination stops until the bus is heard again."""
         self._heard_of(exc)
         self.set_up(False, str(exc))
 
