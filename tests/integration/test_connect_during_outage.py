@@ -12,7 +12,7 @@ import pytest
 from mcp import Client
 from mcp.client.subscriptions import ResourceUpdated
 
-from tests.kit import eventually, rpc, serve_sidecar
+from tests.kit import eventually, readyz, rpc, serve_sidecar
 from tests.peers import start_upstream
 from tests.procs import free_port
 
@@ -23,8 +23,7 @@ POLLING = {"min_interval_ms": 100, "default_interval_ms": 300, "backoff_initial_
 
 async def _down(http: aiohttp.ClientSession, base_url: str) -> bool:
     """/readyz says not ready: the sidecar knows the upstream cannot be reached."""
-    async with http.get(f"{base_url}/readyz") as resp:
-        return resp.status == 503
+    return (await readyz(http, base_url))[0] == 503
 
 
 @pytest.mark.invariant(23)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import aiohttp
 import pytest
 
-from tests.kit import ListenStream, eventually, read_resource, scrape, serve_sidecar, text_of
+from tests.kit import ListenStream, eventually, read_resource, readyz, scrape, serve_sidecar, text_of
 from tests.peers.faulty import Fault, FaultyUpstream
 
 POLLING = {"default_interval_ms": 300, "min_interval_ms": 100, "max_interval_ms": 300}
@@ -29,8 +29,7 @@ def _initializes(up: FaultyUpstream) -> int:
 
 
 async def _ready(http: aiohttp.ClientSession, base_url: str) -> bool:
-    async with http.get(f"{base_url}/readyz") as resp:
-        return resp.status == 200
+    return (await readyz(http, base_url))[0] == 200
 
 
 @pytest.mark.invariant(23)

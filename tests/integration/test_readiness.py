@@ -9,7 +9,7 @@ import aiohttp
 import pytest
 
 from sidecar.app import METRICS
-from tests.kit import eventually, rpc, serve_sidecar, told
+from tests.kit import eventually, readyz, rpc, serve_sidecar, told
 from tests.peers.faulty import Fault, FaultyUpstream
 
 PROBES = frozenset({"server/discover", "initialize", "ping"})
@@ -21,19 +21,13 @@ async def up(request: pytest.FixtureRequest) -> AsyncIterator[FaultyUpstream]:
         yield upstream
 
 
-async def _ready(http: aiohttp.ClientSession, admin_url: str) -> tuple[int, dict[str, object]]:
-    """The admin listener's /readyz, the one that says why."""
-    async with http.get(f"{admin_url}/readyz") as resp:
-        return resp.status, await resp.json()
-
-
 async def test_an_upstream_answering_garbage_to_the_probe_is_not_ready_and_says_why(
     up: FaultyUpstream, http: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture
 ) -> None:
     garbage = up.fail(Fault.NOT_JSON, methods=PROBES)
     async with serve_sidecar(up.url) as sidecar:
         with caplog.at_level(logging.WARNING, logger="sidecar.upstream.http.client"):
-            status, body = await _ready(http, sidecar.admin_url)
+            status, body = await readyz(http, sidecar.admin_url)
         assert status == 503, body
         assert "unusable" in str(body["reason"]) and "not JSON" in str(body["reason"])
         assert any(record.getMessage() == "upstream unusable" for record in caplog.records)
@@ -48,7 +42,7 @@ async def test_an_upstream_answering_garbage_to_the_probe_is_not_ready_and_says_
         assert status == 502 and "not JSON" in told(message["error"], caplog.records)["reason"]
 
         up.heal(garbage)
-        status, body = await _ready(http, sidecar.admin_url)  # not ready: asked again at once
+        status, body = await readyz(http, sidecar.admin_url)  # not ready: asked again at once
         assert status == 200, body
         assert sidecar.app[METRICS].upstream_usable._value.get() == 1
 
@@ -57,12 +51,12 @@ async def test_an_upstream_that_starts_answering_garbage_becomes_not_ready(
     up: FaultyUpstream, http: aiohttp.ClientSession
 ) -> None:
     async with serve_sidecar(up.url) as sidecar:
-        assert (await _ready(http, sidecar.admin_url))[0] == 200
+        assert (await readyz(http, sidecar.admin_url))[0] == 200
         up.fail(Fault.NOT_JSON, methods=PROBES)
 
         async def not_ready() -> bool:
-            return (await _ready(http, sidecar.admin_url))[0] == 503
+            return (await readyz(http, sidecar.admin_url))[0] == 503
 
         await eventually(not_ready)  # the next readiness check after the contact goes stale re-asks it
-        status, body = await _ready(http, sidecar.admin_url)
+        status, body = await readyz(http, sidecar.admin_url)
         assert status == 503 and "unusable" in str(body["reason"])

@@ -26,7 +26,7 @@ from mcp.client.subscriptions import ResourceUpdated
 from sidecar.app import FAIR_SHARE, UPSTREAM, build_app
 from sidecar.upstream.stdio.client import StdioUpstream
 from sidecar.upstream.stdio.process import StdioStartError
-from tests.kit import WAIT_S, ListenStream, eventually, headers, request, rpc, scrape, sse_messages, told
+from tests.kit import WAIT_S, ListenStream, eventually, headers, readyz, request, rpc, scrape, sse_messages, told
 from tests.peers.stdio_notes_server import NOTE_URI
 from tests.peers.stdio_peers import (
     live_processes,
@@ -55,12 +55,6 @@ async def _tool_text(http: aiohttp.ClientSession, url: str, name: str, **argumen
     return text
 
 
-async def _readyz(http: aiohttp.ClientSession, admin_url: str) -> tuple[int, dict[str, Any]]:
-    """The admin listener's /readyz, the one that says why."""
-    async with http.get(f"{admin_url}/readyz") as resp:
-        return resp.status, await resp.json()
-
-
 @pytest.mark.invariant(14)
 async def test_kill_9_mid_listen_restarts_the_child_and_the_change_made_while_down_is_told(
     tmp_path: Path, http: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture
@@ -77,7 +71,7 @@ async def test_kill_9_mid_listen_restarts_the_child_and_the_change_made_while_do
         os.kill(first_pid, signal.SIGKILL)
 
         async def down() -> bool:
-            status, body = await _readyz(http, sidecar.admin_url)
+            status, body = await readyz(http, sidecar.admin_url)
             return status == 503 and "killed by SIGKILL" in body["reason"]
 
         await eventually(down, within_s=WAIT_S)
@@ -91,7 +85,7 @@ async def test_kill_9_mid_listen_restarts_the_child_and_the_change_made_while_do
         assert (await client.read_resource(NOTE_URI)).contents[0].text == "changed while the server was down"  # type: ignore[union-attr]
         second_pid = int((await client.call_tool("server_pid")).content[0].text)  # type: ignore[union-attr]
         assert second_pid != first_pid
-        assert (await _readyz(http, sidecar.admin_url))[0] == 200
+        assert (await readyz(http, sidecar.admin_url))[0] == 200
         metrics = await scrape(http, sidecar.admin_url)
         assert metrics.value("mcp_sidecar_upstream_restarts_total", reason="exited") == 1
     assert live_processes([first_pid, second_pid]) == []

@@ -25,6 +25,7 @@ __all__ = [
     "headers",
     "listen_request",
     "read_resource",
+    "readyz",
     "request",
     "rpc",
     "text_of",
@@ -120,3 +121,9 @@ def text_of(message: dict[str, Any]) -> str:
     """The text of a read's first content."""
     text: str = message["result"]["contents"][0]["text"]
     return text
+
+
+async def readyz(http: aiohttp.ClientSession, base_url: str) -> tuple[int, dict[str, Any]]:
+    """`GET /readyz` on a listener (the admin one says why): its status and body."""
+    async with http.get(f"{base_url}/readyz") as resp:
+        return resp.status, await resp.json()
