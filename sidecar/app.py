@@ -176,7 +176,7 @@ def build_app(config: SidecarConfig) -> web.Application:
         # Only here, and only with a token: the source of truth's way to say what changed (never on the MCP port).
         token = app[HINT_TOKEN] = HintToken(config.hints.token_file)
         hints = HintEndpoint(token, registry.hint_source, metrics, warm_ms=config.hints.settle_ms)
-        admin.router.add_route("*", "/hints", hints.handle)
+        admin.router.add_route("*", "/hints", hints.serve)
     app[ADMIN] = admin
     return app
 

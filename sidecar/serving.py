@@ -125,7 +125,7 @@ def install_quiet_errors(loop: asyncio.AbstractEventLoop) -> None:
     quiet = QuietErrors()
     default = loop.get_exception_handler()
 
-    def handle(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    def on_exception(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         if "accept" not in str(context.get("message", "")):
             if default is not None:
                 default(loop, context)
@@ -139,7 +139,7 @@ def install_quiet_errors(loop: asyncio.AbstractEventLoop) -> None:
         if quiet.filter(record):
             logger.handle(record)
 
-    loop.set_exception_handler(handle)
+    loop.set_exception_handler(on_exception)
 
 
 def raise_open_files_limit(listen: ListenConfig, besides: int) -> ListenConfig:

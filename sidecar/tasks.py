@@ -33,10 +33,10 @@ class TaskSet:
     def spawn(self, work: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         """Run `work` as a task of this set."""
         task = asyncio.get_running_loop().create_task(work)
-        self.adopt(task)
+        self.hold(task)
         return task
 
-    def adopt(self, task: asyncio.Task[Any]) -> None:
+    def hold(self, task: asyncio.Task[Any]) -> None:
         """Hold a task started elsewhere until it ends."""
         self._tasks.add(task)
         task.add_done_callback(self._ended)

@@ -21,7 +21,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from sidecar.config.redis_url import CLUSTER_SCHEMES, check_redis_url, cluster_seeds, url_scheme
 
-__all__ = ["REDIS_FAILURES", "SLOTS_MOVING", "TIMEOUTS", "Connection", "Op", "connect", "stop_if_cancelled"]
+__all__ = ["REDIS_FAILURES", "SLOTS_MOVING", "TIMEOUTS", "Op", "RedisClient", "connect", "stop_if_cancelled"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ class Op:
 
 
 @dataclass
-class Connection:
+class RedisClient:
     """A client, how to open its pub/sub and run batches, and whether channels are sharded."""
 
     client: Any
@@ -111,13 +111,13 @@ class Connection:
         await self.client.aclose()
 
 
-def connect(url: str) -> Connection:
+def connect(url: str) -> RedisClient:
     """A client for `url` (the config has checked it; checked again for callers that did not load one)."""
     check_redis_url(url)
     timeouts: dict[str, Any] = {"socket_timeout": _SOCKET_TIMEOUT_S, "socket_connect_timeout": _SOCKET_TIMEOUT_S}
     scheme = url_scheme(url)
     if scheme not in CLUSTER_SCHEMES:
-        return Connection(aioredis.from_url(url, **timeouts), sharded=False)
+        return RedisClient(aioredis.from_url(url, **timeouts), sharded=False)
     userinfo = url.split("://", 1)[1].split("/", 1)[0].rpartition("@")[0]
     username, _, password = userinfo.partition(":")
     client = AsyncRedisCluster(
@@ -127,4 +127,4 @@ def connect(url: str) -> Connection:
         ssl=scheme == "rediss+cluster",
         **timeouts,
     )
-    return Connection(client, sharded=True)
+    return RedisClient(client, sharded=True)

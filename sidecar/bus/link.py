@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from sidecar.bus.channels import Channels
-from sidecar.bus.connect import SLOTS_MOVING, TIMEOUTS, Connection, Op
+from sidecar.bus.connect import SLOTS_MOVING, TIMEOUTS, Op, RedisClient
 from sidecar.bus.layout import Layout
 from sidecar.bus.scripts import Scripts
 from sidecar.observability.metrics import Metrics
@@ -28,7 +28,7 @@ class Link:
 
     def __init__(
         self,
-        conn: Connection,
+        conn: RedisClient,
         channels: Channels,
         *,
         layout: Layout,

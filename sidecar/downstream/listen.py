@@ -31,7 +31,7 @@ from sidecar.downstream.listen_filter import (
     log_left_out,
     parse_filter,
 )
-from sidecar.downstream.listen_stream import Connection, ListenStream, SignalSink, Step
+from sidecar.downstream.listen_stream import ClientConnection, ListenStream, SignalSink, Step
 from sidecar.identity import Identity
 from sidecar.observability.log_budget import LogBudget
 from sidecar.observability.metrics import Metrics
@@ -45,7 +45,7 @@ from sidecar.upstream.base import LearnEra
 from sidecar.watch.clock import LOOP_CLOCK, Clock, Timer, sleep
 from sidecar.watch.registry import Handle, WatchRegistry
 
-__all__ = ["Connection", "ListenStream", "SignalSink", "StreamHub", "SubscriptionFilter", "parse_filter"]
+__all__ = ["ClientConnection", "ListenStream", "SignalSink", "StreamHub", "SubscriptionFilter", "parse_filter"]
 
 logger = logging.getLogger(__name__)
 
@@ -149,7 +149,7 @@ class StreamHub:
         await self.listen(message, identity, events)
         return events.response
 
-    async def listen(self, message: Message, identity: Identity, events: Connection) -> None:
+    async def listen(self, message: Message, identity: Identity, events: ClientConnection) -> None:
         """One listen stream on `events`, from the checks and the ack to its end."""
         if message.id is None:
             raise InvalidParams("subscriptions/listen must be a request with an id")

@@ -2,8 +2,9 @@
 
 It never awaits and owns no socket (hypercorn's cut between a protocol and its server): it writes through a
 `Writer` (the SSE response, or a test's recording fake) and says, from `step`, what its driver must wait for next.
-The driver (`StreamHub` in `listen.py`) does the waiting on a `Connection` (a `Writer` it can also drain): for room
-in the send buffer, or for the next signal. The hub delivers to it, as to a 2025-11-25 session, as a `SignalSink`.
+The driver (`StreamHub` in `listen.py`) does the waiting on a `ClientConnection` (a `Writer` it can also drain):
+for room in the send buffer, or for the next signal. The hub delivers to it, as to a 2025-11-25 session, as a
+`SignalSink`.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
     from sidecar.protocol.envelope import RequestId
     from sidecar.watch.handles import Handle
 
-__all__ = ["Connection", "ListenStream", "SignalSink", "Step", "Writer", "frame_around_id"]
+__all__ = ["ClientConnection", "ListenStream", "SignalSink", "Step", "Writer", "frame_around_id"]
 
 _ENDED = {"moved": {"reason": "upstream_unreachable", "retryable": True}}
 """What the complete result says of an end the client should act on: this replica cannot reach the upstream and
@@ -63,7 +64,7 @@ class Writer(Protocol):
     def write_comment(self) -> None: ...
 
 
-class Connection(Writer, Protocol):
+class ClientConnection(Writer, Protocol):
     """A listen stream's connection: `EventStream` on a socket (so the hub's rules are tested without one)."""
 
     async def open(self) -> None: ...

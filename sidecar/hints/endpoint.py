@@ -88,7 +88,7 @@ class HintEndpoint:
         self._warm_ms = warm_ms
         self._outcomes = {outcome: metrics.hints_received.labels(outcome) for outcome in HINT_OUTCOMES}
 
-    async def handle(self, request: web.Request) -> web.Response:
+    async def serve(self, request: web.Request) -> web.Response:
         if request.method != "POST":
             return _error(405, "use POST", Allow="POST")
         if not self._token.accepts(request.headers.get("Authorization")):

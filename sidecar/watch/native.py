@@ -126,7 +126,7 @@ class NativeNotifications:
             # Out of the table now, not when the task has finished: a hold before then gets a stream of its own
             # instead of one whose task is ending. Shutdown still waits for it to close (`_closing`).
             del self._streams[context]
-            self._closing.adopt(stream.task)
+            self._closing.hold(stream.task)
             stream.task.cancel()
 
     def covers(self, kind: WatchKind, uri: str | None, context: str) -> bool:
@@ -202,6 +202,6 @@ class NativeNotifications:
             self._stop_hearing()
         for stream in self._streams.values():
             if stream.task is not None:
-                self._closing.adopt(stream.task)
+                self._closing.hold(stream.task)
         self._streams.clear()
         await self._closing.aclose()

@@ -211,7 +211,7 @@ class Watch:
         """Another replica saw this change and told everyone (our streams too): take it as ours, so that our next
         poll, if we hold the lease then, does not tell it again. Events arrive in the bus's order; a local look
         newer than an event that arrives late costs at worst one repeated notification, never a lost one."""
-        self._confirmation.forget()
+        self._confirmation.clear()
         if fingerprint != self.fingerprint:
             self.fingerprint = fingerprint
             self.generation += 1

@@ -29,17 +29,17 @@ from sidecar.watch.clock import LOOP_CLOCK, Clock, Timer
 from sidecar.watch.engine import Engine, Stage
 from sidecar.watch.engine.commands import (
     Adopt,
-    Answer,
     Apply,
     CancelTimer,
     Command,
     Cover,
     Fail,
     HintWrite,
-    Look,
     PublishFirst,
+    Resolve,
     Revoke,
     SetTimer,
+    StartLook,
     StartWatch,
     StopWatch,
     Track,
@@ -213,11 +213,11 @@ class WatchRegistry:
     def _do(self, command: Command) -> None:
         if isinstance(command, Apply):
             self._apply(command.key, command.observation, command.ticket)
-        elif isinstance(command, Answer):
+        elif isinstance(command, Resolve):
             self._waiters.answer(command.waiter, command.key)
         elif isinstance(command, Fail):
             self._waiters.fail(command.waiter, command.error)
-        elif isinstance(command, Look):
+        elif isinstance(command, StartLook):
             self._run(self._look(command))
         elif isinstance(command, Track):
             self._coordinator.track(self._watches[command.key])
@@ -253,7 +253,7 @@ class WatchRegistry:
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
 
-    async def _look(self, look: Look) -> None:
+    async def _look(self, look: StartLook) -> None:
         try:
             ticket, observation = await self._looks.look(look.kind, look.uri, look.identity, look.paced)
         except Exception as exc:  # every waiter on it is told (an UpstreamError, TooManyRequests, or a bug)

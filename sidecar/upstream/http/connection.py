@@ -19,7 +19,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from sidecar.protocol.errors import UpstreamBadResponse, UpstreamError, UpstreamTimeout, UpstreamUnavailable
 
-__all__ = ["Answer", "Connection", "Pool", "short_reason", "tls_reason"]
+__all__ = ["Answer", "Pool", "UpstreamConnection", "short_reason", "tls_reason"]
 
 _PAUSE_BYTES = 1_048_576
 """Unread body bytes at which the connection stops reading from the socket (a slow client downstream)."""
@@ -29,10 +29,10 @@ _RESUME_BYTES = _PAUSE_BYTES // 4
 class Pool(Protocol):
     """What a connection tells its owner."""
 
-    def release(self, connection: Connection) -> None:
+    def release(self, connection: UpstreamConnection) -> None:
         """The caller is done with the connection's answer."""
 
-    def discard(self, connection: Connection) -> None:
+    def discard(self, connection: UpstreamConnection) -> None:
         """The connection is closing: never hand it out again."""
 
 
@@ -65,7 +65,7 @@ class _Exchange:
         self.decoder: zlib._Decompress | None = None
 
 
-class Connection(asyncio.Protocol):
+class UpstreamConnection(asyncio.Protocol):
     """One keep-alive connection to the upstream; at most one exchange at a time."""
 
     def __init__(self, url: str, pool: Pool) -> None:
@@ -336,7 +336,7 @@ class Answer:
 
     def __init__(
         self,
-        connection: Connection,
+        connection: UpstreamConnection,
         status: int,
         reason: str,
         headers: CIMultiDictProxy[str],

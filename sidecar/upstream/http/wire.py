@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from urllib.parse import unquote, urlsplit
 
 from sidecar.protocol.errors import ShuttingDown, UpstreamError, UpstreamTimeout, UpstreamUnavailable
-from sidecar.upstream.http.connection import Answer, Connection, short_reason, tls_reason
+from sidecar.upstream.http.connection import Answer, UpstreamConnection, short_reason, tls_reason
 
 __all__ = ["Answer", "WirePool"]
 
@@ -64,8 +64,8 @@ class WirePool:
         self._server_name = server_name or self._host
         self._connect_timeout_s = connect_timeout_s
         self._slots = asyncio.Semaphore(max_connections)
-        self._idle: list[Connection] = []
-        self._busy: set[Connection] = set()
+        self._idle: list[UpstreamConnection] = []
+        self._busy: set[UpstreamConnection] = set()
         self._aborted: ShuttingDown | None = None
 
     async def exchange(
@@ -120,14 +120,14 @@ class WirePool:
         if self._aborted is not None:
             raise self._aborted
 
-    def release(self, connection: Connection, *, slot: bool = True) -> None:
+    def release(self, connection: UpstreamConnection, *, slot: bool = True) -> None:
         self._busy.discard(connection)
         if connection.finish():
             self._idle.append(connection)
         if slot:
             self._slots.release()
 
-    def discard(self, connection: Connection) -> None:
+    def discard(self, connection: UpstreamConnection) -> None:
         """`connection` is closing: never hand it out again."""
         if connection in self._idle:
             self._idle.remove(connection)
@@ -145,7 +145,7 @@ class WirePool:
         self._idle.clear()
         self._busy.clear()
 
-    def _reuse(self) -> Connection | None:
+    def _reuse(self) -> UpstreamConnection | None:
         now = asyncio.get_running_loop().time()
         while self._idle:
             connection = self._idle.pop()
@@ -154,12 +154,12 @@ class WirePool:
             connection.close()
         return None
 
-    async def _connect(self) -> Connection:
+    async def _connect(self) -> UpstreamConnection:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self._connect_timeout_s):
                 transport, connection = await loop.create_connection(
-                    lambda: Connection(self.url, self),
+                    lambda: UpstreamConnection(self.url, self),
                     self._host,
                     self._port,
                     ssl=self._ssl,

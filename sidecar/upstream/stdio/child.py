@@ -187,12 +187,12 @@ class StdioChild:
         try:
             return await call.answer
         except asyncio.CancelledError:  # the caller left, or its deadline passed
-            self.forget(call, "the request was abandoned")
+            self.cancel(call, "the request was abandoned")
             raise
         finally:
             self._drop(call)
 
-    def forget(self, call: InFlight, reason: str) -> None:
+    def cancel(self, call: InFlight, reason: str) -> None:
         """Stop waiting for `call` and ask the child to cancel it (`notifications/cancelled`). A caller still
         waiting gets an error answer now: the child should not answer a cancelled request at all."""
         if self._pending.get(call.id) is call:

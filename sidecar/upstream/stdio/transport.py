@@ -204,7 +204,7 @@ class StdioTransport:
         target = self._relayed.get((session, request_id))
         if target is not None:
             owner, call = target
-            owner.forget(call, str(params.get("reason") or "cancelled by the client"))
+            owner.cancel(call, str(params.get("reason") or "cancelled by the client"))
 
     @contextlib.asynccontextmanager
     async def open_stream(
@@ -226,7 +226,7 @@ class StdioTransport:
             try:
                 yield until_ended(queue, child, call.answer)
             finally:
-                child.forget(call, "the sidecar stopped listening")
+                child.cancel(call, "the sidecar stopped listening")
         else:
             remove = self.add_notification_listener(put)
             try:
@@ -294,7 +294,7 @@ class StdioTransport:
             if getter is not None:
                 getter.cancel()
             if not answered:
-                child.forget(call, "the client went away")
+                child.cancel(call, "the client went away")
 
     @contextlib.contextmanager
     def _suspecting(self) -> Iterator[None]:

@@ -14,17 +14,17 @@ from sidecar.watch.observe import Observation
 
 __all__ = [
     "Adopt",
-    "Answer",
     "Apply",
     "CancelTimer",
     "Command",
     "Cover",
     "Fail",
     "HintWrite",
-    "Look",
     "PublishFirst",
+    "Resolve",
     "Revoke",
     "SetTimer",
+    "StartLook",
     "StartWatch",
     "StopWatch",
     "Track",
@@ -34,7 +34,7 @@ __all__ = [
 
 
 @dataclass(frozen=True, slots=True)
-class Look:
+class StartLook:
     """Look at (kind, uri) upstream with `identity`'s credential, ticketed as it starts; `paced`: in the client's
     fair share (over its first-read rate), else at once among the polls. Answered by LookDone or LookFailed."""
 
@@ -86,7 +86,7 @@ class Adopt:
 
 
 @dataclass(frozen=True, slots=True)
-class Answer:
+class Resolve:
     """`waiter` may be acked: it holds `key` now (one holder counted already); None: not found."""
 
     waiter: int
@@ -158,13 +158,13 @@ class HintWrite:
 
 
 Command = (
-    Look
+    StartLook
     | StartWatch
     | StopWatch
     | PublishFirst
     | Apply
     | Adopt
-    | Answer
+    | Resolve
     | Fail
     | SetTimer
     | CancelTimer

@@ -55,6 +55,6 @@ class ErrorConfirmation:
         self.pending = event.fingerprint
         return [LookAgain()]
 
-    def forget(self) -> None:
+    def clear(self) -> None:
         """Another replica's look was taken as this watch's: an error this one saw is no longer the latest look."""
         self.pending = None

@@ -28,15 +28,15 @@ from sidecar.identity import ANONYMOUS, PUBLIC, Identity
 from sidecar.watch.admission import Admission
 from sidecar.watch.engine.commands import (
     Adopt,
-    Answer,
     Apply,
     CancelTimer,
     Command,
     Cover,
     Fail,
-    Look,
     PublishFirst,
+    Resolve,
     SetTimer,
+    StartLook,
     StartWatch,
     StopWatch,
     Track,
@@ -75,7 +75,7 @@ class Engine:
         """Known-absent memory and first-read tokens, on the engine's time."""
         self._records: dict[WatchKey, Record] = {}
         self._looks: dict[int, Pending] = {}
-        """Looks callers wait on, by the id their Look command carries (until answered)."""
+        """Looks callers wait on, by the id their StartLook command carries (until answered)."""
         self._shared: dict[Hashable, int] = {}
         """Looks a later caller may share: by what they read, or by what and the client paced for."""
         self._waiting: dict[int, int] = {}
@@ -158,13 +158,13 @@ class Engine:
         look = self._shared.get(read) or self._shared.get((read, identity.client))
         if look is None:
             if joining is None and self.admission.known_absent(kind, uri, identity.context):
-                return [Answer(event.waiter, None)]  # found missing a moment ago: not read again so soon
+                return [Resolve(event.waiter, None)]  # found missing a moment ago: not read again so soon
             look = next(self._ids)
             paced = not self.admission.take(identity.client)
             shared_as = (read, identity.client) if paced else read
             self._looks[look] = Pending(shared_as, kind, uri, identity.context, joining)
             self._shared[shared_as] = look
-            commands.append(Look(look, kind, uri, identity, paced))
+            commands.append(StartLook(look, kind, uri, identity, paced))
         self._looks[look].waiters[event.waiter] = identity
         self._waiting[event.waiter] = look
         return commands
@@ -184,7 +184,7 @@ class Engine:
             return self._joined(event.look, pending, observation, event.ticket)
         if not observation.found:
             self.admission.absent(pending.kind, pending.uri, pending.context)
-            return [Answer(waiter, None) for waiter in self._done(event.look)]
+            return [Resolve(waiter, None) for waiter in self._done(event.look)]
         key = WatchKey(pending.kind, pending.uri, PUBLIC if observation.public else pending.context)
         record = self._records.get(key)
         if record is not None:
@@ -223,7 +223,7 @@ class Engine:
         commands: list[Command] = []
         for waiter, identity in self._done(look).items():
             self._add_holder(record, identity, commands)
-            commands.append(Answer(waiter, record.key))
+            commands.append(Resolve(waiter, record.key))
         return commands
 
     def _joined(self, look: int, pending: Pending, observation: Observation, ticket: int) -> list[Command]:
@@ -233,7 +233,7 @@ class Engine:
         for waiter, identity in self._done(look).items():
             if not observation.found:
                 commands.extend(self._release(key, identity.context))
-            commands.append(Answer(waiter, key if observation.found else None))
+            commands.append(Resolve(waiter, key if observation.found else None))
         return commands
 
     def _look_failed(self, event: LookFailed) -> list[Command]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from sidecar.changes import WatchKey
 from sidecar.identity import ANONYMOUS_IDENTITY, PUBLIC, Identity
 from sidecar.watch.engine import Engine
-from sidecar.watch.engine.commands import Answer, Command, Cover, Look, PublishFirst, StartWatch, Track
+from sidecar.watch.engine.commands import Command, Cover, PublishFirst, Resolve, StartLook, StartWatch, Track
 from sidecar.watch.engine.events import Event, LookDone, Published, Subscribe
 from sidecar.watch.fingerprint import ABSENT
 from sidecar.watch.observe import Observation
@@ -65,11 +65,11 @@ def book(*, rate_per_s: float = 1_000.0, now: float = 0.0) -> Book:
 def started(play: Book, waiter: int, look: int, who: Identity, seen: Observation, ticket: int) -> WatchKey:
     """`who` subscribes to DOC and its first read (`look`) sees `seen` at `ticket`: a new watch it holds."""
     watched = key(PUBLIC if seen.public else who.context)
-    play.step(Subscribe(waiter, "resource", DOC, who), Look(look, "resource", DOC, who, paced=False))
+    play.step(Subscribe(waiter, "resource", DOC, who), StartLook(look, "resource", DOC, who, paced=False))
     play.step(
         LookDone(look, ticket, seen),
         StartWatch(watched, seen, ticket),
         PublishFirst(look, watched, seen.fingerprint),
     )
-    play.step(Published(look), Track(watched), Cover(who, "resource", DOC), Answer(waiter, watched))
+    play.step(Published(look), Track(watched), Cover(who, "resource", DOC), Resolve(waiter, watched))
     return watched

@@ -9,14 +9,14 @@ from sidecar.changes import ChangeEvent, WatchKey
 from sidecar.protocol.errors import UpstreamUnavailable
 from sidecar.watch.engine import Stage
 from sidecar.watch.engine.commands import (
-    Answer,
     Apply,
     CancelTimer,
     Cover,
     Fail,
-    Look,
     PublishFirst,
+    Resolve,
     SetTimer,
+    StartLook,
     StartWatch,
     StopWatch,
     Track,
@@ -54,104 +54,104 @@ DOWN = UpstreamUnavailable("scripted://upstream", "connection refused")
 @pytest.mark.invariant(6)
 def test_a_first_read_is_answered_only_once_its_look_is_published() -> None:
     play = book()
-    play.step(Subscribe(1, "resource", DOC, ALICE), Look(1, "resource", DOC, ALICE, paced=False))
+    play.step(Subscribe(1, "resource", DOC, ALICE), StartLook(1, "resource", DOC, ALICE, paced=False))
     watched = key("alice")
     play.step(LookDone(1, 7, V1), StartWatch(watched, V1, 7), PublishFirst(1, watched, V1.fingerprint))
     record = play.engine.record(watched)
     assert record is not None and record.stage is Stage.STARTING and record.holders == 0, "nobody answered yet"
-    play.step(Published(1), Track(watched), Cover(ALICE, "resource", DOC), Answer(1, watched))
+    play.step(Published(1), Track(watched), Cover(ALICE, "resource", DOC), Resolve(1, watched))
     assert record.stage is Stage.LIVE and play.engine.holders(watched) == 1
 
 
 @pytest.mark.invariant(8)
 def test_concurrent_first_interests_share_one_read_per_context() -> None:
     play = book()
-    play.step(Subscribe(1, "resource", DOC, ALICE), Look(1, "resource", DOC, ALICE, paced=False))
+    play.step(Subscribe(1, "resource", DOC, ALICE), StartLook(1, "resource", DOC, ALICE, paced=False))
     play.step(Subscribe(2, "resource", DOC, ALICE_PHONE))
-    play.step(Subscribe(3, "resource", DOC, BOB), Look(2, "resource", DOC, BOB, paced=False))
+    play.step(Subscribe(3, "resource", DOC, BOB), StartLook(2, "resource", DOC, BOB, paced=False))
     watched = key("alice")
     play.step(LookDone(1, 1, V1), StartWatch(watched, V1, 1), PublishFirst(1, watched, V1.fingerprint))
     # A watch still starting is joined (held at once), with a look of its own that starts after the caller asked.
-    joined = [Track(watched), Cover(ALICE, "resource", DOC), Look(3, "resource", DOC, ALICE, paced=False)]
+    joined = [Track(watched), Cover(ALICE, "resource", DOC), StartLook(3, "resource", DOC, ALICE, paced=False)]
     play.step(Subscribe(4, "resource", DOC, ALICE), *joined)
-    play.step(Published(1), Answer(1, watched), Answer(2, watched))
+    play.step(Published(1), Resolve(1, watched), Resolve(2, watched))
     assert play.engine.holders(watched) == 3
 
 
 @pytest.mark.invariant(20)
 def test_a_read_paced_in_its_clients_turn_is_that_clients_alone() -> None:
     play = book(rate_per_s=1)
-    play.step(Subscribe(1, "resource", OTHER, ALICE), Look(1, "resource", OTHER, ALICE, paced=False))
-    play.step(Subscribe(2, "resource", DOC, ALICE), Look(2, "resource", DOC, ALICE, paced=True))
+    play.step(Subscribe(1, "resource", OTHER, ALICE), StartLook(1, "resource", OTHER, ALICE, paced=False))
+    play.step(Subscribe(2, "resource", DOC, ALICE), StartLook(2, "resource", DOC, ALICE, paced=True))
     # Alice's phone is another client, within its own rate: it must not wait in alice's laptop's queue.
-    play.step(Subscribe(3, "resource", DOC, ALICE_PHONE), Look(3, "resource", DOC, ALICE_PHONE, paced=False))
+    play.step(Subscribe(3, "resource", DOC, ALICE_PHONE), StartLook(3, "resource", DOC, ALICE_PHONE, paced=False))
     play.step(Subscribe(4, "resource", DOC, ALICE))  # the laptop's own paced read, which it shares
     play.step(Subscribe(5, "resource", DOC, ALICE_PHONE))  # one that went at once is anyone's
     play.at(1.0)
-    play.step(Subscribe(6, "resource", OTHER, BOB), Look(4, "resource", OTHER, BOB, paced=False))
+    play.step(Subscribe(6, "resource", OTHER, BOB), StartLook(4, "resource", OTHER, BOB, paced=False))
     play.step(Subscribe(7, "resource", OTHER, BOB))  # its token is spent, but it shares the read in flight
 
 
 def test_a_client_saves_up_no_more_than_its_rate_of_first_reads() -> None:
     play = book(rate_per_s=2)
     uris = [f"file:///{n}" for n in range(6)]
-    paced = [next(c for c in play.feed(Subscribe(n, "resource", uri, ALICE)) if isinstance(c, Look)).paced
+    paced = [next(c for c in play.feed(Subscribe(n, "resource", uri, ALICE)) if isinstance(c, StartLook)).paced
              for n, uri in enumerate(uris[:3])]  # fmt: skip
     assert paced == [False, False, True]
     play.at(10.0)
-    paced = [next(c for c in play.feed(Subscribe(n, "resource", uri, ALICE)) if isinstance(c, Look)).paced
+    paced = [next(c for c in play.feed(Subscribe(n, "resource", uri, ALICE)) if isinstance(c, StartLook)).paced
              for n, uri in enumerate(uris[3:], 3)]  # fmt: skip
     assert paced == [False, False, True], "ten quiet seconds save up two reads, not twenty"
 
 
 def test_a_missing_resource_is_not_read_again_so_soon_by_the_same_context() -> None:
     play = book()
-    play.step(Subscribe(1, "resource", DOC, ALICE), Look(1, "resource", DOC, ALICE, paced=False))
+    play.step(Subscribe(1, "resource", DOC, ALICE), StartLook(1, "resource", DOC, ALICE, paced=False))
     play.step(Subscribe(2, "resource", DOC, ALICE_PHONE))
-    play.step(LookDone(1, 1, GONE), Answer(1, None), Answer(2, None))
+    play.step(LookDone(1, 1, GONE), Resolve(1, None), Resolve(2, None))
     assert play.engine.keys() == []
-    play.step(Subscribe(3, "resource", DOC, ALICE), Answer(3, None))
-    play.step(Subscribe(4, "resource", DOC, BOB), Look(2, "resource", DOC, BOB, paced=False))
+    play.step(Subscribe(3, "resource", DOC, ALICE), Resolve(3, None))
+    play.step(Subscribe(4, "resource", DOC, BOB), StartLook(2, "resource", DOC, BOB, paced=False))
     play.at(4.99)
-    play.step(Subscribe(5, "resource", DOC, ALICE), Answer(5, None))
+    play.step(Subscribe(5, "resource", DOC, ALICE), Resolve(5, None))
     play.at(5.0)
-    play.step(Subscribe(6, "resource", DOC, ALICE), Look(3, "resource", DOC, ALICE, paced=False))
+    play.step(Subscribe(6, "resource", DOC, ALICE), StartLook(3, "resource", DOC, ALICE, paced=False))
 
 
 def test_a_missing_resource_is_read_again_once_that_context_finds_it_or_the_list_changes() -> None:
     play = book()
     for uri in (DOC, OTHER):
         look = play.feed(Subscribe(1, "resource", uri, ALICE))[0]
-        assert isinstance(look, Look)
-        play.step(LookDone(look.look, 1, GONE), Answer(1, None))
+        assert isinstance(look, StartLook)
+        play.step(LookDone(look.look, 1, GONE), Resolve(1, None))
     found = {"result": {"contents": [{"uri": DOC, "text": "v1"}]}}
     play.step(Forwarded("resources/read", {"uri": DOC}, BOB, found, 2))  # bob's find is not alice's
-    play.step(Subscribe(2, "resource", DOC, ALICE), Answer(2, None))
+    play.step(Subscribe(2, "resource", DOC, ALICE), Resolve(2, None))
     play.step(Forwarded("resources/read", {"uri": DOC}, ALICE, found, 3))
-    play.step(Subscribe(3, "resource", DOC, ALICE), Look(3, "resource", DOC, ALICE, paced=False))
-    play.step(Subscribe(4, "resource", OTHER, ALICE), Answer(4, None))
+    play.step(Subscribe(3, "resource", DOC, ALICE), StartLook(3, "resource", DOC, ALICE, paced=False))
+    play.step(Subscribe(4, "resource", OTHER, ALICE), Resolve(4, None))
     listed = ChangeEvent(WatchKey("resources_list", None, "public"), "fp", 1, 0.0)
     play.step(ChangeHeard(listed))
-    play.step(Subscribe(5, "resource", OTHER, ALICE), Look(4, "resource", OTHER, ALICE, paced=False))
+    play.step(Subscribe(5, "resource", OTHER, ALICE), StartLook(4, "resource", OTHER, ALICE, paced=False))
 
 
 def test_a_failed_first_read_fails_each_waiter_and_leaves_nothing() -> None:
     play = book()
-    play.step(Subscribe(1, "resource", DOC, ALICE), Look(1, "resource", DOC, ALICE, paced=False))
+    play.step(Subscribe(1, "resource", DOC, ALICE), StartLook(1, "resource", DOC, ALICE, paced=False))
     play.step(Subscribe(2, "resource", DOC, ALICE_PHONE))
     play.step(LookFailed(1, DOWN), Fail(1, DOWN), Fail(2, DOWN))
     assert play.engine.keys() == [] and play.engine.looks_in_flight == 0
-    play.step(Subscribe(3, "resource", DOC, ALICE), Look(2, "resource", DOC, ALICE, paced=False))
+    play.step(Subscribe(3, "resource", DOC, ALICE), StartLook(2, "resource", DOC, ALICE, paced=False))
 
 
 def test_a_caller_that_leaves_is_dropped_from_its_first_read() -> None:
     play = book()
-    play.step(Subscribe(1, "resource", DOC, ALICE), Look(1, "resource", DOC, ALICE, paced=False))
+    play.step(Subscribe(1, "resource", DOC, ALICE), StartLook(1, "resource", DOC, ALICE, paced=False))
     play.step(Subscribe(2, "resource", DOC, ALICE_PHONE))
     play.step(Leave(1))
     watched = key("alice")
     play.step(LookDone(1, 1, V1), StartWatch(watched, V1, 1), PublishFirst(1, watched, V1.fingerprint))
-    play.step(Published(1), Track(watched), Cover(ALICE_PHONE, "resource", DOC), Answer(2, watched))
+    play.step(Published(1), Track(watched), Cover(ALICE_PHONE, "resource", DOC), Resolve(2, watched))
     assert play.engine.holders(watched) == 1
     play.step(Leave(2))  # answered already: what it holds, it releases
     assert play.engine.holders(watched) == 1
@@ -159,7 +159,7 @@ def test_a_caller_that_leaves_is_dropped_from_its_first_read() -> None:
 
 def test_a_first_read_nobody_waits_for_any_more_starts_a_watch_that_lingers() -> None:
     play = book()
-    play.step(Subscribe(1, "resource", DOC, ALICE), Look(1, "resource", DOC, ALICE, paced=False))
+    play.step(Subscribe(1, "resource", DOC, ALICE), StartLook(1, "resource", DOC, ALICE, paced=False))
     play.step(Leave(1))
     watched = key("alice")
     play.step(LookDone(1, 1, V1), StartWatch(watched, V1, 1), PublishFirst(1, watched, V1.fingerprint))
@@ -172,7 +172,7 @@ def test_a_first_read_nobody_waits_for_any_more_starts_a_watch_that_lingers() ->
 
 def test_a_failed_publish_of_a_first_look_fails_its_callers_and_the_watch_lingers() -> None:
     play = book()
-    play.step(Subscribe(1, "resource", DOC, ALICE), Look(1, "resource", DOC, ALICE, paced=False))
+    play.step(Subscribe(1, "resource", DOC, ALICE), StartLook(1, "resource", DOC, ALICE, paced=False))
     watched = key("alice")
     play.step(LookDone(1, 1, V1), StartWatch(watched, V1, 1), PublishFirst(1, watched, V1.fingerprint))
     play.step(Published(1, DOWN), Fail(1, DOWN), SetTimer(2, LINGER_S))
@@ -182,10 +182,10 @@ def test_a_public_result_is_one_watch_each_context_joins_after_its_own_read() ->
     play = book()
     public = started(play, 1, 1, ALICE, PUBLIC_V1, 1)
     # Bob has not proved he may read it: his own read first, which the public watch takes as a look.
-    play.step(Subscribe(2, "resource", DOC, BOB), Look(2, "resource", DOC, BOB, paced=False))
-    play.step(LookDone(2, 2, PUBLIC_V2), Apply(public, PUBLIC_V2, 2), Cover(BOB, "resource", DOC), Answer(2, public))
+    play.step(Subscribe(2, "resource", DOC, BOB), StartLook(2, "resource", DOC, BOB, paced=False))
+    play.step(LookDone(2, 2, PUBLIC_V2), Apply(public, PUBLIC_V2, 2), Cover(BOB, "resource", DOC), Resolve(2, public))
     # Proved: his next stream joins the watch, with a look that starts after it asked.
-    play.step(Subscribe(3, "resource", DOC, BOB), Look(3, "resource", DOC, BOB, paced=False))
+    play.step(Subscribe(3, "resource", DOC, BOB), StartLook(3, "resource", DOC, BOB, paced=False))
     assert play.engine.holders(public) == 3
 
 
@@ -195,7 +195,7 @@ def test_a_first_read_that_finds_a_lingering_watch_restarts_its_linger() -> None
     play.at(1.0)
     play.step(Release(public, "alice"), *_lingering(public, "alice", timer=2, until=1.0 + LINGER_S))
     play.at(7.0)
-    play.step(Subscribe(2, "resource", DOC, BOB), Look(3, "resource", DOC, BOB, paced=False))
+    play.step(Subscribe(2, "resource", DOC, BOB), StartLook(3, "resource", DOC, BOB, paced=False))
     play.step(Leave(2))
     play.step(LookDone(3, 2, PUBLIC_V1), Apply(public, PUBLIC_V1, 2), CancelTimer(2), SetTimer(4, 7.0 + LINGER_S))
     play.at(1.0 + LINGER_S)
@@ -208,14 +208,14 @@ def test_a_first_read_that_finds_a_lingering_watch_gives_it_to_its_callers() -> 
     play = book()
     public = started(play, 1, 1, ALICE, PUBLIC_V1, 1)
     play.step(Release(public, "alice"), *_lingering(public, "alice", timer=2, until=LINGER_S))
-    play.step(Subscribe(2, "resource", DOC, BOB), Look(3, "resource", DOC, BOB, paced=False))
+    play.step(Subscribe(2, "resource", DOC, BOB), StartLook(3, "resource", DOC, BOB, paced=False))
     play.step(
         LookDone(3, 2, PUBLIC_V1),
         Apply(public, PUBLIC_V1, 2),
         Track(public),
         CancelTimer(2),
         Cover(BOB, "resource", DOC),
-        Answer(2, public),
+        Resolve(2, public),
     )
     play.at(LINGER_S)
     play.step(TimerFired(2))

@@ -13,16 +13,16 @@ from sidecar.protocol.errors import UpstreamUnavailable
 from sidecar.watch.engine import Engine, Stage
 from sidecar.watch.engine.commands import (
     Adopt,
-    Answer,
     Apply,
     CancelTimer,
     Cover,
     Fail,
     HintWrite,
-    Look,
     PublishFirst,
+    Resolve,
     Revoke,
     SetTimer,
+    StartLook,
     StartWatch,
     StopWatch,
     Track,
@@ -69,8 +69,8 @@ DOWN = UpstreamUnavailable("scripted://upstream", "connection refused")
 def test_the_last_release_lingers_then_ends() -> None:
     play = book()
     watched = started(play, 1, 1, ALICE, V1, 1)
-    play.step(Subscribe(2, "resource", DOC, ALICE_PHONE), Look(2, "resource", DOC, ALICE_PHONE, paced=False))
-    play.step(LookDone(2, 2, V1), Apply(watched, V1, 2), Answer(2, watched))
+    play.step(Subscribe(2, "resource", DOC, ALICE_PHONE), StartLook(2, "resource", DOC, ALICE_PHONE, paced=False))
+    play.step(LookDone(2, 2, V1), Apply(watched, V1, 2), Resolve(2, watched))
     play.at(1.0)
     play.step(Release(watched, "alice"))  # another of alice's streams holds it still
     play.step(Release(watched, "alice"), Uncover("alice", "resource", DOC), Untrack(watched), SetTimer(3, 9.0))
@@ -90,12 +90,12 @@ def test_a_client_coming_back_while_it_lingers_is_answered_after_a_look_that_sta
     play.step(Release(watched, "alice"), Uncover("alice", "resource", DOC), Untrack(watched), SetTimer(2, LINGER_S))
     play.at(7.0)
     held = [Track(watched), CancelTimer(2), Cover(ALICE, "resource", DOC)]
-    play.step(Subscribe(2, "resource", DOC, ALICE), *held, Look(3, "resource", DOC, ALICE, paced=False))
-    play.step(Subscribe(3, "resource", DOC, BOB), Look(4, "resource", DOC, BOB, paced=False))  # not verified
+    play.step(Subscribe(2, "resource", DOC, ALICE), *held, StartLook(3, "resource", DOC, ALICE, paced=False))
+    play.step(Subscribe(3, "resource", DOC, BOB), StartLook(4, "resource", DOC, BOB, paced=False))  # not verified
     play.step(Subscribe(4, "resource", DOC, ALICE_PHONE))  # shares the look in flight
     play.at(LINGER_S)
     play.step(TimerFired(2))  # called off: it does not end a watch held again
-    play.step(LookDone(3, 5, V2), Apply(watched, V2, 5), Answer(2, watched), Answer(4, watched))
+    play.step(LookDone(3, 5, V2), Apply(watched, V2, 5), Resolve(2, watched), Resolve(4, watched))
     assert play.engine.holders(watched) == 2
 
 
@@ -103,47 +103,47 @@ def test_joiners_of_two_watches_at_once_each_wait_for_a_look_at_their_own() -> N
     play = book()
     doc = started(play, 1, 1, ALICE, V1, 1)
     other = key("alice", OTHER)
-    play.step(Subscribe(2, "resource", OTHER, ALICE), Look(2, "resource", OTHER, ALICE, paced=False))
+    play.step(Subscribe(2, "resource", OTHER, ALICE), StartLook(2, "resource", OTHER, ALICE, paced=False))
     play.step(LookDone(2, 2, V1), StartWatch(other, V1, 2), PublishFirst(2, other, V1.fingerprint))
-    play.step(Published(2), Track(other), Cover(ALICE, "resource", OTHER), Answer(2, other))
-    play.step(Subscribe(3, "resource", DOC, ALICE_PHONE), Look(3, "resource", DOC, ALICE_PHONE, paced=False))
-    play.step(Subscribe(4, "resource", OTHER, ALICE_PHONE), Look(4, "resource", OTHER, ALICE_PHONE, paced=False))
-    play.step(LookDone(4, 4, V2), Apply(other, V2, 4), Answer(4, other))
-    play.step(LookDone(3, 3, V1), Apply(doc, V1, 3), Answer(3, doc))
+    play.step(Published(2), Track(other), Cover(ALICE, "resource", OTHER), Resolve(2, other))
+    play.step(Subscribe(3, "resource", DOC, ALICE_PHONE), StartLook(3, "resource", DOC, ALICE_PHONE, paced=False))
+    play.step(Subscribe(4, "resource", OTHER, ALICE_PHONE), StartLook(4, "resource", OTHER, ALICE_PHONE, paced=False))
+    play.step(LookDone(4, 4, V2), Apply(other, V2, 4), Resolve(4, other))
+    play.step(LookDone(3, 3, V1), Apply(doc, V1, 3), Resolve(3, doc))
 
 
 def test_contexts_joining_a_public_watch_share_a_look_once_each_proved_access() -> None:
     play = book()
     public = started(play, 1, 1, ALICE, PUBLIC_V1, 1)
-    play.step(Subscribe(2, "resource", DOC, BOB), Look(2, "resource", DOC, BOB, paced=False))
-    play.step(LookDone(2, 2, PUBLIC_V1), Apply(public, PUBLIC_V1, 2), Cover(BOB, "resource", DOC), Answer(2, public))
-    play.step(Subscribe(3, "resource", DOC, ALICE_PHONE), Look(3, "resource", DOC, ALICE_PHONE, paced=False))
+    play.step(Subscribe(2, "resource", DOC, BOB), StartLook(2, "resource", DOC, BOB, paced=False))
+    play.step(LookDone(2, 2, PUBLIC_V1), Apply(public, PUBLIC_V1, 2), Cover(BOB, "resource", DOC), Resolve(2, public))
+    play.step(Subscribe(3, "resource", DOC, ALICE_PHONE), StartLook(3, "resource", DOC, ALICE_PHONE, paced=False))
     play.step(Subscribe(4, "resource", DOC, BOB))
-    play.step(LookDone(3, 3, PUBLIC_V1), Apply(public, PUBLIC_V1, 3), Answer(3, public), Answer(4, public))
+    play.step(LookDone(3, 3, PUBLIC_V1), Apply(public, PUBLIC_V1, 3), Resolve(3, public), Resolve(4, public))
 
 
 def test_a_joiner_whose_look_finds_the_resource_gone_gets_nothing_and_holds_nothing() -> None:
     play = book()
     watched = started(play, 1, 1, ALICE, V1, 1)
-    play.step(Subscribe(2, "resource", DOC, BOB), Look(2, "resource", DOC, BOB, paced=False))
-    play.step(LookDone(2, 2, GONE), Answer(2, None))  # bob's own first read: nothing there for him
+    play.step(Subscribe(2, "resource", DOC, BOB), StartLook(2, "resource", DOC, BOB, paced=False))
+    play.step(LookDone(2, 2, GONE), Resolve(2, None))  # bob's own first read: nothing there for him
     play.step(Release(watched, "alice"), Uncover("alice", "resource", DOC), Untrack(watched), SetTimer(3, LINGER_S))
     play.step(Subscribe(3, "resource", DOC, ALICE), Track(watched), CancelTimer(3), Cover(ALICE, "resource", DOC),
-              Look(4, "resource", DOC, ALICE, paced=False))  # fmt: skip
+              StartLook(4, "resource", DOC, ALICE, paced=False))  # fmt: skip
     play.step(
         LookDone(4, 3, GONE),
         Apply(watched, GONE, 3),
         Uncover("alice", "resource", DOC),
         Untrack(watched),
         SetTimer(5, LINGER_S),
-        Answer(3, None),
+        Resolve(3, None),
     )
 
 
 def test_a_joiner_that_leaves_or_whose_look_fails_lets_go_of_the_watch() -> None:
     play = book()
     watched = started(play, 1, 1, ALICE, V1, 1)
-    play.step(Subscribe(2, "resource", DOC, ALICE_PHONE), Look(2, "resource", DOC, ALICE_PHONE, paced=False))
+    play.step(Subscribe(2, "resource", DOC, ALICE_PHONE), StartLook(2, "resource", DOC, ALICE_PHONE, paced=False))
     play.step(Subscribe(3, "resource", DOC, ALICE))
     assert play.engine.holders(watched) == 3
     play.step(Leave(2))
@@ -157,7 +157,7 @@ def test_a_joiner_that_leaves_or_whose_look_fails_lets_go_of_the_watch() -> None
 def test_a_joiners_look_comes_back_after_its_watch_ended_and_applies_to_nothing() -> None:
     play = book()
     watched = started(play, 1, 1, ALICE, V1, 1)
-    play.step(Subscribe(2, "resource", DOC, ALICE), Look(2, "resource", DOC, ALICE, paced=False))
+    play.step(Subscribe(2, "resource", DOC, ALICE), StartLook(2, "resource", DOC, ALICE, paced=False))
     play.step(Release(watched, "alice"))
     play.step(Leave(2), Uncover("alice", "resource", DOC), Untrack(watched), SetTimer(3, LINGER_S))
     play.at(LINGER_S)
@@ -168,8 +168,8 @@ def test_a_joiners_look_comes_back_after_its_watch_ended_and_applies_to_nothing(
 def test_a_joiners_look_over_its_clients_rate_is_paced() -> None:
     play = book(rate_per_s=1)
     watched = started(play, 1, 1, ALICE, V1, 1)
-    play.step(Subscribe(2, "resource", DOC, ALICE), Look(2, "resource", DOC, ALICE, paced=True))
-    play.step(Subscribe(3, "resource", DOC, ALICE_PHONE), Look(3, "resource", DOC, ALICE_PHONE, paced=False))
+    play.step(Subscribe(2, "resource", DOC, ALICE), StartLook(2, "resource", DOC, ALICE, paced=True))
+    play.step(Subscribe(3, "resource", DOC, ALICE_PHONE), StartLook(3, "resource", DOC, ALICE_PHONE, paced=False))
     assert play.engine.holders(watched) == 3
 
 
@@ -177,20 +177,20 @@ def test_a_public_watch_is_polled_anonymously_when_it_can_and_else_with_a_holder
     play = book()
     public = started(play, 1, 1, BOB, PUBLIC_V1, 1)
     assert play.engine.poller(public) == BOB
-    play.step(Subscribe(2, "resource", DOC, ANON), Look(2, "resource", DOC, ANON, paced=False))
-    play.step(LookDone(2, 2, PUBLIC_V1), Apply(public, PUBLIC_V1, 2), Cover(ANON, "resource", DOC), Answer(2, public))
+    play.step(Subscribe(2, "resource", DOC, ANON), StartLook(2, "resource", DOC, ANON, paced=False))
+    play.step(LookDone(2, 2, PUBLIC_V1), Apply(public, PUBLIC_V1, 2), Cover(ANON, "resource", DOC), Resolve(2, public))
     assert play.engine.poller(public) == ANON
 
 
 def test_a_refused_forwarded_read_ends_that_contexts_subscriptions_and_it_must_read_again() -> None:
     play = book()
     public = started(play, 1, 1, ALICE, PUBLIC_V1, 1)
-    play.step(Subscribe(2, "resource", DOC, BOB), Look(2, "resource", DOC, BOB, paced=False))
-    play.step(LookDone(2, 2, PUBLIC_V1), Apply(public, PUBLIC_V1, 2), Cover(BOB, "resource", DOC), Answer(2, public))
+    play.step(Subscribe(2, "resource", DOC, BOB), StartLook(2, "resource", DOC, BOB, paced=False))
+    play.step(LookDone(2, 2, PUBLIC_V1), Apply(public, PUBLIC_V1, 2), Cover(BOB, "resource", DOC), Resolve(2, public))
     play.step(Refused("resources/read", {"uri": DOC}, BOB), Revoke(public, "bob"))
     play.step(Refused("resources/read", {"uri": OTHER}, BOB))
     play.step(Refused("tools/call", {"uri": DOC}, BOB))
-    play.step(Subscribe(3, "resource", DOC, BOB), Look(3, "resource", DOC, BOB, paced=False))  # a read of its own
+    play.step(Subscribe(3, "resource", DOC, BOB), StartLook(3, "resource", DOC, BOB, paced=False))  # a read of its own
     assert play.engine.holders(public) == 2
 
 
@@ -200,8 +200,8 @@ def test_a_refused_poll_concerns_only_the_context_it_was_polled_as() -> None:
     play.step(PollRefused(public))  # not polled yet: nobody to blame
     assert play.engine.poller(public) == ALICE
     play.step(PollRefused(public), Revoke(public, "alice"))
-    play.step(Subscribe(2, "resource", DOC, ALICE), Look(2, "resource", DOC, ALICE, paced=False))
-    play.step(LookDone(2, 2, PUBLIC_V1), Apply(public, PUBLIC_V1, 2), Answer(2, public))
+    play.step(Subscribe(2, "resource", DOC, ALICE), StartLook(2, "resource", DOC, ALICE, paced=False))
+    play.step(LookDone(2, 2, PUBLIC_V1), Apply(public, PUBLIC_V1, 2), Resolve(2, public))
     private = started(play, 3, 3, BOB, V1, 3)
     play.step(PollRefused(private), Revoke(private, "bob"))
     play.step(Release(private, "bob"), Uncover("bob", "resource", DOC), Untrack(private), SetTimer(4, LINGER_S))
@@ -217,7 +217,7 @@ def test_a_context_whose_poll_was_refused_holds_nothing_again_until_its_own_read
     play.step(PollRefused(public), Revoke(public, "alice"))
     play.step(Release(public, "alice"), Uncover("alice", "resource", DOC), Untrack(public), SetTimer(2, LINGER_S))
     # Not a joiner: its credential is neither kept nor polled with, nor the linger cut short, before it proves access.
-    play.step(Subscribe(2, "resource", DOC, ALICE), Look(3, "resource", DOC, ALICE, paced=False))
+    play.step(Subscribe(2, "resource", DOC, ALICE), StartLook(3, "resource", DOC, ALICE, paced=False))
     play.step(LookFailed(3, DOWN), Fail(2, DOWN))
     assert play.engine.holders(public) == 0 and play.engine.poller(public) is None
 
@@ -287,7 +287,7 @@ def test_changes_heard_on_the_bus_are_adopted_by_the_watches_here_but_first_look
 def test_a_private_result_is_watched_per_context() -> None:
     play = book()
     alices = started(play, 1, 1, ALICE, V1, 1)
-    play.step(Subscribe(2, "resource", DOC, BOB), Look(2, "resource", DOC, BOB, paced=False))
+    play.step(Subscribe(2, "resource", DOC, BOB), StartLook(2, "resource", DOC, BOB, paced=False))
     bobs = key("bob")
     assert bobs != alices and bobs.context != PUBLIC
     commands = play.feed(LookDone(2, 2, Observation("fp-bob", None, False)))

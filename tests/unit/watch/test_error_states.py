@@ -74,7 +74,7 @@ def test_two_different_errors_in_a_row_confirm_the_second_so_a_changing_message_
     play.step(Seen(V1, GONE), LookAgain())
     play.step(Seen(V1, BROKEN), Take())
     play.step(Seen(BROKEN, GONE), LookAgain())  # a new error after a confirmed one is a change to confirm
-    rule.forget()  # another replica's look was adopted meanwhile
+    rule.clear()  # another replica's look was adopted meanwhile
     play.step(Seen(V1, GONE), LookAgain())
 
 
