@@ -7,7 +7,8 @@ What is watched (`WatchKey`), the change event and the coordination contract liv
 from __future__ import annotations
 
 from sidecar.watch.fingerprint import ABSENT, fingerprint_contents, fingerprint_items
-from sidecar.watch.observe import Observation, is_not_found, observation_from_read, observe
+from sidecar.watch.observation import Observation, is_not_found, observation_from_read
+from sidecar.watch.observe import observe
 from sidecar.watch.poller import Watch
 from sidecar.watch.registry import Handle, WatchRegistry
 from sidecar.watch.schedule import Schedule

@@ -15,7 +15,8 @@ from sidecar.config import PollingConfig
 from sidecar.fair_share import FairShare
 from sidecar.identity import PUBLIC, Identity
 from sidecar.upstream.base import Upstream
-from sidecar.watch.observe import Listed, Observation, observe
+from sidecar.watch.observation import Observation
+from sidecar.watch.observe import Listed, observe
 from sidecar.watch.rules import Rules
 from sidecar.watch.tickets import Tickets
 from sidecar.watch.tool_calls import ToolCatalog

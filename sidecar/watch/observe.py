@@ -8,7 +8,6 @@ HTTP 5xx or a refusal (401/403) is a fault, raised as an UpstreamError.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from sidecar.changes import WatchKind
@@ -16,70 +15,17 @@ from sidecar.identity import Identity
 from sidecar.protocol.errors import UpstreamBadResponse, UpstreamRpcError
 from sidecar.protocol.lists import LIST_KINDS
 from sidecar.upstream.base import Upstream
-from sidecar.watch.fingerprint import (
-    ABSENT,
-    fingerprint_contents,
-    fingerprint_error,
-    fingerprint_items,
-    is_error_state,
-)
-from sidecar.watch.rules import NO_RULES, Rule, Rules
+from sidecar.watch.fingerprint import ABSENT, fingerprint_items
+from sidecar.watch.observation import Observation, error_state, is_not_found, observation_from_read, ttl_hint
+from sidecar.watch.rules import NO_RULES, Rules
 
-__all__ = ["MAX_LIST_PAGES", "Listed", "Observation", "error_state", "is_not_found", "observation_from_read", "observe"]
+__all__ = ["MAX_LIST_PAGES", "Listed", "observe"]
 
 MAX_LIST_PAGES = 100
 """A list longer than this many pages is treated as an upstream fault (a cursor that never ends)."""
 
 Listed = Callable[[list[Any], bool], None]
 """Told a list's entries, every page of it, and whether every page was public, once a look has walked it."""
-
-_NOT_FOUND_CODES = (-32602, -32002)
-_FAULT_STATUSES = (408, 429)
-"""Statuses below 500 whose JSON-RPC error still speaks of the upstream (too slow, too busy), not the resource."""
-
-
-@dataclass(frozen=True, slots=True)
-class Observation:
-    """What one look saw: the fingerprint, the upstream's freshness hint, and whether the result is public."""
-
-    fingerprint: str
-    ttl_ms: int | None
-    public: bool
-
-    @property
-    def found(self) -> bool:
-        return self.fingerprint != ABSENT
-
-    @property
-    def error(self) -> bool:
-        """The upstream answered the read with a JSON-RPC error: that error is the resource's state."""
-        return is_error_state(self.fingerprint)
-
-
-def is_not_found(error: UpstreamRpcError) -> bool:
-    return error.code in _NOT_FOUND_CODES
-
-
-def error_state(error: UpstreamRpcError) -> Observation | None:
-    """The resource's state when a reachable upstream answered its read with `error` (not a not-found); None when
-    the error came with an HTTP 5xx, 408 or 429, which stays a fault of the upstream."""
-    if error.upstream_status >= 500 or error.upstream_status in _FAULT_STATUSES:
-        return None
-    return Observation(fingerprint_error(error.code, error.error.get("message")), None, False)
-
-
-def _ttl(result: dict[str, Any]) -> int | None:
-    ttl = result.get("ttlMs")
-    return ttl if isinstance(ttl, int) and not isinstance(ttl, bool) and ttl > 0 else None
-
-
-def observation_from_read(result: dict[str, Any], rule: Rule | None = None) -> Observation:
-    """The observation a `resources/read` result gives (a forwarded read is evidence too); `rule`: the URI's
-    `polling.rules` entry, whose ignored parts do not count."""
-    contents = result.get("contents")
-    if rule is not None:
-        contents = rule.significant(contents)
-    return Observation(fingerprint_contents(contents), _ttl(result), result.get("cacheScope") == "public")
 
 
 async def observe(
@@ -137,7 +83,7 @@ async def _observe(
                 raise
             page = result.get(field)
             items.extend((method, item) for item in (page if isinstance(page, list) else []))
-            ttl = _ttl(result)
+            ttl = ttl_hint(result)
             if ttl is not None:
                 ttls.append(ttl)
             public = public and result.get("cacheScope") == "public"

@@ -41,7 +41,7 @@ from sidecar.watch.engine.polls import (
     Tighten,
     Waited,
 )
-from sidecar.watch.observe import Observation
+from sidecar.watch.observation import Observation
 from sidecar.watch.schedule import HintBudget, Schedule
 from sidecar.watch.tickets import Latest, Tickets
 

@@ -65,7 +65,7 @@ from sidecar.watch.handles import Handle
 from sidecar.watch.hint_routing import HintRouting
 from sidecar.watch.looks import Looks
 from sidecar.watch.native import NativeNotifications
-from sidecar.watch.observe import Observation
+from sidecar.watch.observation import Observation
 from sidecar.watch.poller import ObservationListener, Watch
 from sidecar.watch.rules import Rules
 from sidecar.watch.schedule import HintBudget, Schedule

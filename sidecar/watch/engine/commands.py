@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from sidecar.changes import WatchKey, WatchKind
 from sidecar.identity import Identity
-from sidecar.watch.observe import Observation
+from sidecar.watch.observation import Observation
 
 __all__ = [
     "Adopt",

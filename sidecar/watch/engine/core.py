@@ -59,7 +59,7 @@ from sidecar.watch.engine.events import (
 )
 from sidecar.watch.engine.evidence import Evidence
 from sidecar.watch.engine.record import Pending, Record, Share, Stage
-from sidecar.watch.observe import Observation
+from sidecar.watch.observation import Observation
 from sidecar.watch.rules import Rules
 
 __all__ = ["Engine"]

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from sidecar.changes import ChangeEvent, WatchKey, WatchKind
 from sidecar.identity import Identity
 from sidecar.protocol.types import JsonObject
-from sidecar.watch.observe import Observation
+from sidecar.watch.observation import Observation
 
 __all__ = [
     "ChangeHeard",

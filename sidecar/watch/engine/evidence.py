@@ -19,7 +19,7 @@ from sidecar.watch.admission import Admission
 from sidecar.watch.engine.commands import Apply, Command, HintWrite, Revoke
 from sidecar.watch.engine.record import Record
 from sidecar.watch.fingerprint import ABSENT
-from sidecar.watch.observe import Observation, observation_from_read
+from sidecar.watch.observation import Observation, observation_from_read
 from sidecar.watch.rules import Rules
 
 __all__ = ["Evidence", "teaches"]

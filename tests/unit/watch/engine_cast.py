@@ -8,7 +8,7 @@ from sidecar.watch.engine import Engine
 from sidecar.watch.engine.commands import Command, Cover, PublishFirst, Resolve, StartLook, StartWatch, Track
 from sidecar.watch.engine.events import Event, LookDone, Published, Subscribe
 from sidecar.watch.fingerprint import ABSENT
-from sidecar.watch.observe import Observation
+from sidecar.watch.observation import Observation
 from sidecar.watch.rules import Rules
 from tests.unit.watch.playbook import Playbook
 

@@ -43,7 +43,7 @@ from sidecar.watch.engine.events import (
     TimerFired,
 )
 from sidecar.watch.fingerprint import ABSENT
-from sidecar.watch.observe import Observation
+from sidecar.watch.observation import Observation
 from sidecar.watch.rules import Rules
 from tests.unit.watch.engine_cast import (
     ALICE,

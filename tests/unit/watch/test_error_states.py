@@ -21,7 +21,8 @@ from sidecar.protocol.errors import UpstreamRpcError, UpstreamUnavailable
 from sidecar.upstream.base import Upstream
 from sidecar.watch.engine.confirm import ErrorConfirmation, LookAgain, Seen, Take
 from sidecar.watch.fingerprint import ABSENT, fingerprint_contents, fingerprint_error
-from sidecar.watch.observe import Observation, observe
+from sidecar.watch.observation import Observation
+from sidecar.watch.observe import observe
 from sidecar.watch.poller import Watch
 from sidecar.watch.schedule import Schedule
 from sidecar.watch.tickets import Tickets

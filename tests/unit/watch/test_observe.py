@@ -12,7 +12,8 @@ from sidecar.identity import Identity
 from sidecar.protocol.errors import UpstreamBadResponse, UpstreamRpcError, UpstreamUnavailable
 from sidecar.upstream.base import Upstream
 from sidecar.watch.fingerprint import ABSENT, fingerprint_contents, fingerprint_items
-from sidecar.watch.observe import MAX_LIST_PAGES, Observation, is_not_found, observation_from_read, observe
+from sidecar.watch.observation import Observation, is_not_found, observation_from_read
+from sidecar.watch.observe import MAX_LIST_PAGES, observe
 from tests.unit.watch.scripted_upstream import URL, ScriptedUpstream, contents
 
 ALICE = Identity("alice", (("authorization", "Bearer a"),), client="alice-laptop")

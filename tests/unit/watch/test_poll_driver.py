@@ -18,7 +18,7 @@ from sidecar.config import PollingConfig
 from sidecar.observability.metrics import Metrics
 from sidecar.protocol.errors import UpstreamUnavailable
 from sidecar.watch.budget import ReadBudget
-from sidecar.watch.observe import Observation
+from sidecar.watch.observation import Observation
 from sidecar.watch.poller import Watch
 from sidecar.watch.schedule import HintBudget, Schedule
 from sidecar.watch.tickets import Tickets

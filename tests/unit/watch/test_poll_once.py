@@ -23,7 +23,7 @@ from sidecar.protocol.errors import UpstreamBadResponse, UpstreamError, Upstream
 from sidecar.watch import poller
 from sidecar.watch.clock import Timer
 from sidecar.watch.engine.polls import LogLimiter
-from sidecar.watch.observe import Observation
+from sidecar.watch.observation import Observation
 from sidecar.watch.poller import Watch
 from tests.unit.watch.watches import make_watch
 

@@ -13,7 +13,7 @@ import pytest
 from sidecar.changes import ChangeEvent, WatchKey
 from sidecar.config import PollingConfig
 from sidecar.watch.engine.polls import LogLimiter
-from sidecar.watch.observe import Observation
+from sidecar.watch.observation import Observation
 from sidecar.watch.poller import Watch
 from sidecar.watch.schedule import Schedule
 from sidecar.watch.tickets import Tickets

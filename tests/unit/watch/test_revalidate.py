@@ -17,7 +17,7 @@ from sidecar.changes import ChangeEvent, LocalCoordinator, WatchKey
 from sidecar.config import PollingConfig
 from sidecar.observability.metrics import Metrics
 from sidecar.observability.tracing import MAX_LINKS, Tracing, install
-from sidecar.watch.observe import Observation
+from sidecar.watch.observation import Observation
 from sidecar.watch.poller import Watch
 from sidecar.watch.revalidate import Revalidator
 from sidecar.watch.schedule import Schedule

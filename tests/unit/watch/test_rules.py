@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from sidecar.config.polling_rules import PollingRule
-from sidecar.watch.observe import observation_from_read
+from sidecar.watch.observation import observation_from_read
 from sidecar.watch.rules import NO_RULES, Rule, Rules
 
 

@@ -35,7 +35,7 @@ from sidecar.watch.engine.polls import (
     PollPlan,
     Waited,
 )
-from sidecar.watch.observe import Observation
+from sidecar.watch.observation import Observation
 from sidecar.watch.poller import Watch
 from sidecar.watch.schedule import HintBudget, Schedule
 from sidecar.watch.tickets import Tickets

@@ -11,7 +11,7 @@ from sidecar.config import PollingConfig
 from sidecar.observability.metrics import Metrics
 from sidecar.protocol.errors import UpstreamHTTPError
 from sidecar.watch.clock import LOOP_CLOCK, Clock
-from sidecar.watch.observe import Observation
+from sidecar.watch.observation import Observation
 from sidecar.watch.poller import ObservationListener, Reader, Sink, Watch
 from sidecar.watch.schedule import Schedule
 from sidecar.watch.tickets import Tickets
