@@ -120,6 +120,10 @@ class OpenNotifications(Look, Protocol):
     @property
     def info(self) -> UpstreamInfo | None: ...
 
+    async def ensure_info(self, identity: Identity = ANONYMOUS_IDENTITY) -> UpstreamInfo:
+        """The era and capabilities (which say how to open the stream), probed as `identity` when not known yet."""
+        ...
+
     def open_notifications(
         self, identity: Identity, wanted: JsonObject
     ) -> contextlib.AbstractAsyncContextManager[AsyncIterator[JsonObject]]:

@@ -14,7 +14,7 @@ from sidecar.changes import WatchKind
 from sidecar.config import PollingConfig
 from sidecar.fair_share import FairShare
 from sidecar.identity import PUBLIC, Identity
-from sidecar.upstream.base import Upstream
+from sidecar.upstream.base import Look
 from sidecar.watch.observation import Observation
 from sidecar.watch.observe import Listed, observe
 from sidecar.watch.rules import Rules
@@ -29,7 +29,7 @@ class Looks:
 
     def __init__(
         self,
-        upstream: Upstream,
+        upstream: Look,
         config: PollingConfig,
         fair_share: FairShare,
         rules: Rules,

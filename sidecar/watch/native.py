@@ -35,7 +35,7 @@ from sidecar.protocol.constants import RESOURCE_UPDATED_METHOD
 from sidecar.protocol.lists import LIST_KIND_OF_NOTIFICATION
 from sidecar.protocol.types import JsonObject
 from sidecar.tasks import TaskSet
-from sidecar.upstream.base import NotificationSource, Upstream
+from sidecar.upstream.base import NotificationSource, OpenNotifications
 from sidecar.watch.clock import LOOP_CLOCK, Clock
 from sidecar.watch.native_stream import FILTER_FIELDS, NativeStream, capability
 from sidecar.watch.poller import Watch
@@ -50,7 +50,7 @@ class NativeNotifications:
 
     def __init__(
         self,
-        upstream: Upstream,
+        upstream: OpenNotifications,
         config: PollingConfig,
         metrics: Metrics,
         *,

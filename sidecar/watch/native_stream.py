@@ -17,7 +17,7 @@ from sidecar.protocol.constants import RESOURCE_UPDATED_METHOD
 from sidecar.protocol.errors import UpstreamError, UpstreamHTTPError, UpstreamRpcError
 from sidecar.protocol.lists import LIST_KIND_OF_NOTIFICATION, LIST_KINDS
 from sidecar.protocol.types import JsonObject
-from sidecar.upstream.base import Upstream
+from sidecar.upstream.base import OpenNotifications
 from sidecar.watch.clock import Clock, sleep, within
 
 __all__ = ["FILTER_FIELDS", "NativeStream", "StreamOwner", "capability"]
@@ -48,7 +48,7 @@ class StreamOwner(Protocol):
     """What a stream needs of the streams' owner (`NativeNotifications`): the upstream and its clock, and where
     what it hears and covers goes."""
 
-    upstream: Upstream
+    upstream: OpenNotifications
     clock: Clock
     unsupported: bool
 

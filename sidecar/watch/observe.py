@@ -14,7 +14,7 @@ from sidecar.changes import WatchKind
 from sidecar.identity import Identity
 from sidecar.protocol.errors import UpstreamBadResponse, UpstreamRpcError
 from sidecar.protocol.lists import LIST_KINDS
-from sidecar.upstream.base import Upstream
+from sidecar.upstream.base import Look
 from sidecar.watch.fingerprint import ABSENT, fingerprint_items
 from sidecar.watch.observation import Observation, error_state, is_not_found, observation_from_read, ttl_hint
 from sidecar.watch.rules import NO_RULES, Rules
@@ -29,7 +29,7 @@ Listed = Callable[[list[Any], bool], None]
 
 
 async def observe(
-    upstream: Upstream,
+    upstream: Look,
     kind: WatchKind,
     uri: str | None,
     identity: Identity,
@@ -48,7 +48,7 @@ async def observe(
 
 
 async def _observe(
-    upstream: Upstream,
+    upstream: Look,
     kind: WatchKind,
     uri: str | None,
     identity: Identity,

@@ -23,7 +23,7 @@ from sidecar.observability.metrics import Metrics
 from sidecar.protocol.errors import UpstreamHTTPError
 from sidecar.protocol.types import JsonObject
 from sidecar.tasks import TaskSet
-from sidecar.upstream.base import Upstream
+from sidecar.upstream.base import Watched
 from sidecar.watch.budget import ReadBudget
 from sidecar.watch.clock import LOOP_CLOCK, Clock, Timer
 from sidecar.watch.engine import Engine, Stage
@@ -87,7 +87,7 @@ class WatchRegistry:
 
     def __init__(
         self,
-        upstream: Upstream,
+        upstream: Watched,
         config: PollingConfig,
         bus: Bus,
         metrics: Metrics,
