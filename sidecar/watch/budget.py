@@ -5,19 +5,22 @@ The slots are the guarantee: polls are spaced at least 1/budget seconds apart, s
 than the budget (plus the one poll on its edge). The allocation is what keeps the wait for a slot short and
 spends the budget where changes are. On replicas the budget is the fleet's: this replica's share is the budget
 over the live replicas it knows, and it allocates among the keys it polls.
+
+It reads no clock and sets no metric: the time comes with each call, and what a caller shows (the share it
+reports, the waits for slots) the caller sets. A key whose interval an allocation shortens is not re-armed from
+inside it (the allocation runs while a watch's plan asks for its own interval): the budget names it, and the
+driver tightens it once that plan's step is over (`take_tightened`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Hashable, Iterable
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 from sidecar.changes import WatchKey
 from sidecar.config import PollingConfig
-from sidecar.observability.metrics import Metrics
 from sidecar.watch.allocator import ChangeRate, Demand, allocate
-from sidecar.watch.clock import Clock
 
 __all__ = ["Budgeted", "ReadBudget"]
 
@@ -43,25 +46,22 @@ class Budgeted(Protocol):
     @property
     def wanted_ms(self) -> float: ...
 
-    def tighten(self) -> None: ...
+
+W = TypeVar("W", bound=Budgeted)
 
 
-class ReadBudget:
+class ReadBudget(Generic[W]):
     """This replica's share of the upstream's read budget: slots for polls, and intervals for keys."""
 
     def __init__(
         self,
         config: PollingConfig,
-        metrics: Metrics,
-        clock: Clock,
         *,
-        watches: Callable[[], Iterable[Budgeted]],
+        watches: Callable[[], Iterable[W]],
         may_poll: Callable[[WatchKey], bool],
         replicas: Callable[[], int] = lambda: 1,
     ) -> None:
         self._config = config
-        self._metrics = metrics
-        self._clock = clock
         self._watches = watches
         self._may_poll = may_poll
         self._replicas = replicas
@@ -71,7 +71,10 @@ class ReadBudget:
         self._next_slot = -math.inf
         self._hinted = 0.0
         """Hinted polls a second, decaying: the allocation leaves them room."""
-        self._hinted_at = clock.now()
+        self._hinted_at = -math.inf
+        """When `_hinted` was last decayed (none yet: from minus infinity, nothing is left of the none there was)."""
+        self._tightened: list[W] = []
+        """Keys the last allocations gave a much shorter interval, for the driver to re-arm (`take_tightened`)."""
 
     @property
     def enabled(self) -> bool:
@@ -84,7 +87,6 @@ class ReadBudget:
     def slot(self, earliest: float, *, hinted: bool) -> float:
         """When a poll wanted at `earliest` may start: the next free slot, which it takes."""
         per_s = self.per_s()
-        self._metrics.read_budget.set(per_s)
         if hinted:
             self._decay_hinted(earliest)
             self._hinted += math.log(2) / _HINTED_HALF_LIFE_S
@@ -107,9 +109,9 @@ class ReadBudget:
         self._rates.pop(key, None)
         self._intervals.pop(key, None)
 
-    def interval_ms(self, watch: Budgeted) -> float:
-        """The interval `watch` is given under the budget (its wanted one while the budget covers everyone)."""
-        now = self._clock.now()
+    def interval_ms(self, watch: W, now: float) -> float:
+        """The interval `watch` is given under the budget at `now` (its wanted one while the budget covers
+        everyone)."""
         if now - self._allocated_at >= _REALLOCATE_S or watch.key not in self._intervals:
             self._allocate(now)
         interval_s = self._intervals.get(watch.key)
@@ -140,4 +142,9 @@ class ReadBudget:
         for watch in polled:
             before = previous.get(watch.key)
             if before is not None and self._intervals[watch.key] < before * _TIGHTER:
-                watch.tighten()  # armed for the longer interval: its next poll comes sooner now
+                self._tightened.append(watch)  # armed for the longer interval: its next poll comes sooner now
+
+    def take_tightened(self) -> list[W]:
+        """The watches whose interval the allocations since the last call shortened (each to re-arm, once)."""
+        tightened, self._tightened = self._tightened, []
+        return tightened

@@ -102,7 +102,7 @@ class Watch:
         budget: HintBudget | None = None,
         clock: Clock = LOOP_CLOCK,
         rule_interval_ms: int | None = None,
-        reads: ReadBudget | None = None,
+        reads: ReadBudget[Watch] | None = None,
         holders: Callable[[WatchKey], int] = lambda key: 0,
     ) -> None:
         self.key = key
@@ -133,7 +133,7 @@ class Watch:
         self._reads = reads if reads is not None and reads.enabled else None
         self._clock = clock
         self._coordinator: PollCoordinator = coordinator or LocalCoordinator()
-        self._plan = PollPlan(schedule, interval=lambda: self.interval_s, budget=budget, started=clock.now())
+        self._plan = PollPlan(schedule, interval=self.interval_at, budget=budget, started=clock.now())
         self._timer: Timer | None = None
         self._timer_id = 0
         self._task: asyncio.Task[None] | None = None
@@ -161,8 +161,13 @@ class Watch:
 
     @property
     def interval_s(self) -> float:
+        """Its regular interval now (jittered, under the read budget)."""
+        return self.interval_at(self._clock.now())
+
+    def interval_at(self, now: float) -> float:
+        """Its regular interval at `now` (the plan asks with the time of the event it handles)."""
         if self._reads is not None:
-            return self._schedule.budgeted_s(self._reads.interval_ms(self))
+            return self._schedule.budgeted_s(self._reads.interval_ms(self, now))
         if self.native:
             return self._schedule.backstop_s(self.ttl_ms, self.rule_interval_ms)
         return self._schedule.interval_s(self.ttl_ms, self.rule_interval_ms)
@@ -267,6 +272,11 @@ class Watch:
                 self._metrics.queue_wait.labels(command.limit).observe(command.seconds)
             elif isinstance(command, Interval):
                 self._metrics.poll_interval.observe(command.seconds)
+        if self._reads is not None:
+            # The plan's step is over: the watches an allocation made during it shortened are re-armed now (this
+            # one too), not from inside the allocation.
+            for watch in self._reads.take_tightened():
+                watch.tighten()
 
     def _fire(self) -> None:
         self._timer = None
@@ -295,6 +305,7 @@ class Watch:
         assert self._reads is not None
         now = self._clock.now()
         slot = self._reads.slot(now, hinted=hinted)
+        self._metrics.read_budget.set(self._reads.per_s())
         if slot <= now:
             return False
         self._metrics.queue_wait.labels("read_budget").observe(slot - now)

@@ -107,9 +107,7 @@ class WatchRegistry:
         """Every watch's: intervals, backoff, and how long a hint keeps a watch warm (`hints.settle_ms`)."""
         self._budget = HintBudget(config.max_hinted_polls_per_s)
         self._rules = Rules(config.rules)
-        self._reads = ReadBudget(
-            config, metrics, clock, watches=self.watches, may_poll=self._coordinator.may_poll, replicas=replicas
-        )
+        self._reads = ReadBudget(config, watches=self.watches, may_poll=self._coordinator.may_poll, replicas=replicas)
         catalog = ToolCatalog()
         self._tool_calls = ToolCalls(tool_rules, catalog, metrics)
         """Which tool calls may write (`revalidate.tools`, and the tools lists the looks and forwarded answers show)."""

@@ -130,7 +130,7 @@ PollCommand = SetTimer | CancelTimer | Poll | Waited | Interval
 
 
 class PollPlan:
-    """One watch's poll schedule. `interval` says its regular interval now (jittered, under the read budget);
+    """One watch's poll schedule. `interval` says its regular interval at a time (jittered, under the read budget);
     `budget`, shared by every watch of one upstream, spaces hinted polls."""
 
     __slots__ = (
@@ -153,7 +153,7 @@ class PollPlan:
     )
 
     def __init__(
-        self, schedule: Schedule, *, interval: Callable[[], float], budget: HintBudget | None, started: float
+        self, schedule: Schedule, *, interval: Callable[[float], float], budget: HintBudget | None, started: float
     ) -> None:
         self._schedule = schedule
         self._interval = interval
@@ -187,7 +187,7 @@ class PollPlan:
         """What `event`, which happened at `now`, asks for."""
         commands: list[PollCommand] = []
         if isinstance(event, Begin):
-            self._arm(self.last_start + self._interval(), commands)
+            self._arm(self.last_start + self._interval(now), commands)
         elif isinstance(event, Hint):
             if event.warm and self._schedule.settle_s > 0 and not self.stopped:
                 self._warm_from = now  # a hint in a warm schedule restarts it: one schedule per burst
@@ -237,8 +237,7 @@ class PollPlan:
 
     def _tighten(self, now: float, commands: list[PollCommand]) -> None:
         if self.tightenable:
-            due = max(self.last_start + self._interval(), now)
-            # Read after the interval: asking for it may have re-armed this very plan (the budget tightens all).
+            due = max(self.last_start + self._interval(now), now)
             if self._timer is not None and due < self._timer_when:
                 self._arm(due, commands)
 
@@ -249,7 +248,7 @@ class PollPlan:
         if self.errors:
             delay = self._schedule.backoff_s(self.errors)
         else:
-            delay = self._interval()
+            delay = self._interval(now)
             commands.append(Interval(delay))
         hinted, self._hinted = self._hinted and not self.errors, False
         self._arm(self.last_start + delay, commands)

@@ -243,7 +243,7 @@ def _budgeted(clock: ManualClock, upstream: Upstream, metrics: Metrics) -> list[
     are due at 2 s)."""
     config = CONFIG.model_copy(update={"max_reads_per_s": 1, "jitter": 0.0})
     watches: list[Watch] = []
-    reads = ReadBudget(config, metrics, clock, watches=lambda: watches, may_poll=lambda key: True)
+    reads = ReadBudget(config, watches=lambda: watches, may_poll=lambda key: True)
     schedule = Schedule(config)
     for n in range(2):
         watches.append(_watch(clock, upstream, [], metrics=metrics, uri=f"x://{n}", schedule=schedule, reads=reads))
@@ -264,6 +264,8 @@ async def test_a_poll_over_the_read_budget_waits_for_its_slot_and_only_that_wait
     labels = {"limit": "read_budget"}
     assert metrics.registry.get_sample_value("mcp_sidecar_queue_wait_seconds_count", labels) == 1
     assert metrics.registry.get_sample_value("mcp_sidecar_queue_wait_seconds_sum", labels) == pytest.approx(1.0)
+    assert metrics.registry.get_sample_value("mcp_sidecar_read_budget_per_second") == 1, "the share it polls under"
+    assert metrics.registry.get_sample_value("mcp_sidecar_read_budget_per_second") == 1, "the share it polls under"
     armed = clock.armed
     assert clock.advance(1.0) == 1
     await clock.until_armed(armed + 1, "the second poll, in its slot a second later")

@@ -59,7 +59,7 @@ def _book(
     """A watch whose baseline was read at 0 and whose interval is its ttlMs (2 s) jittered, or `interval[0]`."""
     used = schedule or _midpoint()
 
-    def wanted() -> float:
+    def wanted(now: float) -> float:
         return interval[0] if interval else used.interval_s(TTL_MS)
 
     return Book(PollPlan(used, interval=wanted, budget=budget, started=0.0))
@@ -88,7 +88,7 @@ def test_polls_once_per_interval_from_the_baseline() -> None:
 
 @pytest.mark.invariant(9)
 def test_failures_back_off_exponentially_then_the_interval_returns() -> None:
-    plan = PollPlan(_midpoint(), interval=lambda: 2.0, budget=None, started=0.0)
+    plan = PollPlan(_midpoint(), interval=lambda now: 2.0, budget=None, started=0.0)
     play = Book(plan)
     play.step(Begin(), SetTimer(1, 2.0))
     when, armed = 2.0, []

@@ -70,7 +70,7 @@ class Run:
         budget: HintBudget | None = None,
     ) -> None:
         schedule = Schedule(config, rand=lambda: 0.5, settle_ms=settle_ms)
-        self.play = Book(PollPlan(schedule, interval=lambda: INTERVAL_S, budget=budget, started=0.0))
+        self.play = Book(PollPlan(schedule, interval=lambda now: INTERVAL_S, budget=budget, started=0.0))
         self.armed: dict[int, float] = {}
         self.polls: list[float] = []
         self.waited: list[Waited] = []
@@ -304,7 +304,7 @@ async def test_warm_looks_wait_for_their_slots_of_the_read_budget() -> None:
     config = CONFIG.model_copy(update={"max_reads_per_s": 2, "jitter": 0.0})
     metrics = Metrics()
     watches: list[Watch] = []
-    reads = ReadBudget(config, metrics, clock, watches=lambda: watches, may_poll=lambda key: True)
+    reads = ReadBudget(config, watches=lambda: watches, may_poll=lambda key: True)
     schedule = Schedule(config, rand=lambda: 0.5, settle_ms=SETTLE_MS)
     watches.append(_watch(clock, source, [], schedule=schedule, reads=reads, metrics=metrics))
     clock.advance_to(HINT_AT)
