@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-from tests.integration.bad_input_cases import ACCEPTED, BODY_LIMIT, READ, REJECTED, Case, HeaderList, hdrs, req
+from tests.integration.input.bad_input_cases import ACCEPTED, BODY_LIMIT, READ, REJECTED, Case, HeaderList, hdrs, req
 from tests.kit import META, Sidecar, rpc, serve_sidecar
 from tests.peers import Upstream, start_upstream
 
