@@ -6,8 +6,9 @@ context's streams, on every replica (4). A change made while the upstream was do
 it answers again, the streams on both kept open meanwhile (14). The read budget is the fleet's: two replicas
 polling keys of their own stay within it together, counted by the upstream (21). A source hint given to one
 replica is announced over Redis, and the replica polling the hinted watch looks; only a look that sees different
-content notifies anyone (22). Their one-process twins are in tests/integration/test_invariant_paths_sessions.py,
-test_listen.py, test_read_budget.py and test_invariant_paths_hints.py.
+content notifies anyone (22). Their one-process twins are in tests/integration:
+invariants/test_invariant_paths_sessions.py, listen/test_listen.py, polling/test_read_budget.py and
+invariants/test_invariant_paths_hints.py.
 
 Real redis-server, two `mcp-sidecar run` processes, the SDK shop upstream (which counts the reads it answers).
 """
