@@ -136,15 +136,14 @@ class OpenNotifications(Look, Protocol):
 class Watched(OpenNotifications, Protocol):
     """What the watch engine holds: its looks, the upstream's notifications, and the word that it answers again."""
 
-    on_recovered: Callable[[], None] | None
-    """Called when the upstream answers again after being unreachable (every failing watch re-reads then)."""
+    def add_recovery_listener(self, listener: Callable[[], None]) -> Callable[[], None]:
+        """Tell `listener` each time the upstream can be used again after being unreachable or unusable (every
+        failing watch re-reads then); returns an idempotent remover."""
+        ...
 
 
 class Health(Protocol):
     """Whether the upstream can be used now, and why not."""
-
-    on_recovered: Callable[[], None] | None
-    """Called when the upstream answers again after being unreachable (every failing watch re-reads then)."""
 
     @property
     def url(self) -> str: ...

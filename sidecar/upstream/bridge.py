@@ -81,13 +81,8 @@ class UpstreamBridge:
     def retry_in_s(self) -> float | None:
         return self._reach.retry_in_s
 
-    @property
-    def on_recovered(self) -> Callable[[], None] | None:
-        return self._reach.on_recovered
-
-    @on_recovered.setter
-    def on_recovered(self, callback: Callable[[], None] | None) -> None:
-        self._reach.on_recovered = callback
+    def add_recovery_listener(self, listener: Callable[[], None]) -> Callable[[], None]:
+        return self._reach.add_recovery_listener(listener)
 
     async def reached(self) -> UpstreamInfo:
         return await self._reach.reached()

@@ -4,9 +4,9 @@ timed.
 
 Two legs tell it differently. Over HTTP every exchange does (`follows_exchanges`): any answer means up, a
 transport failure means down; while down the sidecar asks again on its own, at the pace of `Outage` (which also
-says what the log says), so recovery is noticed, and told to `on_recovered`, without waiting for a client or a
+says what the log says), so recovery is noticed, and told to its recovery listeners, without waiting for a client or a
 readiness probe. Unusable is never a resting state either: while the upstream answers but cannot be used, it is
-asked again at the same backed-off pace (a fresh session each time). `on_recovered` is told once the upstream is
+asked again at the same backed-off pace (a fresh session each time). Recovery is told once the upstream is
 both reachable and usable again, so every watch looks again when its look can succeed (a look spent on an upstream
 that came back unusable would leave the watch waiting out its backoff).
 
@@ -57,8 +57,8 @@ class Reachability:
         """The upstream refused an anonymous probe with 401/403: it works, and needs client credentials."""
         self.heard_at = 0.0
         """When the upstream last answered (monotonic): readiness trusts it for READY_FRESH_S."""
-        self.on_recovered: Callable[[], None] | None = None
-        """Called when the upstream can be used again after being unreachable or unusable."""
+        self._recovery_listeners: dict[object, Callable[[], None]] = {}
+        """Told when the upstream can be used again after being unreachable or unusable (`add_recovery_listener`)."""
         self.retry: Callable[[], Awaitable[None]] | None = None
         """One exchange with the upstream over the network, tried at the outage's pace while it is down (and
         while it is unusable)."""
@@ -70,7 +70,7 @@ class Reachability:
         self._retrying_unusable: asyncio.Task[None] | None = None
         self._probing: asyncio.Task[None] | None = None
         self._recovery_due = False
-        """An outage ended while the upstream's era was not known again: `on_recovered` waits until it is usable."""
+        """An outage ended while the upstream's era was not known again: recovery is told once it is usable."""
         self._changed = asyncio.Event()
         self._series_cache: dict[tuple[str, str], tuple[Any, Any]] = {}
 
@@ -149,8 +149,7 @@ class Reachability:
         self._know(info)
         if again:
             logger.info("upstream reachable again", extra={"upstream": self.url})
-            if self.on_recovered is not None:
-                self.on_recovered()
+            self._tell_recovered()
 
     def not_answering(self, reason: str, *, down: bool) -> None:
         """The child is not ready (`down`: ended, waiting to be started again; else starting or closing)."""
@@ -229,8 +228,21 @@ class Reachability:
 
     def _recovered(self) -> None:
         self._recovery_due = False
-        if self.on_recovered is not None:
-            self.on_recovered()  # every watch that failed meanwhile looks again now
+        self._tell_recovered()  # every watch that failed meanwhile looks again now
+
+    def add_recovery_listener(self, listener: Callable[[], None]) -> Callable[[], None]:
+        """Tell `listener` each time the upstream can be used again; returns an idempotent remover."""
+        token = object()  # the same function may be added twice, and removed once per adding
+        self._recovery_listeners[token] = listener
+
+        def remove() -> None:
+            self._recovery_listeners.pop(token, None)
+
+        return remove
+
+    def _tell_recovered(self) -> None:
+        for listener in list(self._recovery_listeners.values()):
+            listener()
 
     async def _retry_while_down(self, retry: Callable[[], Awaitable[None]]) -> None:
         try:

@@ -131,7 +131,7 @@ class WatchRegistry:
         self._native = NativeNotifications(
             upstream, config, metrics, watch_of=self._watches.get, watches=self.watches, clock=self._clock
         )
-        upstream.on_recovered = self._upstream_recovered
+        self._stop_hearing_recovery = upstream.add_recovery_listener(self._upstream_recovered)
         self._unsubscribe = bus.subscribe(self._on_change)
         self._hints = HintRouting(
             self.watches,
@@ -366,6 +366,7 @@ class WatchRegistry:
 
     async def aclose(self) -> None:
         self._unsubscribe()
+        self._stop_hearing_recovery()
         await self._native.aclose()
         self._hints.cancel()
         inflight = list(self._inflight)

@@ -29,7 +29,7 @@ class ScriptedUpstream:
     """Resources by URI (or by URI and context), list pages by method, failures and a gate the test holds."""
 
     def __init__(self) -> None:
-        self.on_recovered: Callable[[], None] | None = None
+        self.recovery_listeners: list[Callable[[], None]] = []
         self.info: Any = None
         self.resources: dict[str, JsonObject] = {}
         self.private: dict[tuple[str, str], JsonObject] = {}
@@ -56,6 +56,10 @@ class ScriptedUpstream:
     async def ensure_info(self, identity: Identity) -> Any:
         """The era and capabilities the test set (`info`)."""
         return self.info
+
+    def add_recovery_listener(self, listener: Callable[[], None]) -> Callable[[], None]:
+        self.recovery_listeners.append(listener)
+        return lambda: self.recovery_listeners.remove(listener) if listener in self.recovery_listeners else None
 
     def reads(self, uri: str) -> list[str]:
         """The contexts that read `uri`, in order."""

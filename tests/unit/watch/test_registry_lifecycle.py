@@ -209,8 +209,8 @@ async def test_every_failing_watch_reads_again_as_soon_as_the_upstream_is_back(w
     await world.step(5.0, looks=1)
     world.upstream.failure = None
     world.upstream.resources[DOC] = contents(DOC, "v2")
-    assert world.upstream.on_recovered is not None
-    world.upstream.on_recovered()
+    [recovered] = world.upstream.recovery_listeners
+    recovered()
     await world.step(0.3, looks=1)
     assert len(world.upstream.reads(DOC)) == 3, "not after its backoff: now"
     assert world.changes() == [(WatchKey("resource", DOC, "alice"), fp(DOC, "v2"))]
