@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from sidecar.backoff import Backoff
+from sidecar.listeners import Listeners
 from sidecar.observability.metrics import Metrics, method_label
 from sidecar.protocol.errors import UpstreamError, UpstreamHTTPError
 from sidecar.upstream.answers import UpstreamInfo
@@ -57,7 +58,7 @@ class Reachability:
         """The upstream refused an anonymous probe with 401/403: it works, and needs client credentials."""
         self.heard_at = 0.0
         """When the upstream last answered (monotonic): readiness trusts it for READY_FRESH_S."""
-        self._recovery_listeners: dict[object, Callable[[], None]] = {}
+        self._recovery_listeners: Listeners[Callable[[], None]] = Listeners()
         """Told when the upstream can be used again after being unreachable or unusable (`add_recovery_listener`)."""
         self.retry: Callable[[], Awaitable[None]] | None = None
         """One exchange with the upstream over the network, tried at the outage's pace while it is down (and
@@ -232,16 +233,10 @@ class Reachability:
 
     def add_recovery_listener(self, listener: Callable[[], None]) -> Callable[[], None]:
         """Tell `listener` each time the upstream can be used again; returns an idempotent remover."""
-        token = object()  # the same function may be added twice, and removed once per adding
-        self._recovery_listeners[token] = listener
-
-        def remove() -> None:
-            self._recovery_listeners.pop(token, None)
-
-        return remove
+        return self._recovery_listeners.add(listener)
 
     def _tell_recovered(self) -> None:
-        for listener in list(self._recovery_listeners.values()):
+        for listener in self._recovery_listeners:
             listener()
 
     async def _retry_while_down(self, retry: Callable[[], Awaitable[None]]) -> None:

@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 from sidecar.backoff import Backoff
 from sidecar.config import UpstreamConfig
+from sidecar.listeners import Listeners
 from sidecar.observability.metrics import Metrics
 from sidecar.protocol.errors import ShuttingDown, UpstreamBusy, UpstreamError, UpstreamTimeout, UpstreamUnavailable
 from sidecar.protocol.types import JsonObject
@@ -87,7 +88,7 @@ class StdioSupervisor:
         self._env: dict[str, str] = {}
         self._probe: asyncio.Task[bool] | None = None
         self._runner: asyncio.Task[None] | None = None
-        self._listeners: dict[object, NotificationListener] = {}
+        self._listeners: Listeners[NotificationListener] = Listeners()
         self._aborted = False
         self._terminations = TaskSet("ending a stdio server failed", logger)
 
@@ -137,13 +138,7 @@ class StdioSupervisor:
         raise UpstreamUnavailable(self.label, self.reason or "the stdio server is not running")
 
     def add_listener(self, listener: NotificationListener) -> Callable[[], None]:
-        token = object()  # the same function may be added twice, and removed once per adding
-        self._listeners[token] = listener
-
-        def remove() -> None:
-            self._listeners.pop(token, None)
-
-        return remove
+        return self._listeners.add(listener)
 
     # -- liveness ------------------------------------------------------------------------------------------
 
@@ -323,7 +318,7 @@ class StdioSupervisor:
         return self.child.pid if self.child is not None else None
 
     def _notify(self, message: JsonObject) -> None:
-        for listener in list(self._listeners.values()):
+        for listener in self._listeners:
             try:
                 listener(message)
             except Exception:  # boundary: one listener's bug must not keep the message from the others
