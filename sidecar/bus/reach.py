@@ -252,10 +252,9 @@ class Reach:
     async def _check_then_move(self) -> None:
         assert self._upstream is not None
         try:
-            try:
-                reads = await asyncio.wait_for(self._upstream.answers_now(), self._lease_s)
-            except TimeoutError:
-                reads = False
+            reads = await asyncio.wait_for(self._upstream.answers_now(), self._lease_s)
+        except TimeoutError:
+            reads = False
         finally:
             self._checking = False
         if reads:
