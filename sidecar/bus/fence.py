@@ -6,13 +6,13 @@ change told while this replica was not listening is caught up from the key's sto
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 from sidecar.bus.connect import REDIS_FAILURES, Op
 from sidecar.bus.keys import TrackedKeys
 from sidecar.bus.layout import encode_event, key_hash, stored_generation, text
 from sidecar.bus.link import Link
+from sidecar.bus.machine import Adopt, BusCommand, BusMachine, Decide, Fenced, FenceRefused, Poll, Republish, StoredRead
 from sidecar.bus.memory import MemoryBus
 from sidecar.changes import ChangeEvent, WatchKey, WatchState
 from sidecar.observability.metrics import Metrics
@@ -26,15 +26,18 @@ STATE_TTL_MS = 24 * 3600 * 1000
 
 
 class Fence:
-    """Each tracked key's latest generation (as stored in Redis) known here, and the changes not yet published."""
+    """The fenced publish and the catch-up, made as the bus's machine decides (it knows each tracked key's latest
+    generation), and the changes not yet published."""
 
-    def __init__(self, link: Link, keys: TrackedKeys, local: MemoryBus, metrics: Metrics) -> None:
+    def __init__(
+        self, link: Link, keys: TrackedKeys, local: MemoryBus, metrics: Metrics, machine: BusMachine, decide: Decide
+    ) -> None:
         self._link = link
         self._keys = keys
         self._local = local
         self._metrics = metrics
-        self._generation: dict[WatchKey, int] = {}
-        """The latest generation (as stored in Redis) of each tracked key this replica knows of (the publish fence)."""
+        self._machine = machine
+        self._decide = decide
         self._unpublished: dict[WatchKey, ChangeEvent] = {}
         """Changes told here whose publishing failed (the latest per key): published when Redis answers again,
         so the other replicas' streams are told too."""
@@ -100,30 +103,22 @@ class Fence:
         layout = self._link.layout
         await self._publish_fenced(event, layout.state_of(event.key), layout.channel_of(event.key), fresh=False)
 
-    def heard(self, event: ChangeEvent) -> None:
-        """Another replica's change of a tracked key was read: its generation is known here."""
-        self._generation[event.key] = max(event.generation, self._generation.get(event.key, 0))
-
-    def known(self, key: WatchKey) -> int:
-        return self._generation.get(key, 0)
-
-    def keep(self, key: WatchKey, watch: WatchState, stored: int) -> bool:
-        """The stored generation is known here, while `watch` still watches the key; False when it was given up
-        (it then keeps no fence, see `_publish_fenced`)."""
-        if not self._keys.still(key, watch):
-            return False
-        self._generation[key] = max(self._generation.get(key, 0), stored)
-        return True
-
-    async def adopt(self, key: WatchKey, watch: WatchState, told: str, stored: int) -> None:
-        """A change told that this replica missed (an older generation known here): its streams are told it now."""
-        self._generation[key] = stored
-        watch.adopt(told)
-        await self._local.publish(ChangeEvent(key, told, stored, time.time()))
+    async def carry_out(self, commands: list[BusCommand], watch: WatchState | None) -> None:
+        """The machine's word on a key `watch` watches: it adopts a change it missed (and its streams are told it),
+        publishes what it saw again (Redis failures raised), or polls soon."""
+        for command in commands:
+            match command:
+                case Adopt(event, tell) if watch is not None:
+                    watch.adopt(event.fingerprint)
+                    if tell:
+                        await self._local.publish(event)
+                case Republish(event):
+                    await self.republish(event)
+                case Poll() if watch is not None:
+                    watch.hint()
 
     def forget(self, key: WatchKey) -> None:
-        """The key is no longer tracked: watched again, it starts afresh."""
-        self._generation.pop(key, None)
+        """The key is no longer tracked: nothing of it waits to be published, and its state is reported again."""
         self._unpublished.pop(key, None)
         self._unreadable.discard(key_hash(key))
 
@@ -137,7 +132,7 @@ class Fence:
             self._link.failed(exc)
             return
         for key, (told, generation) in zip(keys, states, strict=True):
-            if key in self._generation:
+            if self._machine.known(key) is not None:
                 await self.caught_up(key, *self.stored(key, told, generation))
 
     def stored(self, key: WatchKey, told: bytes | str | None, generation: Any) -> tuple[str | None, int]:
@@ -159,15 +154,10 @@ class Fence:
 
     async def caught_up(self, key: WatchKey, told: str | None, stored: int) -> None:
         """Our interest was written again (Redis came back, our subscriptions were renewed): a change told while
-        we were not listening is in the key's stored state; our streams are told it now. (A first write only
-        learns the generation: the watch's own first look is newer than anything stored.)"""
-        known = self._generation.get(key)
-        self._generation[key] = max(stored, known or 0)
+        we were not listening is in the key's stored state (see `BusMachine`)."""
         watch = self._keys.get(key)
-        if known is None or stored <= known or told is None or watch is None or told == watch.fingerprint:
-            return
-        watch.adopt(told)
-        await self._local.publish(ChangeEvent(key, told, stored, time.time()))
+        ours = None if watch is None else watch.fingerprint
+        await self.carry_out(self._decide(StoredRead(key, told, stored, ours, taking_over=False)), watch)
 
     async def _publish_fenced(self, event: ChangeEvent, state: str, channel: str, *, fresh: bool = True) -> None:
         """Published unless another replica told this fingerprint already (its message reaches the others; here it
@@ -178,23 +168,23 @@ class Fence:
         that carried it may never have reached us), and the owner's next look tells whatever is newer."""
         key = event.key
         watch = self._keys.get(key)
-        base = self._generation.get(key, 0)
+        base = self._machine.known(key) or 0
         for _ in range(2 if fresh else 1):
             stamped = ChangeEvent(key, event.fingerprint, base + 1, event.detected_at)
             message = encode_event(stamped, self._link.instance)
             outcome, generation, told = await self._link.scripts.publish_change(
                 keys=[state, channel], args=[event.fingerprint, base, STATE_TTL_MS, *self._link.publish_args(message)]
             )
-            base = max(int(generation), self._generation.get(key, base))
+            known = self._machine.known(key)
+            base = max(int(generation), base if known is None else known)
             if self._keys.still(key, watch):
                 # Only a key still watched keeps its fence: one given up meanwhile starts afresh when watched
                 # again (its first interest write learns the generation), instead of taking that for a change
                 # it missed and telling its new streams an older fingerprint than their own first look.
-                self._generation[key] = base
+                self._decide(Fenced(key, base))
             if int(outcome) != -1:
                 return
-        if watch is None or not self._keys.still(key, watch) or told is None or text(told) == watch.fingerprint:
-            return
-        watch.adopt(text(told))
-        if not fresh:
-            await self._local.publish(ChangeEvent(key, text(told), int(generation), time.time()))
+        still = watch if self._keys.still(key, watch) else None
+        stored = None if told is None else text(told)
+        ours = None if still is None else still.fingerprint
+        await self.carry_out(self._decide(FenceRefused(key, stored, int(generation), ours, fresh)), still)

@@ -10,13 +10,11 @@ from collections.abc import Callable
 
 import orjson
 
-from sidecar.bus.fence import Fence
-from sidecar.bus.interest import InterestWriter
 from sidecar.bus.keys import TrackedKeys
 from sidecar.bus.layout import HINTS_CHANNEL, Interest, decode
+from sidecar.bus.machine import ChangeHeard, Decide, Deliver, InterestHeard, ReplicaLeft
 from sidecar.bus.memory import MemoryBus
 from sidecar.bus.reach import Reach
-from sidecar.bus.takeover import Takeover
 from sidecar.observability.metrics import Metrics
 
 __all__ = ["Inbox"]
@@ -30,22 +28,12 @@ class Inbox:
     """Routes each message read on the bus; synchronous, as the bus reader calls it (it must not raise)."""
 
     def __init__(
-        self,
-        instance: str,
-        keys: TrackedKeys,
-        fence: Fence,
-        writer: InterestWriter,
-        takeover: Takeover,
-        local: MemoryBus,
-        metrics: Metrics,
-        reach: Reach,
+        self, instance: str, keys: TrackedKeys, decide: Decide, local: MemoryBus, metrics: Metrics, reach: Reach
     ) -> None:
         self._instance = instance
         self._reach = reach
         self._keys = keys
-        self._fence = fence
-        self._writer = writer
-        self._takeover = takeover
+        self._decide = decide
         self._local = local
         self._metrics = metrics
         self._revalidate_listeners: list[Callable[[frozenset[str]], None]] = []
@@ -66,20 +54,15 @@ class Inbox:
         if origin == self._instance:
             return  # delivered locally when it was published
         if isinstance(message, Interest):
-            if not self._writer.hold_back(message):
-                self._takeover.interest(message.hashed, origin, message.present)
+            self._decide(InterestHeard(message.hashed, origin, message.present))
             return
-        event = message
-        if not event.baseline:
-            watch = self._keys.get(event.key)
-            if watch is not None:
-                self._fence.heard(event)
-                if watch.fingerprint == event.fingerprint:
-                    return  # what our streams already have (their watch saw it first): not news here
-        self._metrics.bus_messages.labels("in").inc()
-        # Synchronously, as it is read: the cache drops what it made stale before this replica serves another
-        # request (the cache listens before the streams do).
-        self._local.deliver(event)
+        watch = self._keys.get(message.key)
+        for command in self._decide(ChangeHeard(message, None if watch is None else watch.fingerprint)):
+            if isinstance(command, Deliver):
+                self._metrics.bus_messages.labels("in").inc()
+                # Synchronously, as it is read: the cache drops what it made stale before this replica serves
+                # another request (the cache listens before the streams do).
+                self._local.deliver(command.event)
 
     def _hint(self, data: bytes) -> None:
         try:
@@ -91,7 +74,7 @@ class Inbox:
                 self._reach.heard(message["r"])
                 return
             if message.get("left"):
-                self._takeover.set_live(self._takeover.live - {origin})
+                self._decide(ReplicaLeft(origin))
                 return
             contexts = frozenset(message["c"])
         except (ValueError, KeyError, TypeError):

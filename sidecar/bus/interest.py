@@ -16,7 +16,7 @@ from sidecar.bus.fence import Fence
 from sidecar.bus.keys import TrackedKeys
 from sidecar.bus.layout import Interest, encode_interest, key_hash, text
 from sidecar.bus.link import Link
-from sidecar.bus.takeover import Takeover
+from sidecar.bus.machine import BusMachine, Decide, OursQueued, OursWritten
 from sidecar.changes import WatchKey
 
 __all__ = ["InterestWriter"]
@@ -43,31 +43,29 @@ def _pairs(items: list[Any]) -> Iterable[tuple[Any, Any]]:
 
 
 class InterestWriter:
-    """The one writer of this replica's interest (`run`), fed by `join` and `leave`."""
+    """The one writer of this replica's interest (`run`), fed by `join` and `leave`. Interest messages heard while
+    ours in a key is being written are held back by the bus's machine, which applies them over what the write reads
+    back (they are newer)."""
 
-    def __init__(self, link: Link, channels: Channels, keys: TrackedKeys, fence: Fence, takeover: Takeover) -> None:
+    def __init__(
+        self, link: Link, channels: Channels, keys: TrackedKeys, fence: Fence, machine: BusMachine, decide: Decide
+    ) -> None:
         self._link = link
         self._channels = channels
         self._keys = keys
         self._fence = fence
-        self._takeover = takeover
+        self._machine = machine
+        self._decide = decide
         self._registered: set[WatchKey] = set()
         """Keys whose interest of ours is written in Redis."""
         self._pending: dict[WatchKey, bool] = {}
         self._wake = asyncio.Event()
-        self._joining: set[str] = set()
-        """Keys (hashes) whose interest of ours is queued or being written: their interest messages wait in
-        `_early`, as the members the write reads back replace this replica's view of who is interested."""
-        self._early: dict[str, dict[str, bool]] = {}
-        """Interest messages heard for keys whose interest of ours is still being written (hash -> instance ->
-        present): newer than the members that write reads back, so they win over them."""
         link.on_switch(self._switched)
 
     def join(self, key: WatchKey) -> None:
         self._queue([(key, True)])
 
     def leave(self, key: WatchKey) -> None:
-        self._early.pop(key_hash(key), None)
         self._queue([(key, False)])
 
     def write_all(self) -> None:
@@ -83,18 +81,6 @@ class InterestWriter:
     def written(self, key: WatchKey) -> bool:
         return key in self._registered
 
-    def settling(self, hashed: str) -> bool:
-        """Our interest in the key is queued or being written, or interest messages heard meanwhile wait for it."""
-        return hashed in self._joining or hashed in self._early
-
-    def hold_back(self, message: Interest) -> bool:
-        """Another replica's interest message, held back (True) when ours in the key is being written: it is newer
-        than what our write will read back, so it is applied after that."""
-        if message.hashed not in self._joining:
-            return False
-        self._early.setdefault(message.hashed, {})[message.origin] = message.present
-        return True
-
     async def remove_all(self) -> None:
         """Our interest leaves Redis, each removal told on its bucket (closing)."""
         await self._write([], list(self._registered))
@@ -103,9 +89,7 @@ class InterestWriter:
         for key, present in ops:
             self._pending[key] = present
             if present:
-                self._joining.add(key_hash(key))
-            else:
-                self._joining.discard(key_hash(key))
+                self._decide(OursQueued(key_hash(key)))
         self._wake.set()
 
     async def run(self) -> None:
@@ -136,8 +120,8 @@ class InterestWriter:
                 failures += 1
                 delay = _BUG_BACKOFF.delay(failures)
                 # A join written but not yet settled is written again, not skipped as registered: else its
-                # interest messages would wait for it (in `_early`) for ever, and its owner never change.
-                self._registered.difference_update(key for key in joins if key_hash(key) in self._joining)
+                # interest messages would be held back for it for ever, and its owner never change.
+                self._registered.difference_update(key for key in joins if self._machine.joining(key_hash(key)))
             for key in leaves:
                 self._pending.setdefault(key, False)
             await asyncio.sleep(delay)
@@ -180,14 +164,6 @@ class InterestWriter:
                 # Given up while its missed change was told (that yields): the leave is queued, and owning it
                 # now would keep it polled, and counted as held, for nobody.
                 continue
-            hashed = key_hash(key)
-            self._joining.discard(hashed)
-            interested = {text(member) for member in members}
-            for origin, present in self._early.pop(hashed, {}).items():
-                if present:
-                    interested.add(origin)
-                else:
-                    interested.discard(origin)
-            self._takeover.track(hashed, interested)
+            self._decide(OursWritten(key_hash(key), frozenset(text(member) for member in members)))
         for key in leaves:
             self._registered.discard(key)

@@ -5,14 +5,13 @@ replicas whose heartbeat ran out, and leaving.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 
 import orjson
 
 from sidecar.bus.connect import REDIS_FAILURES, Op
 from sidecar.bus.layout import HINTS_CHANNEL, READERS, REPLICAS, Interest, encode_interest, text
 from sidecar.bus.link import Link
-from sidecar.bus.takeover import Takeover
+from sidecar.bus.machine import Beat, CleanUpEnded, Decide, InterestRemoved
 from sidecar.tasks import TaskSet
 
 __all__ = ["DEFAULT_LEASE_MS", "Membership"]
@@ -24,29 +23,14 @@ _CLEAN_UP_FAILURES: tuple[type[Exception], ...] = (*REDIS_FAILURES, ValueError)
 
 
 class Membership:
-    """Heartbeats, the live replicas (told to `takeover`), clean-ups of the dead, and leaving.
+    """Heartbeats, clean-ups of the dead, and leaving: the Redis calls, made as the bus's machine decides (it is
+    fed what each heartbeat reads, and says which dead replicas to clean up)."""
 
-    `taken_for_dead` is called when a heartbeat finds this replica unlisted after it had beaten (it was only
-    slow, and was cleaned up): its interest must be written again."""
-
-    def __init__(
-        self,
-        link: Link,
-        takeover: Takeover,
-        background: TaskSet,
-        *,
-        lease_ms: int,
-        taken_for_dead: Callable[[], None],
-        forgotten: Callable[[str], None] = lambda instance: None,
-    ) -> None:
+    def __init__(self, link: Link, background: TaskSet, decide: Decide, *, lease_ms: int) -> None:
         self._link = link
-        self._takeover = takeover
         self._background = background
-        self._taken_for_dead = taken_for_dead
-        self._forgotten = forgotten
+        self._decide = decide
         self._lease_ms = lease_ms
-        self._beaten = False
-        self._cleaning: set[str] = set()
 
     @property
     def beat_every_s(self) -> float:
@@ -63,23 +47,17 @@ class Membership:
         live, dead, added = await self._link.scripts.heartbeat(
             keys=[REPLICAS], args=[self._link.instance, self._lease_ms]
         )
-        if int(added) and self._beaten:
-            # Taken for dead while we were only slow, and cleaned up: our interest is written again.
-            logger.warning("this replica was taken for dead (heartbeats too late); registering its interest again")
-            self._taken_for_dead()
-        self._beaten = True
-        self._takeover.set_live(text(member) for member in live)
-        for member in dead:
-            instance = text(member)
-            if instance not in self._cleaning:
-                self._cleaning.add(instance)
-                self._background.spawn(self._clean_up_once(instance))
+        self._decide(Beat(frozenset(text(m) for m in live), tuple(text(m) for m in dead), bool(int(added))))
+
+    def clean_up_soon(self, instance: str) -> None:
+        """A dead replica's clean-up, in the background (the machine starts one at a time per replica)."""
+        self._background.spawn(self._clean_up_once(instance))
 
     async def _clean_up_once(self, instance: str) -> None:
         try:
             await self.clean_up(instance)
         finally:
-            self._cleaning.discard(instance)
+            self._decide(CleanUpEnded(instance))
 
     async def claim(self, instance: str) -> bool:
         """Claim a dead replica's clean-up, only while it is still dead (see `scripts.CLAIM`)."""
@@ -112,8 +90,7 @@ class Membership:
             ops.append(Op(self._link.scripts.declare, [READERS], [instance, "", "", HINTS_CHANNEL, told]))
             await self._link.batch(ops)
             await client.delete(index)
-            self._takeover.forget(instance)
-            self._forgotten(instance)
+            self._decide(InterestRemoved(instance))
             await client.zrem(REPLICAS, instance)
         except _CLEAN_UP_FAILURES:
             pass  # its claim (if taken) runs out: the next heartbeat that lists it dead tries again

@@ -58,9 +58,6 @@ class Ownership:
     def owns(self, hashed: str) -> bool:
         return hashed in self._owned
 
-    def tracks(self, hashed: str) -> bool:
-        return hashed in self._interest
-
     def interested(self, hashed: str) -> frozenset[str]:
         return frozenset(self._interest.get(hashed, ()))
 

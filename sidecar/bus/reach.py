@@ -22,8 +22,8 @@ import orjson
 from sidecar.bus.connect import REDIS_FAILURES
 from sidecar.bus.layout import HINTS_CHANNEL, READERS, text
 from sidecar.bus.link import Link
+from sidecar.bus.machine import BusMachine, CutChanged, Decide
 from sidecar.bus.readers import ReaderBoard, ReadSignal, confirmed_value, declared_value
-from sidecar.bus.takeover import Takeover
 from sidecar.observability.metrics import Metrics
 from sidecar.tasks import TaskSet
 
@@ -53,7 +53,8 @@ class Reach:
     def __init__(
         self,
         link: Link,
-        takeover: Takeover,
+        machine: BusMachine,
+        decide: Decide,
         background: TaskSet,
         metrics: Metrics,
         *,
@@ -61,7 +62,8 @@ class Reach:
         lease_ms: int,
     ) -> None:
         self._link = link
-        self._takeover = takeover
+        self._machine = machine
+        self._decide = decide
         self._background = background
         self._metrics = metrics
         self._upstream = upstream
@@ -149,7 +151,7 @@ class Reach:
         self._settle()
 
     def _confirm_due(self) -> None:
-        live = self._takeover.live
+        live = self._machine.live
         now = time.monotonic()
         due = {
             instance: epoch
@@ -233,8 +235,8 @@ class Reach:
     # -- what follows ----------------------------------------------------------------------------------------------
 
     def _settle(self) -> None:
-        self._takeover.set_cut(self._board.cut())
-        moved = self._board.moved(self._takeover.live)
+        self._decide(CutChanged(self._board.cut()))
+        moved = self._board.moved(self._machine.live)
         if moved and not self._moved and self._upstream is not None:
             # Confirmed; but the upstream may have come back for every replica between our declaration and its
             # confirmation. Our clients leave only if an exchange of our own, now, is not answered within a lease.
@@ -260,7 +262,7 @@ class Reach:
         if reads:
             logger.info("a peer confirmed this replica cannot reach the upstream, but it answers now: its clients stay")
             return
-        self._follow(self._board.moved(self._takeover.live))
+        self._follow(self._board.moved(self._machine.live))
 
     def _follow(self, moved: bool) -> None:
         self._metrics.upstream_cut.set(1 if moved else 0)

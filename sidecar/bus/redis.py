@@ -34,6 +34,17 @@ from sidecar.bus.interest import InterestWriter
 from sidecar.bus.keys import TrackedKeys
 from sidecar.bus.layout import CONTEXT_NAMING_KEY, DEFAULT_BUCKETS, HINTS_CHANNEL, Layout, key_hash
 from sidecar.bus.link import Link, RedisUnavailable
+from sidecar.bus.machine import (
+    BusCommand,
+    BusEvent,
+    BusMachine,
+    CleanUp,
+    Forgotten,
+    GaveUp,
+    Moved,
+    RegisterAgain,
+    Untracked,
+)
 from sidecar.bus.membership import DEFAULT_LEASE_MS, Membership
 from sidecar.bus.memory import MemoryBus
 from sidecar.bus.reach import Reach, Readable
@@ -84,21 +95,18 @@ class RedisBus:
         clean-ups of dead replicas): closing cancels them all, and the handover follows whatever they ended with."""
         self._keys = TrackedKeys(layout)
         self._local = MemoryBus()
-        self._fence = fence(self._link, self._keys, self._local, metrics)
-        self._takeover = Takeover(self._link, self._keys, self._fence, self._tasks, metrics)
-        self._writer = InterestWriter(self._link, self._channels, self._keys, self._fence, self._takeover)
-        self._reach = Reach(self._link, self._takeover, self._tasks, metrics, upstream=upstream, lease_ms=lease_ms)
-        self._membership = membership(
-            self._link,
-            self._takeover,
-            self._tasks,
-            lease_ms=lease_ms,
-            taken_for_dead=self._taken_for_dead,
-            forgotten=self._reach.forget,
+        self._machine = BusMachine(instance)
+        """The bus's rules (membership, ownership, interest routing, the fence's generations): the parts make the
+        Redis calls and feed it what they read (`_decide`)."""
+        decide = self._decide
+        self._fence = fence(self._link, self._keys, self._local, metrics, self._machine, decide)
+        self._takeover = Takeover(self._link, self._keys, self._fence, self._tasks, metrics, self._machine, decide)
+        self._writer = InterestWriter(self._link, self._channels, self._keys, self._fence, self._machine, decide)
+        self._reach = Reach(
+            self._link, self._machine, decide, self._tasks, metrics, upstream=upstream, lease_ms=lease_ms
         )
-        self._inbox = Inbox(
-            instance, self._keys, self._fence, self._writer, self._takeover, self._local, metrics, self._reach
-        )
+        self._membership = membership(self._link, self._tasks, decide, lease_ms=lease_ms)
+        self._inbox = Inbox(instance, self._keys, decide, self._local, metrics, self._reach)
         self._cache_holds: dict[int, float] = {}
         """Bucket -> until when (monotonic) the cache holds an entry of it, so keeps hearing its changes."""
 
@@ -123,12 +131,12 @@ class RedisBus:
     @property
     def owned_count(self) -> int:
         """The keys this replica polls for the cluster (`mcp_sidecar_leases_held`)."""
-        return self._takeover.owned_count
+        return self._machine.owned_count
 
     @property
     def live_replicas(self) -> int:
         """The live replicas this one knows of, itself included (their shares of the fleet's read budget)."""
-        return len(self._takeover.live)
+        return len(self._machine.live)
 
     # -- lifecycle -------------------------------------------------------------------------------------------
 
@@ -179,9 +187,31 @@ class RedisBus:
                 self._link.failed(exc)
             self._sweep_cache_holds()
 
-    def _taken_for_dead(self) -> None:
-        self._writer.write_all()
-        self._reach.rewrite()
+    def _decide(self, event: BusEvent) -> list[BusCommand]:
+        """`event` fed to the bus's machine; what follows for the bus as a whole is carried out here (ownership
+        moved, a dead replica's clean-up, registering again), the rest (a key's, which its caller holds) handed
+        back."""
+        rest: list[BusCommand] = []
+        for command in self._machine.handle(event, time.time()):
+            match command:
+                case Moved(gained, lost):
+                    self._takeover.moved(gained, lost)
+                case GaveUp():
+                    self._takeover.gave_up()
+                case CleanUp(instance):
+                    self._membership.clean_up_soon(instance)
+                case Forgotten(instance):
+                    self._reach.forget(instance)
+                case RegisterAgain():
+                    # Taken for dead while we were only slow, and cleaned up: our interest is written again.
+                    logger.warning(
+                        "this replica was taken for dead (heartbeats too late); registering its interest again"
+                    )
+                    self._writer.write_all()
+                    self._reach.rewrite()
+                case _:
+                    rest.append(command)
+        return rest
 
     # -- what the bus reader hears ---------------------------------------------------------------------------
 
@@ -219,7 +249,7 @@ class RedisBus:
     # -- PollCoordinator -------------------------------------------------------------------------------------
 
     def may_poll(self, key: WatchKey) -> bool:
-        return self._link.degraded is not None or self._takeover.owns(key_hash(key))
+        return self._link.degraded is not None or self._machine.owns(key_hash(key))
 
     def track(self, watch: WatchState) -> None:
         if not self._keys.add(watch):
@@ -232,7 +262,7 @@ class RedisBus:
             return
         self._writer.leave(key)
         self._fence.forget(key)
-        self._takeover.untrack(key_hash(key))
+        self._decide(Untracked(key))
         self._channels.release(self._link.layout.bucket_of(key))
 
     # -- the cache's buckets ---------------------------------------------------------------------------------

@@ -1,20 +1,20 @@
-"""Who polls which key on the Redis bus, and a new owner's take-over: the owner rule is `sidecar.bus.ownership`'s
-(pure); this feeds it, counts what moved, and has a key this replica gained start from the state stored beside it.
+"""A new owner's take-over: the owner rule is the bus's machine's (`sidecar.bus.machine`, over
+`sidecar.bus.ownership`); this counts what moved, and has a key this replica gained start from the state stored
+beside it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections.abc import Iterable
+from collections.abc import Set
 
 from sidecar.bus.connect import REDIS_FAILURES, Op
 from sidecar.bus.fence import Fence
 from sidecar.bus.keys import TrackedKeys
 from sidecar.bus.link import Link
-from sidecar.bus.ownership import Ownership
-from sidecar.changes import ChangeEvent, WatchKey
+from sidecar.bus.machine import BusMachine, Decide, StoredRead, TakenOver
+from sidecar.changes import WatchKey
 from sidecar.observability.metrics import Metrics
 from sidecar.tasks import TaskSet
 
@@ -22,69 +22,34 @@ __all__ = ["Takeover"]
 
 logger = logging.getLogger(__name__)
 
-Change = tuple[set[str], set[str]]
-"""The keys (hashes) this replica gained and lost by one change of ownership's inputs."""
-
 
 class Takeover:
-    """This replica's ownership (fed the live replicas and each key's interest) and the take-overs it brings."""
+    """The keys this replica gained taken over, and the count of what it holds."""
 
-    def __init__(self, link: Link, keys: TrackedKeys, fence: Fence, background: TaskSet, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        link: Link,
+        keys: TrackedKeys,
+        fence: Fence,
+        background: TaskSet,
+        metrics: Metrics,
+        machine: BusMachine,
+        decide: Decide,
+    ) -> None:
         self._link = link
         self._keys = keys
         self._fence = fence
         self._background = background
         self._metrics = metrics
-        self._own = Ownership(link.instance)
+        self._machine = machine
+        self._decide = decide
         self._taking: set[WatchKey] = set()
         """Keys this replica gained and has not yet taken over (see `_take_over`)."""
         self._task: asyncio.Task[None] | None = None
         link.on_switch(self._switched)
 
-    # -- what ownership is fed -------------------------------------------------------------------------------
-
-    @property
-    def owned_count(self) -> int:
-        return len(self._own.owned)
-
-    @property
-    def live(self) -> frozenset[str]:
-        return self._own.live
-
-    def owns(self, hashed: str) -> bool:
-        return self._own.owns(hashed)
-
-    def track(self, hashed: str, interested: Iterable[str]) -> None:
-        """This replica's interest in the key is written; `interested` is who Redis (and the bus since) says is."""
-        self._settle(self._own.track(hashed, interested))
-
-    def untrack(self, hashed: str) -> None:
-        _, lost = self._own.untrack(hashed)
-        if lost:
-            self._metrics.leases_held.set(len(self._own.owned))
-
-    def interest(self, hashed: str, instance: str, present: bool) -> None:
-        self._settle(self._own.interest(hashed, instance, present))
-
-    def set_live(self, live: Iterable[str]) -> None:
-        self._settle(self._own.set_live(live))
-
-    def set_cut(self, cut: Iterable[str]) -> None:
-        """The replicas cut from the upstream (`sidecar.bus.reach`): their keys go to the interested readers."""
-        self._settle(self._own.set_cut(cut))
-
-    def forget(self, instance: str) -> None:
-        self._own.forget(instance)
-
-    def closed(self) -> None:
-        """This replica left: it polls nothing for the cluster."""
-        self._metrics.leases_held.set(0)
-
-    def _switched(self, up: bool) -> None:
-        self._metrics.leases_held.set(len(self._own.owned) if up else 0)
-
-    def _settle(self, change: Change) -> None:
-        gained, lost = change
+    def moved(self, gained: Set[str], lost: Set[str]) -> None:
+        """Ownership moved: the keys gained are taken over, the lost counted."""
         for hashed in lost:
             self._metrics.lease_losses.inc()
             logger.debug("poll ownership moved away", extra={"watch": hashed[:12]})
@@ -97,7 +62,18 @@ class Takeover:
         if self._taking and self._task is None:
             self._task = self._background.spawn(self._take_over())
         if gained or lost:
-            self._metrics.leases_held.set(0 if self._link.degraded else len(self._own.owned))
+            self._metrics.leases_held.set(0 if self._link.degraded else self._machine.owned_count)
+
+    def gave_up(self) -> None:
+        """A key this replica polled is no longer watched here."""
+        self._metrics.leases_held.set(self._machine.owned_count)
+
+    def closed(self) -> None:
+        """This replica left: it polls nothing for the cluster."""
+        self._metrics.leases_held.set(0)
+
+    def _switched(self, up: bool) -> None:
+        self._metrics.leases_held.set(self._machine.owned_count if up else 0)
 
     # -- the take-over ---------------------------------------------------------------------------------------
 
@@ -128,16 +104,12 @@ class Takeover:
             if watch is None:
                 continue
             told, stored = self._fence.stored(key, raw_told, generation)
-            if told is not None:
-                known = self._fence.known(key)
-                try:
-                    if known >= stored and told != watch.fingerprint:
-                        await self._fence.republish(ChangeEvent(key, watch.fingerprint, stored, time.time()))
-                    elif known < stored and told != watch.fingerprint:
-                        await self._fence.adopt(key, watch, told, stored)
-                except REDIS_FAILURES as exc:
-                    self._link.failed(exc)
-                if not self._fence.keep(key, watch, stored):
-                    continue  # given up while it was told: it keeps no fence
-            watch.hint()
+            try:
+                read = StoredRead(key, told, stored, watch.fingerprint, taking_over=True)
+                await self._fence.carry_out(self._decide(read), watch)
+            except REDIS_FAILURES as exc:
+                self._link.failed(exc)
+            if not self._keys.still(key, watch):
+                continue  # given up while it was told: it keeps no fence
+            await self._fence.carry_out(self._decide(TakenOver(key, None if told is None else stored)), watch)
             logger.debug("poll ownership taken", extra={"watch": key.short_hash})

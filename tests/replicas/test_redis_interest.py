@@ -199,7 +199,7 @@ async def test_after_the_interest_writer_failed_on_an_error_not_redis_s_it_retri
         # The failed key is written again: a replica joining it that wins its draw takes its polling over.
         rival.track(Watch(KEY, "f1"))
         await eventually(lambda: rival.owned_count == 1 and cluster.owned_count == 1)
-        assert not cluster._writer.settling(hashed)
+        assert not cluster._machine.settling(hashed)
 
 
 async def test_a_resync_that_fails_on_an_error_not_redis_s_is_logged(
@@ -235,7 +235,7 @@ async def test_a_key_whose_stored_state_cannot_be_read_is_polled_from_its_first_
         await eventually(lambda: other.owned_count == 1 and alone.owned_count == 0)
         other.untrack(KEY)
         await eventually(lambda: alone.owned_count == 1)
-        assert not alone._writer.settling(hashed)
+        assert not alone._machine.settling(hashed)
         assert all(KEY.uri not in record.getMessage() for record in caplog.records)
         assert all(KEY.uri not in str(record.__dict__) for record in caplog.records)
 

@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from sidecar.bus.ownership import Ownership, rendezvous_owner
+from sidecar.bus.ownership import Ownership, rendezvous_owner, weight
 
 KEYS = [f"key-{n}" for n in range(3000)]
 REPLICAS = [f"replica-{n}" for n in range(5)]
@@ -73,6 +73,14 @@ def test_a_dead_replica_loses_its_keys_to_the_interested_survivors() -> None:
     assert lost == set(owned_by_b) and not gained
     table.forget("b")  # dead for good: its interest was cleaned up
     assert table.interested(owned_by_b[0]) == {"a"}
+    assert table.interested("a key not tracked") == frozenset()
+
+
+def test_the_draw_is_the_same_on_every_replica_of_every_version() -> None:
+    # Replicas of two versions side by side (a rolling upgrade) must pick the same owner: the draw is part of the
+    # wire, like the Redis layout.
+    assert weight("replica-a", "0123abcd") == 8299955453811716860
+    assert rendezvous_owner([], "0123abcd") is None
 
 
 def test_this_replica_counts_as_live_for_itself_before_its_heartbeat_is_read() -> None:

@@ -10,7 +10,7 @@ from sidecar.watch.engine.events import Event, LookDone, Published, Subscribe
 from sidecar.watch.fingerprint import ABSENT
 from sidecar.watch.observation import Observation
 from sidecar.watch.rules import Rules
-from tests.unit.watch.playbook import Playbook
+from tests.kit.playbook import Playbook
 
 Book = Playbook[Event, Command]
 """A playbook of the registry's engine."""

@@ -26,8 +26,8 @@ from sidecar.watch.observe import observe
 from sidecar.watch.poller import Watch
 from sidecar.watch.schedule import Schedule
 from sidecar.watch.tickets import Tickets
+from tests.kit.playbook import Playbook
 from tests.unit.watch.manual_clock import ManualClock
-from tests.unit.watch.playbook import Playbook
 from tests.unit.watch.scripted_upstream import URL, ScriptedUpstream, contents
 
 NOTE = "memory://notes/plan"

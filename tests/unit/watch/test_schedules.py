@@ -29,7 +29,7 @@ from sidecar.watch.engine.polls import (
     Waited,
 )
 from sidecar.watch.schedule import HintBudget, Schedule
-from tests.unit.watch.playbook import Playbook
+from tests.kit.playbook import Playbook
 
 CONFIG = PollingConfig(
     default_interval_ms=5000,

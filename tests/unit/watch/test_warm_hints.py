@@ -39,8 +39,8 @@ from sidecar.watch.observation import Observation
 from sidecar.watch.poller import Watch
 from sidecar.watch.schedule import HintBudget, Schedule
 from sidecar.watch.tickets import Tickets
+from tests.kit.playbook import Playbook
 from tests.unit.watch.manual_clock import ManualClock
-from tests.unit.watch.playbook import Playbook
 
 CONFIG = PollingConfig(
     default_interval_ms=30_000,

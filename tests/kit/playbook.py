@@ -1,8 +1,8 @@
-"""Playbooks for the watch engine: feed events at the times the test says, expect the exact commands back.
+"""Playbooks for a sans-I/O machine: feed events at the times the test says, expect the exact commands back.
 
-As in mitmproxy's proxy tests, nothing runs in between and nothing is waited for: the engine (the registry's
-`Engine`, or one watch's `PollPlan`) is a plain object, so a step is a function call and a mismatch is shown as a
-diff of the commands, one per line.
+As in mitmproxy's proxy tests, nothing runs in between and nothing is waited for: the machine (the registry's
+`Engine`, one watch's `PollPlan`, the Redis bus's `BusMachine`) is a plain object, so a step is a function call and
+a mismatch is shown as a diff of the commands, one per line.
 """
 
 from __future__ import annotations
