@@ -48,6 +48,8 @@ def test_the_committed_record_judges_each_survivor_of_the_engine() -> None:
                 "sidecar.downstream.pending.",
                 "sidecar.downstream.legacy_session.",
                 "sidecar.downstream.readthrough.",
+                "sidecar.bus.machine.",
+                "sidecar.bus.ownership.",
             )
         )
         for function, _, _ in record
