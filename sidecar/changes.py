@@ -98,13 +98,14 @@ class EventRouting(Protocol):
 
 
 class WatchState(Protocol):
-    """What a coordinator needs of a watch: its key, what its streams were last told (its fingerprint), a way to
-    take another replica's newer content as its own, and a way to have it poll soon (when it takes over)."""
+    """What a coordinator needs of a watch: its key, what its streams were last told (its fingerprint), and a way
+    to have it poll soon (when it takes over). A coordinator never writes into a watch: another replica's newer
+    content reaches the watch's owner as a change heard (on the bus, or through `PollCoordinator.on_adopt`)."""
 
     key: WatchKey
-    fingerprint: str
 
-    def adopt(self, fingerprint: str) -> None: ...
+    @property
+    def fingerprint(self) -> str: ...
 
     def hint(self) -> None: ...
 
@@ -133,6 +134,11 @@ class PollCoordinator(Protocol):
         """Register for revalidate announcements from other replicas."""
         ...
 
+    def on_adopt(self, listener: ChangeListener) -> Callable[[], None]:
+        """`listener(event)` for a change another replica told that a watched key's streams were already told
+        otherwise (so it is not published here): its watch takes it as its own. Returns the remover."""
+        ...
+
 
 class LocalCoordinator:
     """One process: every watch polls."""
@@ -151,3 +157,6 @@ class LocalCoordinator:
 
     def on_revalidate(self, listener: Callable[[frozenset[str]], None]) -> None:
         return None
+
+    def on_adopt(self, listener: ChangeListener) -> Callable[[], None]:
+        return lambda: None

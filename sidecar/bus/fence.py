@@ -6,6 +6,7 @@ change told while this replica was not listening is caught up from the key's sto
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from sidecar.bus.connect import REDIS_FAILURES, Op
@@ -14,7 +15,8 @@ from sidecar.bus.layout import encode_event, key_hash, stored_generation, text
 from sidecar.bus.link import Link
 from sidecar.bus.machine import Adopt, BusCommand, BusMachine, Decide, Fenced, FenceRefused, Poll, Republish, StoredRead
 from sidecar.bus.memory import MemoryBus
-from sidecar.changes import ChangeEvent, WatchKey, WatchState
+from sidecar.changes import ChangeEvent, ChangeListener, WatchKey, WatchState
+from sidecar.listeners import Listeners
 from sidecar.observability.metrics import Metrics
 
 __all__ = ["STATE_TTL_MS", "Fence"]
@@ -38,6 +40,8 @@ class Fence:
         self._metrics = metrics
         self._machine = machine
         self._decide = decide
+        self._adopters: Listeners[ChangeListener] = Listeners()
+        """Told a change a watch takes as its own without its streams being told here (`on_adopt`)."""
         self._unpublished: dict[WatchKey, ChangeEvent] = {}
         """Changes told here whose publishing failed (the latest per key): published when Redis answers again,
         so the other replicas' streams are told too."""
@@ -103,15 +107,20 @@ class Fence:
         layout = self._link.layout
         await self._publish_fenced(event, layout.state_of(event.key), layout.channel_of(event.key), fresh=False)
 
+    def on_adopt(self, listener: ChangeListener) -> Callable[[], None]:
+        return self._adopters.add(listener)
+
     async def carry_out(self, commands: list[BusCommand], watch: WatchState | None) -> None:
-        """The machine's word on a key `watch` watches: it adopts a change it missed (and its streams are told it),
-        publishes what it saw again (Redis failures raised), or polls soon."""
+        """The machine's word on a key `watch` watches: a change it missed is told here (its owner, the watch
+        registry, hears it and has the watch take it), or only to the adopters when its streams were told
+        otherwise; what it saw is published again (Redis failures raised); it polls soon."""
         for command in commands:
             match command:
-                case Adopt(event, tell) if watch is not None:
-                    watch.adopt(event.fingerprint)
-                    if tell:
-                        await self._local.publish(event)
+                case Adopt(event, tell=True):
+                    await self._local.publish(event)
+                case Adopt(event, tell=False):
+                    for adopter in self._adopters:
+                        adopter(event)
                 case Republish(event):
                     await self.republish(event)
                 case Poll() if watch is not None:

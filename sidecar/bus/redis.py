@@ -246,6 +246,9 @@ class RedisBus:
     def on_revalidate(self, listener: Callable[[frozenset[str]], None]) -> None:
         self._inbox.on_revalidate(listener)
 
+    def on_adopt(self, listener: ChangeListener) -> Callable[[], None]:
+        return self._fence.on_adopt(listener)
+
     # -- PollCoordinator -------------------------------------------------------------------------------------
 
     def may_poll(self, key: WatchKey) -> bool:

@@ -133,6 +133,7 @@ class WatchRegistry:
         )
         self._stop_hearing_recovery = upstream.add_recovery_listener(self._upstream_recovered)
         self._unsubscribe = bus.subscribe(self._on_change)
+        self._stop_adopting = self._coordinator.on_adopt(self._on_change)
         self._hints = HintRouting(
             self.watches,
             self._coordinator,
@@ -366,6 +367,7 @@ class WatchRegistry:
 
     async def aclose(self) -> None:
         self._unsubscribe()
+        self._stop_adopting()
         self._stop_hearing_recovery()
         await self._native.aclose()
         self._hints.cancel()

@@ -12,7 +12,7 @@ import redis.asyncio as aioredis
 from sidecar.bus.layout import REPLICAS, Layout, key_hash
 from sidecar.bus.membership import Membership
 from sidecar.bus.redis import RedisBus
-from sidecar.changes import WatchKey
+from sidecar.changes import ChangeEvent, ChangeListener, WatchKey
 from sidecar.observability.metrics import Metrics
 from tests.cluster import LEASE_MS, RedisServer
 from tests.kit import eventually
@@ -40,18 +40,28 @@ OTHER = WatchKey("resource", "catalog://stock", "public")
 
 
 class Watch:
-    """What a coordinator needs of a watch (`sidecar.changes.WatchState`)."""
+    """What a coordinator needs of a watch (`sidecar.changes.WatchState`); its owner (`owner_of`) has it take
+    the changes it hears."""
 
     def __init__(self, key: WatchKey, fingerprint: str = "f0") -> None:
         self.key = key
         self.fingerprint = fingerprint
         self.hints = 0
 
-    def adopt(self, fingerprint: str) -> None:
-        self.fingerprint = fingerprint
-
     def hint(self) -> None:
         self.hints += 1
+
+
+def owner_of(cluster: RedisBus) -> ChangeListener:
+    """What the watch registry does with a change heard on the bus or adopted through it: the watch of its key
+    takes it as its own (a first look elsewhere is no change)."""
+
+    def heard(event: ChangeEvent) -> None:
+        watch = cluster._keys.get(event.key)
+        if isinstance(watch, Watch) and not event.baseline:
+            watch.fingerprint = event.fingerprint
+
+    return heard
 
 
 @contextlib.asynccontextmanager
@@ -73,6 +83,9 @@ async def replicas_on(
                 lease_ms=LEASE_MS,
                 membership=(membership or {}).get(instance, Membership),
             )
+            heard = owner_of(cluster)
+            cluster.subscribe(heard)
+            cluster.on_adopt(heard)
             await cluster.start()
             started.append(cluster)
         yield tuple(started)

@@ -162,22 +162,21 @@ class _WatchBug(Exception):
 
 
 class _BrokenWatch(Watch):
-    """A watch with a bug: taking a fingerprint told by the cluster fails (an error that is not Redis's)."""
+    """A watch with a bug: once `fails` is set, reading what its streams were told fails that many times (an error
+    that is not Redis's)."""
 
-    def adopt(self, fingerprint: str) -> None:
-        raise _WatchBug("a watch that cannot take a fingerprint")
+    fails = 0
 
+    @property  # type: ignore[override]
+    def fingerprint(self) -> str:
+        if self.fails:
+            self.fails -= 1
+            raise _WatchBug("a watch whose fingerprint cannot be read")
+        return self._fingerprint
 
-class _OnceBrokenWatch(Watch):
-    """A watch whose first take of a fingerprint told by the cluster fails."""
-
-    failed = False
-
-    def adopt(self, fingerprint: str) -> None:
-        if not self.failed:
-            self.failed = True
-            raise _WatchBug("a watch that cannot take a fingerprint")
-        super().adopt(fingerprint)
+    @fingerprint.setter
+    def fingerprint(self, fingerprint: str) -> None:
+        self._fingerprint = fingerprint
 
 
 async def test_after_the_interest_writer_failed_on_an_error_not_redis_s_it_retries_and_follows_interest(
@@ -187,9 +186,11 @@ async def test_after_the_interest_writer_failed_on_an_error_not_redis_s_it_retri
     hashed = key_hash(KEY)
     first, winner = ("ra", "rb") if rendezvous_owner(("ra", "rb"), hashed) == "rb" else ("rb", "ra")
     async with replicas_on(redis, first, winner) as (cluster, rival):
-        cluster.track(_OnceBrokenWatch(KEY, "f0"))
+        broken = _BrokenWatch(KEY, "f0")
+        cluster.track(broken)
         await eventually(lambda: cluster.owned_count == 1)
-        # A change it missed, told to its watch when its interest is written again (taken for dead): the watch fails.
+        broken.fails = 1
+        # A change it missed, read when its interest is written again (taken for dead): the watch fails.
         await admin.hset(state_key(KEY), mapping={"f": "f1", "g": 5})
         await admin.zrem(REPLICAS, first)
         await eventually(lambda: any(record.name.startswith("sidecar.bus") for record in caplog.records))
@@ -207,8 +208,10 @@ async def test_a_resync_that_fails_on_an_error_not_redis_s_is_logged(
 ) -> None:
     caplog.set_level(logging.ERROR, logger="sidecar.bus")
     async with replicas_on(redis, "r1") as (cluster,):
-        cluster.track(_BrokenWatch(KEY))
+        broken = _BrokenWatch(KEY)
+        cluster.track(broken)
         await eventually(lambda: cluster.owned_count == 1)
+        broken.fails = 1_000
         await admin.hset(state_key(KEY), mapping={"f": "f1", "g": 5})
         # Subscribed afresh (as after a slot migration): the bucket's keys resync from their stored states.
         assert cluster._channels.reopen()

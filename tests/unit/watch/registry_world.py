@@ -12,7 +12,7 @@ from typing import cast
 import pytest
 
 from sidecar.bus.memory import MemoryBus
-from sidecar.changes import ChangeEvent, WatchKey, WatchState
+from sidecar.changes import ChangeEvent, ChangeListener, WatchKey, WatchState
 from sidecar.config import PollingConfig, ToolRule
 from sidecar.fair_share import FairShare
 from sidecar.identity import ANONYMOUS_IDENTITY, Identity
@@ -128,6 +128,8 @@ class Coordinator:
         self.untracked: list[WatchKey] = []
         self.announced: list[frozenset[str]] = []
         self.others_wrote: Callable[[frozenset[str]], None] | None = None
+        self.adopt: ChangeListener | None = None
+        """The registry's ear for changes another replica told that this one's streams were told otherwise."""
 
     def may_poll(self, key: WatchKey) -> bool:
         return self.lease
@@ -143,6 +145,14 @@ class Coordinator:
 
     def on_revalidate(self, listener: Callable[[frozenset[str]], None]) -> None:
         self.others_wrote = listener
+
+    def on_adopt(self, listener: ChangeListener) -> Callable[[], None]:
+        self.adopt = listener
+
+        def remove() -> None:
+            self.adopt = None
+
+        return remove
 
 
 def make_world(

@@ -185,6 +185,27 @@ async def test_the_lease_is_tracked_while_streams_hold_a_watch_and_polls_need_it
     await world.registry.aclose()
 
 
+async def test_a_change_adopted_through_the_coordinator_is_the_watchs_own_and_tells_nobody_here() -> None:
+    coordinator = Coordinator()
+    world = make_world(coordinator=coordinator)
+    world.upstream.resources[DOC] = contents(DOC, "v1")
+    handle = await world.registry.acquire("resource", DOC, ALICE)
+    assert handle is not None
+    assert coordinator.adopt is not None
+    # Another replica told v2 (its message carried it to this replica's streams): this watch takes it.
+    coordinator.adopt(ChangeEvent(handle.key, fp(DOC, "v2"), 3, 0.0))
+    assert world.changes() == [], "adopted, not published here"
+    world.upstream.resources[DOC] = contents(DOC, "v2")
+    await world.step(5.0, looks=1)
+    assert world.changes() == [], "its own look at v2 is no change: it has it"
+    world.upstream.resources[DOC] = contents(DOC, "v3")
+    await world.step(5.0, looks=1)
+    assert world.changes() == [(handle.key, fp(DOC, "v3"))]
+    handle.release()
+    await world.registry.aclose()
+    assert coordinator.adopt is None, "closed: it hears no more"
+
+
 async def test_another_replicas_writes_hint_the_watches_they_concern() -> None:
     coordinator = Coordinator()
     world = make_world(coordinator=coordinator)
