@@ -48,8 +48,6 @@ class UpstreamBridge:
         self._discovered: LRUCache[str, UpstreamInfo] = LRUCache(maxsize=_REMEMBERED_CONTEXTS)
         """The last era and capabilities each context was given: a client connecting during an outage gets them
         (per context, so what one credential was told never reaches another)."""
-        if self._on_demand:
-            reachability.retry = self._reach_again
 
     # -- health -------------------------------------------------------------------------------------------
 

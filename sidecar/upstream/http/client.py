@@ -24,7 +24,8 @@ class UpstreamClient(UpstreamBridge):
         metrics: Metrics | None = None,
         identities: IdentityRule | None = None,
     ) -> None:
-        reachability = Reachability(config.display_url, metrics or Metrics(), follows_exchanges=True)
+        # Every exchange tells reachability; while the upstream is down or unusable it is asked again on its own.
+        reachability = Reachability(config.display_url, metrics or Metrics(), retry=self._reach_again)
         self._http = HTTPTransport(config, reachability, identities)
         super().__init__(self._http, reachability, cache)
 
