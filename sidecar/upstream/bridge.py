@@ -10,7 +10,6 @@ used now. `UpstreamClient` and `StdioUpstream` are this class wired to one trans
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 from functools import partial
@@ -20,7 +19,7 @@ from cachetools import LRUCache
 from sidecar.config import CacheConfig
 from sidecar.identity import ANONYMOUS_IDENTITY, Identity
 from sidecar.protocol.envelope import Era, Message, RequestId
-from sidecar.protocol.errors import UpstreamError, UpstreamRpcError
+from sidecar.protocol.errors import UpstreamError
 from sidecar.protocol.types import JsonObject
 from sidecar.upstream.answers import Reply, UpstreamInfo
 from sidecar.upstream.base import Headers
@@ -43,8 +42,6 @@ class UpstreamBridge:
         self._transport = transport
         self._reach = reachability
         self._cache = cache
-        self._on_demand = transport.probes_on_demand
-        self._probe_lock = asyncio.Lock()
         self._discovered: LRUCache[str, UpstreamInfo] = LRUCache(maxsize=_REMEMBERED_CONTEXTS)
         """The last era and capabilities each context was given: a client connecting during an outage gets them
         (per context, so what one credential was told never reaches another)."""
@@ -87,30 +84,29 @@ class UpstreamBridge:
 
     async def check(self) -> bool:
         """Readiness: the era is known and the upstream was heard from lately; without recent contact it is
-        asked again (an HTTP upstream whose era is not known yet is probed)."""
-        info = self._reach.info
+        asked again (an upstream whose era is not known yet is probed, a stdio child's handshake is not waited for)."""
+        stale = self._reach.up is not False and self._reach.stale(self._transport.heard_at())
         with contextlib.suppress(UpstreamError):
-            if info is None:
-                if self._on_demand:
-                    await self.ensure_info()
-            elif self._reach.up is not False and self._reach.stale(self._transport.heard_at()):
-                await (self._liveness(info) if self._on_demand else self._transport.liveness(info))
+            if self._reach.info is None or stale:
+                await self._ask_now()
         return self._reach.not_ready_reason is None
 
     async def answers_now(self) -> bool:
         """One exchange with the upstream now: a probe while the era is not known, else a liveness check."""
         with contextlib.suppress(UpstreamError):
-            info = self._reach.info
-            if info is None:
-                if not self._on_demand:
-                    return False  # a stdio child not answering its handshake yet
-                await self.ensure_info()
-            elif self._on_demand:
-                await self._liveness(info)
-            else:
-                await self._transport.liveness(info)
+            await self._ask_now()
             return self._reach.not_ready_reason is None
         return False
+
+    async def _ask_now(self) -> None:
+        # One exchange with the upstream now (also what reachability retries while an HTTP upstream is down): a
+        # probe while the era is not known (a stdio child not answering its handshake yet fails it at once), else
+        # a liveness check in the era known.
+        info = self._reach.info
+        if info is None:
+            self._remember(ANONYMOUS_IDENTITY, await self._transport.era(ANONYMOUS_IDENTITY, wait=False))
+        else:
+            await self._transport.liveness(info)
 
     # -- lifecycle ----------------------------------------------------------------------------------------
 
@@ -141,59 +137,18 @@ class UpstreamBridge:
     async def ensure_info(self, identity: Identity = ANONYMOUS_IDENTITY) -> UpstreamInfo:
         """The era and capabilities: probed once (again after a failure) as `identity`, since a protected upstream
         refuses an anonymous probe; or, for a stdio child, its handshake (waiting while it starts)."""
-        info = await self._ensure_info(identity)
+        return self._remember(identity, await self._transport.era(identity))
+
+    def _remember(self, identity: Identity, info: UpstreamInfo) -> UpstreamInfo:
         if self._discovered.get(identity.context) is not info:
             self._discovered[identity.context] = info
         return info
-
-    async def _ensure_info(self, identity: Identity) -> UpstreamInfo:
-        if not self._on_demand:
-            return await self._transport.era(identity)
-        info = self._reach.info
-        if info is not None:
-            return info
-        async with self._probe_lock:
-            if self._reach.info is None:
-                try:
-                    with self._reach.observe("probe"):
-                        info = await self._transport.era(identity)
-                except UpstreamError as exc:
-                    self._reach.probe_failed(exc)
-                    raise
-                self._reach.learned(info)
-                return info
-            return self._reach.info
-
-    async def _reach_again(self) -> None:
-        # One exchange over the network while the upstream is down: a probe, or a liveness check.
-        info = self._reach.info
-        if info is None:
-            await self.ensure_info()
-        else:
-            await self._liveness(info)
-
-    async def _liveness(self, info: UpstreamInfo) -> None:
-        try:
-            with self._reach.observe("probe"):
-                await self._transport.liveness(info)
-        except UpstreamRpcError:
-            self._reach.usable(None)  # an error answer is an answer: the upstream speaks JSON-RPC
-        except UpstreamError as exc:
-            self._reach.probe_failed(exc)
-            if self._reach.unusable is not None:
-                self._reach.info = None  # probed afresh once it answers sensibly again
-            raise
-        else:
-            self._reach.usable(None)
 
     # -- forwarding ---------------------------------------------------------------------------------------
 
     async def forward(self, message: Message, client_headers: Headers, identity: Identity) -> Reply:
         """A modern client's request, answered in the client's era."""
-        info = await self.ensure_info(identity) if self._on_demand else None
-        with self._reach.observe(message.method):
-            if info is None:
-                info = await self._transport.era(identity)
+        async with self._transport.exchanging(message.method, partial(self.ensure_info, identity)) as info:
             if info.era == "modern":
                 reply = await self._transport.pass_through(message, client_headers, identity)
                 if reply is not None:
@@ -247,10 +202,7 @@ class UpstreamBridge:
 
     async def call(self, method: str, params: JsonObject, identity: Identity = ANONYMOUS_IDENTITY) -> JsonObject:
         """One request on the sidecar's behalf (a poll), for `identity`; the result, or an UpstreamError."""
-        info = await self.ensure_info(identity) if self._on_demand else None
-        with self._reach.observe(method):
-            if info is None:
-                info = await self._transport.era(identity)
+        async with self._transport.exchanging(method, partial(self.ensure_info, identity)) as info:
             if info.era == "modern":
                 sent = own_request_params(params)
                 answer = checked(self.url, await self._transport.exchange(identity, "modern", method, sent))

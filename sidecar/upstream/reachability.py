@@ -129,6 +129,13 @@ class Reachability:
             return
         self.usable(f"the upstream answers but is unusable: {exc.reason}")
 
+    def liveness_failed(self, exc: UpstreamError) -> None:
+        """A liveness check in the era known failed: as a probe's failure, and an upstream found unusable has its
+        era probed afresh once it answers sensibly again."""
+        self.probe_failed(exc)
+        if self.unusable is not None:
+            self.info = None
+
     def usable(self, problem: str | None) -> None:
         was = self.unusable
         if problem is not None and problem != was:

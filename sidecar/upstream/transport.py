@@ -10,7 +10,7 @@ own start and close. What the messages mean across eras (probing, stamping, mapp
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Protocol
 
 from sidecar.identity import Identity
@@ -33,12 +33,6 @@ class Transport(Protocol):
         """The upstream as it may be shown."""
         ...
 
-    @property
-    def probes_on_demand(self) -> bool:
-        """True: the bridge probes the era when it needs it and every exchange tells reachability (HTTP).
-        False: the transport learns the era itself and tells reachability (a stdio child's handshake)."""
-        ...
-
     async def start(self) -> None: ...
 
     async def aclose(self) -> None: ...
@@ -48,15 +42,26 @@ class Transport(Protocol):
         ...
 
     def heard_at(self) -> float | None:
-        """When the upstream last said anything (monotonic), where the transport knows better than its answers."""
+        """When the upstream last said anything (monotonic; None: not yet), for readiness's freshness."""
         ...
 
-    async def era(self, identity: Identity) -> UpstreamInfo:
-        """The era: probed over the network now (`probes_on_demand`), or the ready child's handshake."""
+    async def era(self, identity: Identity, *, wait: bool = True) -> UpstreamInfo:
+        """The era and capabilities as this leg learns them, told to reachability: over HTTP known, or probed
+        now as `identity`; a stdio child's handshake, waited for while the child starts unless not `wait` (an
+        UpstreamError at once then: readiness never waits)."""
         ...
 
     async def liveness(self, info: UpstreamInfo) -> None:
-        """One cheap exchange in the era known (an UpstreamError when the upstream does not answer)."""
+        """One cheap exchange in the era known, told to reachability as this leg tells it (an UpstreamError when
+        the upstream does not answer)."""
+        ...
+
+    def exchanging(
+        self, method: str, era: Callable[[], Awaitable[UpstreamInfo]]
+    ) -> contextlib.AbstractAsyncContextManager[UpstreamInfo]:
+        """One exchange of `method`, counted and timed for the block, and the era it goes in: `era` (the bridge's,
+        probed when not known) before it over HTTP, where a probe is an exchange of its own; a stdio child's own
+        handshake within it, where a child not ready fails the exchange."""
         ...
 
     async def exchange(

@@ -25,7 +25,7 @@ class UpstreamClient(UpstreamBridge):
         identities: IdentityRule | None = None,
     ) -> None:
         # Every exchange tells reachability; while the upstream is down or unusable it is asked again on its own.
-        reachability = Reachability(config.display_url, metrics or Metrics(), retry=self._reach_again)
+        reachability = Reachability(config.display_url, metrics or Metrics(), retry=self._ask_now)
         self._http = HTTPTransport(config, reachability, identities)
         super().__init__(self._http, reachability, cache)
 

@@ -1,14 +1,18 @@
 """The HTTP transport: the upstream's MCP endpoint over the wire pool, one session per authorization context when
 it speaks 2025-11-25, a modern client's request passed as it came, and the OAuth metadata and challenges it
-serves rewritten to name the sidecar."""
+serves rewritten to name the sidecar.
+
+Every exchange tells reachability. The era is probed when it is needed and not known (a probe is an exchange of
+its own, before the one that needs it), and learned afresh after an outage."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import logging
 import ssl
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from urllib.parse import urlsplit, urlunsplit
 
 import orjson
@@ -62,8 +66,6 @@ _GATEWAY_STATUSES = (502, 503, 504)
 class HTTPTransport:
     """An MCP server over HTTP: the `Transport` of `UpstreamClient`."""
 
-    probes_on_demand = True
-
     def __init__(
         self, config: UpstreamConfig, reachability: Reachability, identities: IdentityRule | None = None
     ) -> None:
@@ -74,6 +76,7 @@ class HTTPTransport:
         self._http = UpstreamHTTP(config)
         self._sessions = UpstreamSessions(self._http, lambda: reachability.outages)
         self._ids = itertools.count(1)
+        self._probe_lock = asyncio.Lock()
 
     async def start(self) -> None:
         await self._http.start()
@@ -89,13 +92,39 @@ class HTTPTransport:
         """New connections to an https upstream use `context` (its certificate files were read again)."""
         self._http.use_tls(context)
 
-    def heard_at(self) -> float | None:
-        return None  # what the answers say: the bridge's reachability keeps it
+    def heard_at(self) -> float:
+        return self._reach.heard_at  # what the answers say
 
     # -- the era -------------------------------------------------------------------------------------------
 
-    async def era(self, identity: Identity) -> UpstreamInfo:
-        """Probe over the network, with `identity`'s headers (a protected upstream refuses an anonymous probe)."""
+    async def era(self, identity: Identity, *, wait: bool = True) -> UpstreamInfo:
+        """The era known, or probed now as `identity` (once at a time; a protected upstream refuses an anonymous
+        probe) and told to reachability; a probe answers or fails at once, so there is nothing to `wait` for."""
+        info = self._reach.info
+        if info is not None:
+            return info
+        async with self._probe_lock:
+            if self._reach.info is None:
+                try:
+                    with self._reach.observe("probe"):
+                        info = await self._probe(identity)
+                except UpstreamError as exc:
+                    self._reach.probe_failed(exc)
+                    raise
+                self._reach.learned(info)
+                return info
+            return self._reach.info
+
+    @contextlib.asynccontextmanager
+    async def exchanging(self, method: str, era: Callable[[], Awaitable[UpstreamInfo]]) -> AsyncIterator[UpstreamInfo]:
+        """`era` first (a probe, when the era is not known, is an exchange of its own), then `method`'s exchange
+        counted for the block."""
+        info = await era()
+        with self._reach.observe(method):
+            yield info
+
+    async def _probe(self, identity: Identity) -> UpstreamInfo:
+        """Probe over the network, with `identity`'s headers."""
         headers = identity.as_headers()
 
         async def discover() -> JsonObject | None:
@@ -120,6 +149,20 @@ class HTTPTransport:
         return (await learn_era(self.url, self._config.protocol, discover, initialize))[0]
 
     async def liveness(self, info: UpstreamInfo) -> None:
+        """One cheap exchange in the era known, told to reachability: any answer (an error answer too) says the
+        upstream speaks JSON-RPC; one that is not MCP makes it unusable, and its era is probed afresh."""
+        try:
+            with self._reach.observe("probe"):
+                await self._ping(info)
+        except UpstreamRpcError:
+            self._reach.usable(None)  # an error answer is an answer: the upstream speaks JSON-RPC
+        except UpstreamError as exc:
+            self._reach.liveness_failed(exc)
+            raise
+        else:
+            self._reach.usable(None)
+
+    async def _ping(self, info: UpstreamInfo) -> None:
         # One cheap exchange in the era already known; a cached legacy session alone would prove nothing.
         if info.era == "modern":
             await self._modern_call("server/discover", {})

@@ -16,10 +16,10 @@ import contextlib
 import copy
 import logging
 import secrets
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 
 from sidecar.config import UpstreamConfig
-from sidecar.identity import Identity
+from sidecar.identity import ANONYMOUS_IDENTITY, Identity
 from sidecar.observability.metrics import Metrics
 from sidecar.protocol.constants import HANDSHAKE_VERSIONS, HEADER_SESSION_ID, LEGACY_VERSION
 from sidecar.protocol.envelope import Era, Message, RequestId
@@ -50,8 +50,6 @@ _JSON = {"Content-Type": "application/json"}
 
 class StdioTransport:
     """A child process on stdin and stdout: the `Transport` of `StdioUpstream`."""
-
-    probes_on_demand = False
 
     def __init__(self, config: UpstreamConfig, metrics: Metrics, reachability: Reachability) -> None:
         self.url = config.display_url
@@ -94,9 +92,17 @@ class StdioTransport:
         child = self._supervisor.child
         return child.last_heard_at if child is not None else None
 
-    async def era(self, identity: Identity) -> UpstreamInfo:
-        """What the child's handshake said (waiting for it while the child starts)."""
-        return (await self._supervisor.session())[1]
+    async def era(self, identity: Identity, *, wait: bool = True) -> UpstreamInfo:
+        """What the child's handshake said, waiting for it while the child starts unless not `wait`. The
+        supervisor tells reachability; nothing here is asked of the child."""
+        return (await self._supervisor.session(wait=wait))[1]
+
+    @contextlib.asynccontextmanager
+    async def exchanging(self, method: str, era: Callable[[], Awaitable[UpstreamInfo]]) -> AsyncIterator[UpstreamInfo]:
+        """`method`'s exchange counted for the block, in the era of the child that takes it: its handshake, waited
+        for within the exchange (a child not ready fails this exchange), not `era`, the one the bridge learned."""
+        with self._reach.observe(method):
+            yield await self.era(ANONYMOUS_IDENTITY)
 
     async def liveness(self, info: UpstreamInfo) -> None:
         await self._supervisor.probe()  # one that does not answer is ended and started again
