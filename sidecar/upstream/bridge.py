@@ -18,19 +18,18 @@ from cachetools import LRUCache
 
 from sidecar.config import CacheConfig
 from sidecar.identity import ANONYMOUS_IDENTITY, Identity
-from sidecar.protocol.envelope import Era, Message, RequestId
+from sidecar.protocol.envelope import Message
 from sidecar.protocol.errors import UpstreamError
 from sidecar.protocol.types import JsonObject
 from sidecar.upstream.answers import Reply, UpstreamInfo
 from sidecar.upstream.base import Headers
-from sidecar.upstream.era import checked, own_request_params, response, result_of, strip_modern_meta, translated
+from sidecar.upstream.era import checked, own_request_params, result_of, strip_modern_meta, translated
 from sidecar.upstream.reachability import Reachability
-from sidecar.upstream.transport import AnswerShaper, Transport
+from sidecar.upstream.transport import Transport
 
 __all__ = ["UpstreamBridge"]
 
 
-_JSON = {"Content-Type": "application/json"}
 _REMEMBERED_CONTEXTS = 10_000
 """Contexts whose last discovery is kept for an outage (least recently used go first: theirs fails as it did)."""
 
@@ -150,30 +149,12 @@ class UpstreamBridge:
         """A modern client's request, answered in the client's era."""
         async with self._transport.exchanging(message.method, partial(self.ensure_info, identity)) as info:
             if info.era == "modern":
-                reply = await self._transport.pass_through(message, client_headers, identity)
-                if reply is not None:
-                    return reply
-                params, shape = message.params, partial(checked, self.url)
-            else:
-                params = strip_modern_meta(message.params)
-                shape = partial(translated, self.url, self._cache, message.method, message.params)
-            return await self._answer(identity, info.era, message.method, params, message.id, client_headers, shape)
-
-    async def _answer(
-        self,
-        identity: Identity,
-        era: Era,
-        method: str,
-        params: JsonObject,
-        request_id: RequestId | None,
-        client_headers: Headers,
-        shape: AnswerShaper,
-    ) -> Reply:
-        streamed = await self._transport.stream(method, params, request_id, shape)
-        if streamed is not None:
-            return streamed
-        answer = await self._transport.exchange(identity, era, method, params, client_headers)
-        return Reply(200, dict(_JSON), message=response(request_id, shape(answer)))
+                return await self._transport.pass_through(message, client_headers, identity)
+            params = strip_modern_meta(message.params)
+            shape = partial(translated, self.url, self._cache, message.method, message.params)
+            return await self._transport.reply(
+                identity, info.era, message.method, params, message.id, client_headers, shape
+            )
 
     async def relay(
         self,

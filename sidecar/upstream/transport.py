@@ -70,16 +70,23 @@ class Transport(Protocol):
         """One request in `era` and its answer, as the upstream gave it (`client_headers`: a client's request)."""
         ...
 
-    async def stream(
-        self, method: str, params: JsonObject, request_id: RequestId | None, shape: AnswerShaper
-    ) -> Reply | None:
-        """The request's progress as it comes and then its answer, as an SSE stream; None where the transport
-        answers it whole (then the bridge makes an `exchange`)."""
+    async def reply(
+        self,
+        identity: Identity,
+        era: Era,
+        method: str,
+        params: JsonObject,
+        request_id: RequestId | None,
+        client_headers: Headers,
+        shape: AnswerShaper,
+    ) -> Reply:
+        """A client's request in `era`, its answer shaped by `shape`: whole, or, where the leg streams a request's
+        progress (a stdio child), as an SSE stream of its progress and then its answer."""
         ...
 
-    async def pass_through(self, message: Message, client_headers: Headers, identity: Identity) -> Reply | None:
-        """A modern client's request to a modern upstream, as it came, and the answer as it comes; None where the
-        transport has no such passage (the bridge answers it)."""
+    async def pass_through(self, message: Message, client_headers: Headers, identity: Identity) -> Reply:
+        """A 2026-07-28 client's request to a 2026-07-28 upstream: over HTTP as it came, and the answer as it comes;
+        to a stdio child, a request on its session, the answer checked."""
         ...
 
     def open_stream(

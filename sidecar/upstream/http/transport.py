@@ -37,9 +37,9 @@ from sidecar.protocol.errors import (
     UpstreamRpcError,
 )
 from sidecar.protocol.types import JsonObject
-from sidecar.upstream.answers import ReleasingStream, Reply, UpstreamInfo, json_object
+from sidecar.upstream.answers import ReleasingStream, Reply, UpstreamInfo, json_object, whole
 from sidecar.upstream.base import Headers
-from sidecar.upstream.era import checked, own_request_params, result_of
+from sidecar.upstream.era import checked, own_request_params, response, result_of
 from sidecar.upstream.http.auth import metadata_paths, rewrite_challenge, rewrite_metadata
 from sidecar.upstream.http.endpoint import UpstreamHTTP, iter_messages, raise_for_status, read_limited
 from sidecar.upstream.http.relay import relay_answer, relay_events, request_id_of
@@ -214,10 +214,18 @@ class HTTPTransport:
             return await self._modern_exchange(method, params, headers)
         return await self._sessions.request(identity.context, method, params, headers)
 
-    async def stream(
-        self, method: str, params: JsonObject, request_id: RequestId | None, shape: AnswerShaper
-    ) -> Reply | None:
-        return None  # a bridged request is answered whole
+    async def reply(
+        self,
+        identity: Identity,
+        era: Era,
+        method: str,
+        params: JsonObject,
+        request_id: RequestId | None,
+        client_headers: Headers,
+        shape: AnswerShaper,
+    ) -> Reply:
+        """A client's request in `era`, answered whole (a 2026-07-28 one is passed through instead)."""
+        return whole(response(request_id, shape(await self.exchange(identity, era, method, params, client_headers))))
 
     async def pass_through(self, message: Message, client_headers: Headers, identity: Identity) -> Reply:
         headers = self._identities.forwarded(client_headers)

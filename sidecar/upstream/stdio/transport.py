@@ -17,6 +17,7 @@ import copy
 import logging
 import secrets
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
+from functools import partial
 
 from sidecar.config import UpstreamConfig
 from sidecar.identity import ANONYMOUS_IDENTITY, Identity
@@ -26,7 +27,7 @@ from sidecar.protocol.envelope import Era, Message, RequestId
 from sidecar.protocol.errors import InvalidRequest, UpstreamError, UpstreamTimeout
 from sidecar.protocol.frames import SERVER_INFO, error_response
 from sidecar.protocol.types import JsonObject
-from sidecar.upstream.answers import Reply, UpstreamInfo, json_object
+from sidecar.upstream.answers import Reply, UpstreamInfo, json_object, whole
 from sidecar.upstream.base import Headers, NotificationListener
 from sidecar.upstream.era import checked, response, with_modern_meta
 from sidecar.upstream.reachability import Reachability
@@ -116,18 +117,29 @@ class StdioTransport:
             child, _ = await self._supervisor.session()
             return await child.request(method, params, timeout_s=self._config.timeout_s)
 
-    async def pass_through(self, message: Message, client_headers: Headers, identity: Identity) -> Reply | None:
-        return None  # a child has no HTTP answer to pass on: the bridge answers from the exchange
-
-    async def stream(
-        self, method: str, params: JsonObject, request_id: RequestId | None, shape: AnswerShaper
-    ) -> Reply | None:
-        """A listen, or a request that asked for progress: its notifications as they come, then its answer."""
+    async def reply(
+        self,
+        identity: Identity,
+        era: Era,
+        method: str,
+        params: JsonObject,
+        request_id: RequestId | None,
+        client_headers: Headers,
+        shape: AnswerShaper,
+    ) -> Reply:
+        """A client's request, answered whole; a listen, or a request that asked for progress, as an SSE stream:
+        its notifications as they come, then its answer."""
         if not streamed(method, params):
-            return None
+            return whole(response(request_id, shape(await self.exchange(identity, era, method, params))))
         with self._suspecting():
             child, _ = await self._supervisor.session()
             return await self._stream(child, method, params, request_id, shape)
+
+    async def pass_through(self, message: Message, client_headers: Headers, identity: Identity) -> Reply:
+        """A 2026-07-28 client's request to a 2026-07-28 child: a child has no HTTP answer to pass on, so it is
+        answered from its session, the answer checked."""
+        shape = partial(checked, self.url)
+        return await self.reply(identity, "modern", message.method, message.params, message.id, client_headers, shape)
 
     def public_headers(self, headers: dict[str, str]) -> dict[str, str]:
         return headers
