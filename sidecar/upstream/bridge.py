@@ -25,7 +25,7 @@ from sidecar.upstream.answers import Reply, UpstreamInfo
 from sidecar.upstream.base import Headers
 from sidecar.upstream.era import checked, own_request_params, result_of, strip_modern_meta, translated
 from sidecar.upstream.reachability import Reachability
-from sidecar.upstream.transport import Transport
+from sidecar.upstream.transport import Protection, Transport, Unprotected
 
 __all__ = ["UpstreamBridge"]
 
@@ -37,8 +37,15 @@ _REMEMBERED_CONTEXTS = 10_000
 class UpstreamBridge:
     """The upstream as the sidecar uses it (every role of `sidecar.upstream.base`), in whichever era it speaks."""
 
-    def __init__(self, transport: Transport, reachability: Reachability, cache: CacheConfig) -> None:
+    def __init__(
+        self,
+        transport: Transport,
+        reachability: Reachability,
+        cache: CacheConfig,
+        protection: Protection | None = None,
+    ) -> None:
         self._transport = transport
+        self._protection: Protection = protection or Unprotected()
         self._reach = reachability
         self._cache = cache
         self._discovered: LRUCache[str, UpstreamInfo] = LRUCache(maxsize=_REMEMBERED_CONTEXTS)
@@ -173,11 +180,11 @@ class UpstreamBridge:
 
     def public_headers(self, headers: dict[str, str]) -> dict[str, str]:
         """Response headers for the client: an auth challenge points at the sidecar when public_url is set."""
-        return self._transport.public_headers(headers)
+        return self._protection.public_headers(headers)
 
     async def protected_resource_metadata(self, public_url: str) -> JsonObject | None:
         """The upstream's OAuth protected-resource metadata, rewritten to name `public_url`; None if it has none."""
-        return await self._transport.protected_resource_metadata(public_url)
+        return await self._protection.protected_resource_metadata(public_url)
 
     # -- the sidecar's own calls --------------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ from sidecar.protocol.types import JsonObject
 from sidecar.upstream.answers import Reply, UpstreamInfo
 from sidecar.upstream.base import Headers
 
-__all__ = ["AnswerShaper", "Transport"]
+__all__ = ["AnswerShaper", "Protection", "Transport", "Unprotected"]
 
 AnswerShaper = Callable[[JsonObject], JsonObject]
 """Turns the upstream's raw answer into what the client gets (its `result` or `error`), or raises."""
@@ -108,6 +108,27 @@ class Transport(Protocol):
         """A 2025-11-25 client session's message, passed through."""
         ...
 
-    def public_headers(self, headers: dict[str, str]) -> dict[str, str]: ...
 
-    async def protected_resource_metadata(self, public_url: str) -> JsonObject | None: ...
+class Protection(Protocol):
+    """What the upstream's OAuth protection tells clients, pointed at the sidecar: its challenges and its
+    protected-resource metadata (RFC 9728). Not a transport's: it moves no MCP message, and only an HTTP upstream
+    has any (`http/auth.py`)."""
+
+    def public_headers(self, headers: dict[str, str]) -> dict[str, str]:
+        """Response headers for the client: an auth challenge points at the sidecar when public_url is set."""
+        ...
+
+    async def protected_resource_metadata(self, public_url: str) -> JsonObject | None:
+        """The upstream's OAuth protected-resource metadata, rewritten to name `public_url`; None if it has none."""
+        ...
+
+
+class Unprotected:
+    """An upstream nothing protects (a stdio child has no HTTP, so no OAuth): headers pass as they are, and there
+    is no metadata."""
+
+    def public_headers(self, headers: dict[str, str]) -> dict[str, str]:
+        return headers
+
+    async def protected_resource_metadata(self, public_url: str) -> JsonObject | None:
+        return None

@@ -27,7 +27,7 @@ class UpstreamClient(UpstreamBridge):
         # Every exchange tells reachability; while the upstream is down or unusable it is asked again on its own.
         reachability = Reachability(config.display_url, metrics or Metrics(), retry=self._ask_now)
         self._http = HTTPTransport(config, reachability, identities)
-        super().__init__(self._http, reachability, cache)
+        super().__init__(self._http, reachability, cache, self._http.protection)
 
     def use_tls(self, context: ssl.SSLContext) -> None:
         """New connections to an https upstream use `context` (its certificate files were read again)."""

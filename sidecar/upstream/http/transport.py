@@ -1,6 +1,6 @@
 """The HTTP transport: the upstream's MCP endpoint over the wire pool, one session per authorization context when
-it speaks 2025-11-25, a modern client's request passed as it came, and the OAuth metadata and challenges it
-serves rewritten to name the sidecar.
+it speaks 2025-11-25, a modern client's request passed as it came; the OAuth metadata and challenges it serves,
+rewritten to name the sidecar, are its `protection` (`auth.py`).
 
 Every exchange tells reachability. The era is probed when it is needed and not known (a probe is an exchange of
 its own, before the one that needs it), and learned afresh after an outage."""
@@ -13,7 +13,6 @@ import itertools
 import logging
 import ssl
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
-from urllib.parse import urlsplit, urlunsplit
 
 import orjson
 
@@ -40,7 +39,7 @@ from sidecar.protocol.types import JsonObject
 from sidecar.upstream.answers import ReleasingStream, Reply, UpstreamInfo, json_object, whole
 from sidecar.upstream.base import Headers
 from sidecar.upstream.era import checked, own_request_params, response, result_of
-from sidecar.upstream.http.auth import metadata_paths, rewrite_challenge, rewrite_metadata
+from sidecar.upstream.http.auth import OAuthProtection
 from sidecar.upstream.http.endpoint import UpstreamHTTP, iter_messages, raise_for_status, read_limited
 from sidecar.upstream.http.relay import relay_answer, relay_events, request_id_of
 from sidecar.upstream.http.sessions import UpstreamSessions
@@ -74,6 +73,8 @@ class HTTPTransport:
         self._reach = reachability
         self._identities = identities or IdentityRule(config.forward_headers, config.non_identity_headers)
         self._http = UpstreamHTTP(config)
+        self.protection = OAuthProtection(config, self._http)
+        """What the upstream's OAuth protection tells clients, pointed at the sidecar."""
         self._sessions = UpstreamSessions(self._http, lambda: reachability.outages)
         self._ids = itertools.count(1)
         self._probe_lock = asyncio.Lock()
@@ -174,30 +175,6 @@ class HTTPTransport:
         answer = await self._modern_exchange(method, own_request_params({}), headers)
         return result_of(self.url, checked(self.url, answer))
 
-    # -- what the upstream serves besides MCP --------------------------------------------------------------
-
-    def public_headers(self, headers: dict[str, str]) -> dict[str, str]:
-        """Response headers for the client: an auth challenge points at the sidecar when public_url is set."""
-        public_url = self._config.public_url
-        if public_url is None:
-            return headers
-        return {
-            name: rewrite_challenge(value, public_url) if name.lower() == "www-authenticate" else value
-            for name, value in headers.items()
-        }
-
-    async def protected_resource_metadata(self, public_url: str) -> JsonObject | None:
-        """The upstream's OAuth protected-resource metadata, rewritten to name `public_url`; None if it has none."""
-        parts = urlsplit(self._config.url)
-        for path in metadata_paths(self._config.url):
-            url = urlunsplit((parts.scheme, parts.netloc, path, "", ""))
-            with contextlib.suppress(UpstreamError):
-                status, body = await self._http.get(url, self._http.max_response_bytes)
-                document = json_object(body) if status == 200 else None
-                if document is not None:
-                    return rewrite_metadata(document, public_url)
-        return None
-
     # -- exchanges ----------------------------------------------------------------------------------------------
 
     async def exchange(
@@ -285,7 +262,7 @@ class HTTPTransport:
         # pooled connection for ever); an SSE answer, once it starts, is bounded by silence and max_stream_s.
         response = await self._http.open(http_method, body, headers, idempotent=idempotent)
         try:
-            passthrough = self.public_headers(
+            passthrough = self.protection.public_headers(
                 {name: response.headers[name] for name in names if name in response.headers}
             )
             if response.headers.get("Content-Type", "").startswith(SSE_CONTENT_TYPE) and response.status < 300:

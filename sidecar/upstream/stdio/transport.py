@@ -141,12 +141,6 @@ class StdioTransport:
         shape = partial(checked, self.url)
         return await self.reply(identity, "modern", message.method, message.params, message.id, client_headers, shape)
 
-    def public_headers(self, headers: dict[str, str]) -> dict[str, str]:
-        return headers
-
-    async def protected_resource_metadata(self, public_url: str) -> JsonObject | None:
-        return None  # no HTTP, no OAuth: there is nothing to protect the child with
-
     # -- 2025-11-25 client sessions -------------------------------------------------------------------------
 
     async def relay(
