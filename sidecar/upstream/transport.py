@@ -1,9 +1,13 @@
 """What the bridge needs of a way to reach the upstream: the `Transport` protocol, served over HTTP
-(`http/transport.py`) and over a stdio child's pipes (`stdio/transport.py`).
+(`http/transport.py`) and over a stdio child's pipes (`stdio/transport.py`), and the upstream's OAuth face
+(`Protection`), which only an HTTP upstream has.
 
-A transport moves messages: one exchange (a request and its raw answer, in the era given), a stream (of the
-upstream's own notifications, or of a request's progress), a client session's message passed through, and its
-own start and close. What the messages mean across eras (probing, stamping, mapping errors, the `_meta` a
+A transport moves messages: one exchange (a request and its raw answer, in the era given), a client's request
+answered (whole, or as a stream of its progress), a modern client's request passed on, the upstream's own
+notifications, a client session's message relayed, and its own start and close. Where the legs differ, each
+says how in one member the bridge calls alike: how the era is learned (probed over HTTP, a stdio child's
+handshake), how liveness is checked and told to reachability, and where an exchange's count starts (a probe over
+HTTP is an exchange of its own). What the messages mean across eras (stamping, mapping errors, the `_meta` a
 2026-07-28 server needs) is the bridge's.
 """
 
@@ -26,7 +30,7 @@ AnswerShaper = Callable[[JsonObject], JsonObject]
 
 
 class Transport(Protocol):
-    """One way to the upstream."""
+    """One way to the upstream: every member is one that both legs do."""
 
     @property
     def url(self) -> str:
