@@ -11,7 +11,7 @@ import orjson
 from sidecar.protocol.envelope import ERA_REVISIONS, Era
 from sidecar.protocol.types import JsonObject
 
-__all__ = ["ByteStream", "ReleasingStream", "Reply", "UpstreamInfo", "json_object"]
+__all__ = ["ByteStream", "ReleasingStream", "Reply", "UpstreamInfo", "json_object", "whole"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +58,11 @@ class Reply:
     message: JsonObject | None = None
     body: bytes | None = None
     stream: ByteStream | None = None
+
+
+def whole(message: JsonObject) -> Reply:
+    """An answer given whole, as one JSON message."""
+    return Reply(200, {"Content-Type": "application/json"}, message=message)
 
 
 class ReleasingStream:

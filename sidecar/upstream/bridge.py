@@ -10,7 +10,6 @@ used now. `UpstreamClient` and `StdioUpstream` are this class wired to one trans
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 from functools import partial
@@ -19,19 +18,18 @@ from cachetools import LRUCache
 
 from sidecar.config import CacheConfig
 from sidecar.identity import ANONYMOUS_IDENTITY, Identity
-from sidecar.protocol.envelope import Era, Message, RequestId
-from sidecar.protocol.errors import UpstreamError, UpstreamRpcError
+from sidecar.protocol.envelope import Message
+from sidecar.protocol.errors import UpstreamError
 from sidecar.protocol.types import JsonObject
 from sidecar.upstream.answers import Reply, UpstreamInfo
 from sidecar.upstream.base import Headers
-from sidecar.upstream.era import checked, own_request_params, response, result_of, strip_modern_meta, translated
+from sidecar.upstream.era import checked, own_request_params, result_of, strip_modern_meta, translated
 from sidecar.upstream.reachability import Reachability
-from sidecar.upstream.transport import AnswerShaper, Transport
+from sidecar.upstream.transport import Protection, Transport, Unprotected
 
 __all__ = ["UpstreamBridge"]
 
 
-_JSON = {"Content-Type": "application/json"}
 _REMEMBERED_CONTEXTS = 10_000
 """Contexts whose last discovery is kept for an outage (least recently used go first: theirs fails as it did)."""
 
@@ -39,17 +37,20 @@ _REMEMBERED_CONTEXTS = 10_000
 class UpstreamBridge:
     """The upstream as the sidecar uses it (every role of `sidecar.upstream.base`), in whichever era it speaks."""
 
-    def __init__(self, transport: Transport, reachability: Reachability, cache: CacheConfig) -> None:
+    def __init__(
+        self,
+        transport: Transport,
+        reachability: Reachability,
+        cache: CacheConfig,
+        protection: Protection | None = None,
+    ) -> None:
         self._transport = transport
+        self._protection: Protection = protection or Unprotected()
         self._reach = reachability
         self._cache = cache
-        self._on_demand = transport.probes_on_demand
-        self._probe_lock = asyncio.Lock()
         self._discovered: LRUCache[str, UpstreamInfo] = LRUCache(maxsize=_REMEMBERED_CONTEXTS)
         """The last era and capabilities each context was given: a client connecting during an outage gets them
         (per context, so what one credential was told never reaches another)."""
-        if self._on_demand:
-            reachability.retry = self._reach_again
 
     # -- health -------------------------------------------------------------------------------------------
 
@@ -89,30 +90,29 @@ class UpstreamBridge:
 
     async def check(self) -> bool:
         """Readiness: the era is known and the upstream was heard from lately; without recent contact it is
-        asked again (an HTTP upstream whose era is not known yet is probed)."""
-        info = self._reach.info
+        asked again (an upstream whose era is not known yet is probed, a stdio child's handshake is not waited for)."""
+        stale = self._reach.up is not False and self._reach.stale(self._transport.heard_at())
         with contextlib.suppress(UpstreamError):
-            if info is None:
-                if self._on_demand:
-                    await self.ensure_info()
-            elif self._reach.up is not False and self._reach.stale(self._transport.heard_at()):
-                await (self._liveness(info) if self._on_demand else self._transport.liveness(info))
+            if self._reach.info is None or stale:
+                await self._ask_now()
         return self._reach.not_ready_reason is None
 
     async def answers_now(self) -> bool:
         """One exchange with the upstream now: a probe while the era is not known, else a liveness check."""
         with contextlib.suppress(UpstreamError):
-            info = self._reach.info
-            if info is None:
-                if not self._on_demand:
-                    return False  # a stdio child not answering its handshake yet
-                await self.ensure_info()
-            elif self._on_demand:
-                await self._liveness(info)
-            else:
-                await self._transport.liveness(info)
+            await self._ask_now()
             return self._reach.not_ready_reason is None
         return False
+
+    async def _ask_now(self) -> None:
+        # One exchange with the upstream now (also what reachability retries while an HTTP upstream is down): a
+        # probe while the era is not known (a stdio child not answering its handshake yet fails it at once), else
+        # a liveness check in the era known.
+        info = self._reach.info
+        if info is None:
+            self._remember(ANONYMOUS_IDENTITY, await self._transport.era(ANONYMOUS_IDENTITY, wait=False))
+        else:
+            await self._transport.liveness(info)
 
     # -- lifecycle ----------------------------------------------------------------------------------------
 
@@ -143,84 +143,25 @@ class UpstreamBridge:
     async def ensure_info(self, identity: Identity = ANONYMOUS_IDENTITY) -> UpstreamInfo:
         """The era and capabilities: probed once (again after a failure) as `identity`, since a protected upstream
         refuses an anonymous probe; or, for a stdio child, its handshake (waiting while it starts)."""
-        info = await self._ensure_info(identity)
+        return self._remember(identity, await self._transport.era(identity))
+
+    def _remember(self, identity: Identity, info: UpstreamInfo) -> UpstreamInfo:
         if self._discovered.get(identity.context) is not info:
             self._discovered[identity.context] = info
         return info
-
-    async def _ensure_info(self, identity: Identity) -> UpstreamInfo:
-        if not self._on_demand:
-            return await self._transport.era(identity)
-        info = self._reach.info
-        if info is not None:
-            return info
-        async with self._probe_lock:
-            if self._reach.info is None:
-                try:
-                    with self._reach.observe("probe"):
-                        info = await self._transport.era(identity)
-                except UpstreamError as exc:
-                    self._reach.probe_failed(exc)
-                    raise
-                self._reach.learned(info)
-                return info
-            return self._reach.info
-
-    async def _reach_again(self) -> None:
-        # One exchange over the network while the upstream is down: a probe, or a liveness check.
-        info = self._reach.info
-        if info is None:
-            await self.ensure_info()
-        else:
-            await self._liveness(info)
-
-    async def _liveness(self, info: UpstreamInfo) -> None:
-        try:
-            with self._reach.observe("probe"):
-                await self._transport.liveness(info)
-        except UpstreamRpcError:
-            self._reach.usable(None)  # an error answer is an answer: the upstream speaks JSON-RPC
-        except UpstreamError as exc:
-            self._reach.probe_failed(exc)
-            if self._reach.unusable is not None:
-                self._reach.info = None  # probed afresh once it answers sensibly again
-            raise
-        else:
-            self._reach.usable(None)
 
     # -- forwarding ---------------------------------------------------------------------------------------
 
     async def forward(self, message: Message, client_headers: Headers, identity: Identity) -> Reply:
         """A modern client's request, answered in the client's era."""
-        info = await self.ensure_info(identity) if self._on_demand else None
-        with self._reach.observe(message.method):
-            if info is None:
-                info = await self._transport.era(identity)
+        async with self._transport.exchanging(message.method, partial(self.ensure_info, identity)) as info:
             if info.era == "modern":
-                reply = await self._transport.pass_through(message, client_headers, identity)
-                if reply is not None:
-                    return reply
-                params, shape = message.params, partial(checked, self.url)
-            else:
-                params = strip_modern_meta(message.params)
-                shape = partial(translated, self.url, self._cache, message.method, message.params)
-            return await self._answer(identity, info.era, message.method, params, message.id, client_headers, shape)
-
-    async def _answer(
-        self,
-        identity: Identity,
-        era: Era,
-        method: str,
-        params: JsonObject,
-        request_id: RequestId | None,
-        client_headers: Headers,
-        shape: AnswerShaper,
-    ) -> Reply:
-        streamed = await self._transport.stream(method, params, request_id, shape)
-        if streamed is not None:
-            return streamed
-        answer = await self._transport.exchange(identity, era, method, params, client_headers)
-        return Reply(200, dict(_JSON), message=response(request_id, shape(answer)))
+                return await self._transport.pass_through(message, client_headers, identity)
+            params = strip_modern_meta(message.params)
+            shape = partial(translated, self.url, self._cache, message.method, message.params)
+            return await self._transport.reply(
+                identity, info.era, message.method, params, message.id, client_headers, shape
+            )
 
     async def relay(
         self,
@@ -239,20 +180,17 @@ class UpstreamBridge:
 
     def public_headers(self, headers: dict[str, str]) -> dict[str, str]:
         """Response headers for the client: an auth challenge points at the sidecar when public_url is set."""
-        return self._transport.public_headers(headers)
+        return self._protection.public_headers(headers)
 
     async def protected_resource_metadata(self, public_url: str) -> JsonObject | None:
         """The upstream's OAuth protected-resource metadata, rewritten to name `public_url`; None if it has none."""
-        return await self._transport.protected_resource_metadata(public_url)
+        return await self._protection.protected_resource_metadata(public_url)
 
     # -- the sidecar's own calls --------------------------------------------------------------------------
 
     async def call(self, method: str, params: JsonObject, identity: Identity = ANONYMOUS_IDENTITY) -> JsonObject:
         """One request on the sidecar's behalf (a poll), for `identity`; the result, or an UpstreamError."""
-        info = await self.ensure_info(identity) if self._on_demand else None
-        with self._reach.observe(method):
-            if info is None:
-                info = await self._transport.era(identity)
+        async with self._transport.exchanging(method, partial(self.ensure_info, identity)) as info:
             if info.era == "modern":
                 sent = own_request_params(params)
                 answer = checked(self.url, await self._transport.exchange(identity, "modern", method, sent))

@@ -2,8 +2,9 @@
 answers are MCP), its era known (`info`), heard from lately (readiness freshness); every exchange counted and
 timed.
 
-Two legs tell it differently. Over HTTP every exchange does (`follows_exchanges`): any answer means up, a
-transport failure means down; while down the sidecar asks again on its own, at the pace of `Outage` (which also
+Two legs tell it differently. Over HTTP every exchange does (the leg gives a `retry` at construction): any answer
+means up, a transport failure means down; while down the sidecar asks again on its own with `retry`, at the pace of
+`Outage` (which also
 says what the log says), so recovery is noticed, and told to its recovery listeners, without waiting for a client or a
 readiness probe. Unusable is never a resting state either: while the upstream answers but cannot be used, it is
 asked again at the same backed-off pace (a fresh session each time). Recovery is told once the upstream is
@@ -43,10 +44,14 @@ _UNUSABLE_PACE = Backoff(RETRY_INITIAL_S, RETRY_MAX_S)
 class Reachability:
     """Reachability, usability and the era of one upstream, and the count of its exchanges."""
 
-    def __init__(self, url: str, metrics: Metrics, *, follows_exchanges: bool) -> None:
+    def __init__(self, url: str, metrics: Metrics, *, retry: Callable[[], Awaitable[None]] | None = None) -> None:
+        """`retry`: given where every exchange tells reachability (HTTP), one exchange with the upstream over the
+        network, tried at the outage's pace while it is down (and while it is unusable); None where the leg tells
+        it itself (a stdio supervisor)."""
         self.url = url
         self._metrics = metrics
-        self._follows_exchanges = follows_exchanges
+        self._retry = retry
+        self._follows_exchanges = retry is not None
         self.info: UpstreamInfo | None = None
         """The era and capabilities; None while not known (over HTTP also while down: probed afresh then)."""
         self.up: bool | None = None
@@ -60,9 +65,6 @@ class Reachability:
         """When the upstream last answered (monotonic): readiness trusts it for READY_FRESH_S."""
         self._recovery_listeners: Listeners[Callable[[], None]] = Listeners()
         """Told when the upstream can be used again after being unreachable or unusable (`add_recovery_listener`)."""
-        self.retry: Callable[[], Awaitable[None]] | None = None
-        """One exchange with the upstream over the network, tried at the outage's pace while it is down (and
-        while it is unusable)."""
         self.outages = 0
         """How many outages began (an HTTP upstream's sessions from before the last one may be forgotten)."""
         self._outage = Outage(url)
@@ -126,6 +128,13 @@ class Reachability:
             self.usable(None)
             return
         self.usable(f"the upstream answers but is unusable: {exc.reason}")
+
+    def liveness_failed(self, exc: UpstreamError) -> None:
+        """A liveness check in the era known failed: as a probe's failure, and an upstream found unusable has its
+        era probed afresh once it answers sensibly again."""
+        self.probe_failed(exc)
+        if self.unusable is not None:
+            self.info = None
 
     def usable(self, problem: str | None) -> None:
         was = self.unusable
@@ -213,8 +222,8 @@ class Reachability:
         self.up = False
         self.last_error = reason
         self.info = None
-        if self._retrying is None and self.retry is not None:
-            self._retrying = asyncio.get_running_loop().create_task(self._retry_while_down(self.retry))
+        if self._retrying is None and self._retry is not None:
+            self._retrying = asyncio.get_running_loop().create_task(self._retry_while_down(self._retry))
 
     def _answered(self) -> None:
         self.up = True
@@ -224,8 +233,8 @@ class Reachability:
             self._recovery_due = True
             if self.info is not None and self.unusable is None:
                 self._recovered()
-            elif self.retry is not None and self._probing is None:  # `usable` tells once a probe finds it usable
-                self._probing = asyncio.get_running_loop().create_task(self._probe_after_outage(self.retry))
+            elif self._retry is not None and self._probing is None:  # `usable` tells once a probe finds it usable
+                self._probing = asyncio.get_running_loop().create_task(self._probe_after_outage(self._retry))
 
     def _recovered(self) -> None:
         self._recovery_due = False
@@ -260,8 +269,8 @@ class Reachability:
             self._probing = None
 
     def _retry_unusable(self) -> None:
-        if self._retrying_unusable is None and self.retry is not None and self._follows_exchanges:
-            retry = self.retry
+        if self._retrying_unusable is None and self._retry is not None:
+            retry = self._retry
             self._retrying_unusable = asyncio.get_running_loop().create_task(self._retry_while_unusable(retry))
 
     async def _retry_while_unusable(self, retry: Callable[[], Awaitable[None]]) -> None:

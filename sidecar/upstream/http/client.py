@@ -24,9 +24,10 @@ class UpstreamClient(UpstreamBridge):
         metrics: Metrics | None = None,
         identities: IdentityRule | None = None,
     ) -> None:
-        reachability = Reachability(config.display_url, metrics or Metrics(), follows_exchanges=True)
+        # Every exchange tells reachability; while the upstream is down or unusable it is asked again on its own.
+        reachability = Reachability(config.display_url, metrics or Metrics(), retry=self._ask_now)
         self._http = HTTPTransport(config, reachability, identities)
-        super().__init__(self._http, reachability, cache)
+        super().__init__(self._http, reachability, cache, self._http.protection)
 
     def use_tls(self, context: ssl.SSLContext) -> None:
         """New connections to an https upstream use `context` (its certificate files were read again)."""

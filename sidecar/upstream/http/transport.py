@@ -1,15 +1,18 @@
 """The HTTP transport: the upstream's MCP endpoint over the wire pool, one session per authorization context when
-it speaks 2025-11-25, a modern client's request passed as it came, and the OAuth metadata and challenges it
-serves rewritten to name the sidecar."""
+it speaks 2025-11-25, a modern client's request passed as it came; the OAuth metadata and challenges it serves,
+rewritten to name the sidecar, are its `protection` (`auth.py`).
+
+Every exchange tells reachability. The era is probed when it is needed and not known (a probe is an exchange of
+its own, before the one that needs it), and learned afresh after an outage."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import logging
 import ssl
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
-from urllib.parse import urlsplit, urlunsplit
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 
 import orjson
 
@@ -33,10 +36,10 @@ from sidecar.protocol.errors import (
     UpstreamRpcError,
 )
 from sidecar.protocol.types import JsonObject
-from sidecar.upstream.answers import ReleasingStream, Reply, UpstreamInfo, json_object
+from sidecar.upstream.answers import ReleasingStream, Reply, UpstreamInfo, json_object, whole
 from sidecar.upstream.base import Headers
-from sidecar.upstream.era import checked, own_request_params, result_of
-from sidecar.upstream.http.auth import metadata_paths, rewrite_challenge, rewrite_metadata
+from sidecar.upstream.era import checked, own_request_params, response, result_of
+from sidecar.upstream.http.auth import OAuthProtection
 from sidecar.upstream.http.endpoint import UpstreamHTTP, iter_messages, raise_for_status, read_limited
 from sidecar.upstream.http.relay import relay_answer, relay_events, request_id_of
 from sidecar.upstream.http.sessions import UpstreamSessions
@@ -62,8 +65,6 @@ _GATEWAY_STATUSES = (502, 503, 504)
 class HTTPTransport:
     """An MCP server over HTTP: the `Transport` of `UpstreamClient`."""
 
-    probes_on_demand = True
-
     def __init__(
         self, config: UpstreamConfig, reachability: Reachability, identities: IdentityRule | None = None
     ) -> None:
@@ -72,8 +73,11 @@ class HTTPTransport:
         self._reach = reachability
         self._identities = identities or IdentityRule(config.forward_headers, config.non_identity_headers)
         self._http = UpstreamHTTP(config)
+        self.protection = OAuthProtection(config, self._http)
+        """What the upstream's OAuth protection tells clients, pointed at the sidecar."""
         self._sessions = UpstreamSessions(self._http, lambda: reachability.outages)
         self._ids = itertools.count(1)
+        self._probe_lock = asyncio.Lock()
 
     async def start(self) -> None:
         await self._http.start()
@@ -89,13 +93,39 @@ class HTTPTransport:
         """New connections to an https upstream use `context` (its certificate files were read again)."""
         self._http.use_tls(context)
 
-    def heard_at(self) -> float | None:
-        return None  # what the answers say: the bridge's reachability keeps it
+    def heard_at(self) -> float:
+        return self._reach.heard_at  # what the answers say
 
     # -- the era -------------------------------------------------------------------------------------------
 
-    async def era(self, identity: Identity) -> UpstreamInfo:
-        """Probe over the network, with `identity`'s headers (a protected upstream refuses an anonymous probe)."""
+    async def era(self, identity: Identity, *, wait: bool = True) -> UpstreamInfo:
+        """The era known, or probed now as `identity` (once at a time; a protected upstream refuses an anonymous
+        probe) and told to reachability; a probe answers or fails at once, so there is nothing to `wait` for."""
+        info = self._reach.info
+        if info is not None:
+            return info
+        async with self._probe_lock:
+            if self._reach.info is None:
+                try:
+                    with self._reach.observe("probe"):
+                        info = await self._probe(identity)
+                except UpstreamError as exc:
+                    self._reach.probe_failed(exc)
+                    raise
+                self._reach.learned(info)
+                return info
+            return self._reach.info
+
+    @contextlib.asynccontextmanager
+    async def exchanging(self, method: str, era: Callable[[], Awaitable[UpstreamInfo]]) -> AsyncIterator[UpstreamInfo]:
+        """`era` first (a probe, when the era is not known, is an exchange of its own), then `method`'s exchange
+        counted for the block."""
+        info = await era()
+        with self._reach.observe(method):
+            yield info
+
+    async def _probe(self, identity: Identity) -> UpstreamInfo:
+        """Probe over the network, with `identity`'s headers."""
         headers = identity.as_headers()
 
         async def discover() -> JsonObject | None:
@@ -120,6 +150,20 @@ class HTTPTransport:
         return (await learn_era(self.url, self._config.protocol, discover, initialize))[0]
 
     async def liveness(self, info: UpstreamInfo) -> None:
+        """One cheap exchange in the era known, told to reachability: any answer (an error answer too) says the
+        upstream speaks JSON-RPC; one that is not MCP makes it unusable, and its era is probed afresh."""
+        try:
+            with self._reach.observe("probe"):
+                await self._ping(info)
+        except UpstreamRpcError:
+            self._reach.usable(None)  # an error answer is an answer: the upstream speaks JSON-RPC
+        except UpstreamError as exc:
+            self._reach.liveness_failed(exc)
+            raise
+        else:
+            self._reach.usable(None)
+
+    async def _ping(self, info: UpstreamInfo) -> None:
         # One cheap exchange in the era already known; a cached legacy session alone would prove nothing.
         if info.era == "modern":
             await self._modern_call("server/discover", {})
@@ -130,30 +174,6 @@ class HTTPTransport:
     async def _modern_call(self, method: str, headers: Mapping[str, str]) -> JsonObject:
         answer = await self._modern_exchange(method, own_request_params({}), headers)
         return result_of(self.url, checked(self.url, answer))
-
-    # -- what the upstream serves besides MCP --------------------------------------------------------------
-
-    def public_headers(self, headers: dict[str, str]) -> dict[str, str]:
-        """Response headers for the client: an auth challenge points at the sidecar when public_url is set."""
-        public_url = self._config.public_url
-        if public_url is None:
-            return headers
-        return {
-            name: rewrite_challenge(value, public_url) if name.lower() == "www-authenticate" else value
-            for name, value in headers.items()
-        }
-
-    async def protected_resource_metadata(self, public_url: str) -> JsonObject | None:
-        """The upstream's OAuth protected-resource metadata, rewritten to name `public_url`; None if it has none."""
-        parts = urlsplit(self._config.url)
-        for path in metadata_paths(self._config.url):
-            url = urlunsplit((parts.scheme, parts.netloc, path, "", ""))
-            with contextlib.suppress(UpstreamError):
-                status, body = await self._http.get(url, self._http.max_response_bytes)
-                document = json_object(body) if status == 200 else None
-                if document is not None:
-                    return rewrite_metadata(document, public_url)
-        return None
 
     # -- exchanges ----------------------------------------------------------------------------------------------
 
@@ -171,10 +191,18 @@ class HTTPTransport:
             return await self._modern_exchange(method, params, headers)
         return await self._sessions.request(identity.context, method, params, headers)
 
-    async def stream(
-        self, method: str, params: JsonObject, request_id: RequestId | None, shape: AnswerShaper
-    ) -> Reply | None:
-        return None  # a bridged request is answered whole
+    async def reply(
+        self,
+        identity: Identity,
+        era: Era,
+        method: str,
+        params: JsonObject,
+        request_id: RequestId | None,
+        client_headers: Headers,
+        shape: AnswerShaper,
+    ) -> Reply:
+        """A client's request in `era`, answered whole (a 2026-07-28 one is passed through instead)."""
+        return whole(response(request_id, shape(await self.exchange(identity, era, method, params, client_headers))))
 
     async def pass_through(self, message: Message, client_headers: Headers, identity: Identity) -> Reply:
         headers = self._identities.forwarded(client_headers)
@@ -234,7 +262,7 @@ class HTTPTransport:
         # pooled connection for ever); an SSE answer, once it starts, is bounded by silence and max_stream_s.
         response = await self._http.open(http_method, body, headers, idempotent=idempotent)
         try:
-            passthrough = self.public_headers(
+            passthrough = self.protection.public_headers(
                 {name: response.headers[name] for name in names if name in response.headers}
             )
             if response.headers.get("Content-Type", "").startswith(SSE_CONTENT_TYPE) and response.status < 300:

@@ -19,7 +19,7 @@ class StdioUpstream(UpstreamBridge):
 
     def __init__(self, config: UpstreamConfig, cache: CacheConfig, metrics: Metrics | None = None) -> None:
         metrics = metrics or Metrics()
-        reachability = Reachability(config.display_url, metrics, follows_exchanges=False)
+        reachability = Reachability(config.display_url, metrics)  # the supervisor tells it
         self._stdio = StdioTransport(config, metrics, reachability)
         super().__init__(self._stdio, reachability, cache)
 

@@ -119,11 +119,12 @@ class StdioSupervisor:
         if self.child is not None:
             self.child.fail_all(ShuttingDown(self.label, "the sidecar is shutting down"))
 
-    async def session(self) -> tuple[StdioChild, UpstreamInfo]:
-        """The ready child and what its handshake said; waits (up to upstream.timeout_s) while it starts."""
+    async def session(self, *, wait: bool = True) -> tuple[StdioChild, UpstreamInfo]:
+        """The ready child and what its handshake said; waits (up to upstream.timeout_s) while it starts, unless
+        not `wait` (then a child not ready yet is UpstreamUnavailable at once)."""
         if self._aborted or self.state == "closed":
             raise ShuttingDown(self.label, "the sidecar is shutting down")
-        if self.state == "starting":
+        if self.state == "starting" and wait:
             try:
                 await asyncio.wait_for(self._settled.wait(), self._config.timeout_s)
             except TimeoutError:

@@ -16,17 +16,18 @@ import contextlib
 import copy
 import logging
 import secrets
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
+from functools import partial
 
 from sidecar.config import UpstreamConfig
-from sidecar.identity import Identity
+from sidecar.identity import ANONYMOUS_IDENTITY, Identity
 from sidecar.observability.metrics import Metrics
 from sidecar.protocol.constants import HANDSHAKE_VERSIONS, HEADER_SESSION_ID, LEGACY_VERSION
 from sidecar.protocol.envelope import Era, Message, RequestId
 from sidecar.protocol.errors import InvalidRequest, UpstreamError, UpstreamTimeout
 from sidecar.protocol.frames import SERVER_INFO, error_response
 from sidecar.protocol.types import JsonObject
-from sidecar.upstream.answers import Reply, UpstreamInfo, json_object
+from sidecar.upstream.answers import Reply, UpstreamInfo, json_object, whole
 from sidecar.upstream.base import Headers, NotificationListener
 from sidecar.upstream.era import checked, response, with_modern_meta
 from sidecar.upstream.reachability import Reachability
@@ -50,8 +51,6 @@ _JSON = {"Content-Type": "application/json"}
 
 class StdioTransport:
     """A child process on stdin and stdout: the `Transport` of `StdioUpstream`."""
-
-    probes_on_demand = False
 
     def __init__(self, config: UpstreamConfig, metrics: Metrics, reachability: Reachability) -> None:
         self.url = config.display_url
@@ -94,9 +93,17 @@ class StdioTransport:
         child = self._supervisor.child
         return child.last_heard_at if child is not None else None
 
-    async def era(self, identity: Identity) -> UpstreamInfo:
-        """What the child's handshake said (waiting for it while the child starts)."""
-        return (await self._supervisor.session())[1]
+    async def era(self, identity: Identity, *, wait: bool = True) -> UpstreamInfo:
+        """What the child's handshake said, waiting for it while the child starts unless not `wait`. The
+        supervisor tells reachability; nothing here is asked of the child."""
+        return (await self._supervisor.session(wait=wait))[1]
+
+    @contextlib.asynccontextmanager
+    async def exchanging(self, method: str, era: Callable[[], Awaitable[UpstreamInfo]]) -> AsyncIterator[UpstreamInfo]:
+        """`method`'s exchange counted for the block, in the era of the child that takes it: its handshake, waited
+        for within the exchange (a child not ready fails this exchange), not `era`, the one the bridge learned."""
+        with self._reach.observe(method):
+            yield await self.era(ANONYMOUS_IDENTITY)
 
     async def liveness(self, info: UpstreamInfo) -> None:
         await self._supervisor.probe()  # one that does not answer is ended and started again
@@ -110,24 +117,29 @@ class StdioTransport:
             child, _ = await self._supervisor.session()
             return await child.request(method, params, timeout_s=self._config.timeout_s)
 
-    async def pass_through(self, message: Message, client_headers: Headers, identity: Identity) -> Reply | None:
-        return None  # a child has no HTTP answer to pass on: the bridge answers from the exchange
-
-    async def stream(
-        self, method: str, params: JsonObject, request_id: RequestId | None, shape: AnswerShaper
-    ) -> Reply | None:
-        """A listen, or a request that asked for progress: its notifications as they come, then its answer."""
+    async def reply(
+        self,
+        identity: Identity,
+        era: Era,
+        method: str,
+        params: JsonObject,
+        request_id: RequestId | None,
+        client_headers: Headers,
+        shape: AnswerShaper,
+    ) -> Reply:
+        """A client's request, answered whole; a listen, or a request that asked for progress, as an SSE stream:
+        its notifications as they come, then its answer."""
         if not streamed(method, params):
-            return None
+            return whole(response(request_id, shape(await self.exchange(identity, era, method, params))))
         with self._suspecting():
             child, _ = await self._supervisor.session()
             return await self._stream(child, method, params, request_id, shape)
 
-    def public_headers(self, headers: dict[str, str]) -> dict[str, str]:
-        return headers
-
-    async def protected_resource_metadata(self, public_url: str) -> JsonObject | None:
-        return None  # no HTTP, no OAuth: there is nothing to protect the child with
+    async def pass_through(self, message: Message, client_headers: Headers, identity: Identity) -> Reply:
+        """A 2026-07-28 client's request to a 2026-07-28 child: a child has no HTTP answer to pass on, so it is
+        answered from its session, the answer checked."""
+        shape = partial(checked, self.url)
+        return await self.reply(identity, "modern", message.method, message.params, message.id, client_headers, shape)
 
     # -- 2025-11-25 client sessions -------------------------------------------------------------------------
 

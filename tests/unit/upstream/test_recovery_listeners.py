@@ -11,7 +11,7 @@ INFO = UpstreamInfo("legacy", {"resources": {}}, None, None)
 
 
 def test_each_listener_is_told_of_every_recovery_until_it_is_removed() -> None:
-    reach = Reachability("stdio: server", Metrics(), follows_exchanges=False)
+    reach = Reachability("stdio: server", Metrics())
     told: list[str] = []
 
     def first() -> None:
