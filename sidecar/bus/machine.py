@@ -7,256 +7,48 @@ The bus's parts make the Redis calls and feed what they read here (`BusMachine.h
 written and heard, changes heard, a key's stored state read, a fenced publish answered. What comes back is what to
 do: keys gained and lost, replicas to clean up, interest to write again, changes to deliver, adopt or publish again.
 `RedisBus` carries the commands out. The time given with each event stamps the changes the machine makes up.
+The events are `sidecar.bus.events`, the commands `sidecar.bus.commands`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 
+from sidecar.bus.commands import (
+    Adopt,
+    BusCommand,
+    CleanUp,
+    Deliver,
+    Forgotten,
+    GaveUp,
+    Moved,
+    Poll,
+    RegisterAgain,
+    Republish,
+)
+from sidecar.bus.events import (
+    Beat,
+    BusEvent,
+    ChangeHeard,
+    CleanUpEnded,
+    CutChanged,
+    Fenced,
+    FenceRefused,
+    InterestHeard,
+    InterestRemoved,
+    OursQueued,
+    OursWritten,
+    ReplicaLeft,
+    StoredRead,
+    TakenOver,
+    Untracked,
+)
 from sidecar.bus.layout import key_hash
 from sidecar.bus.ownership import Ownership
 from sidecar.changes import ChangeEvent, WatchKey
 
-__all__ = [
-    "Adopt",
-    "Beat",
-    "BusCommand",
-    "BusEvent",
-    "BusMachine",
-    "ChangeHeard",
-    "CleanUp",
-    "CleanUpEnded",
-    "CutChanged",
-    "Decide",
-    "Deliver",
-    "FenceRefused",
-    "Fenced",
-    "Forgotten",
-    "GaveUp",
-    "InterestHeard",
-    "InterestRemoved",
-    "Moved",
-    "OursQueued",
-    "OursWritten",
-    "Poll",
-    "RegisterAgain",
-    "ReplicaLeft",
-    "Republish",
-    "StoredRead",
-    "TakenOver",
-    "Untracked",
-]
+__all__ = ["BusMachine", "Decide"]
 
-
-# -- events: what the bus's parts read ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Beat:
-    """A heartbeat of ours was answered: the live replicas, those whose heartbeat ran out, and whether ours had
-    to list us again (we were taken for dead and cleaned up while only slow)."""
-
-    live: frozenset[str]
-    dead: tuple[str, ...]
-    listed_again: bool
-
-
-@dataclass(frozen=True, slots=True)
-class InterestRemoved:
-    """A dead replica's interest is gone from Redis (its clean-up removed it)."""
-
-    instance: str
-
-
-@dataclass(frozen=True, slots=True)
-class CleanUpEnded:
-    """A clean-up of a dead replica ended, done or cut short (a later heartbeat may list it dead again)."""
-
-    instance: str
-
-
-@dataclass(frozen=True, slots=True)
-class ReplicaLeft:
-    """Another replica said it left."""
-
-    instance: str
-
-
-@dataclass(frozen=True, slots=True)
-class CutChanged:
-    """The replicas cut from the upstream (confirmed by a peer that reads it)."""
-
-    cut: frozenset[str]
-
-
-@dataclass(frozen=True, slots=True)
-class OursQueued:
-    """Our interest in a key is queued to be written."""
-
-    hashed: str
-
-
-@dataclass(frozen=True, slots=True)
-class OursWritten:
-    """Our interest in a key is written; `members` are who Redis said is interested."""
-
-    hashed: str
-    members: frozenset[str]
-
-
-@dataclass(frozen=True, slots=True)
-class InterestHeard:
-    """Another replica's interest in a key arrived or left (its bucket's interest message)."""
-
-    hashed: str
-    instance: str
-    present: bool
-
-
-@dataclass(frozen=True, slots=True)
-class Untracked:
-    """This replica no longer watches the key: it neither polls it nor keeps its fence (watched again, it starts
-    afresh)."""
-
-    key: WatchKey
-
-
-@dataclass(frozen=True, slots=True)
-class ChangeHeard:
-    """Another replica's change was read on the bus; `ours` is what our watch of the key was last told (None when
-    this replica does not watch it)."""
-
-    event: ChangeEvent
-    ours: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class StoredRead:
-    """A key's stored state (the last fingerprint told, its generation), read when this replica took the key over
-    (`taking_over`) or when its interest was written; `ours` as in `ChangeHeard`."""
-
-    key: WatchKey
-    told: str | None
-    stored: int
-    ours: str | None
-    taking_over: bool
-
-
-@dataclass(frozen=True, slots=True)
-class TakenOver:
-    """A key this replica gained was taken over, and is still watched; `stored`: the generation its stored state
-    said, None when nothing was told of it yet."""
-
-    key: WatchKey
-    stored: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class Fenced:
-    """A fenced publish answered with the stored generation `generation`, the key still watched."""
-
-    key: WatchKey
-    generation: int
-
-
-@dataclass(frozen=True, slots=True)
-class FenceRefused:
-    """A fenced publish was refused for good: `told` (generation `generation`) is stored. `fresh`: the change was a
-    look just now (its streams were told by the look); else an older one published again."""
-
-    key: WatchKey
-    told: str | None
-    generation: int
-    ours: str | None
-    fresh: bool
-
-
-BusEvent = (
-    Beat
-    | InterestRemoved
-    | CleanUpEnded
-    | ReplicaLeft
-    | CutChanged
-    | OursQueued
-    | OursWritten
-    | InterestHeard
-    | Untracked
-    | ChangeHeard
-    | StoredRead
-    | TakenOver
-    | Fenced
-    | FenceRefused
-)
-
-
-# -- commands: what the bus's parts do ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Moved:
-    """The keys (hashes) this replica gained and lost: it takes the gained over and stops polling the lost."""
-
-    gained: frozenset[str]
-    lost: frozenset[str]
-
-
-@dataclass(frozen=True, slots=True)
-class GaveUp:
-    """A key this replica polled is no longer watched here: nobody took it, this replica just stops."""
-
-    hashed: str
-
-
-@dataclass(frozen=True, slots=True)
-class CleanUp:
-    """Claim and clean up a dead replica (only while it is still dead)."""
-
-    instance: str
-
-
-@dataclass(frozen=True, slots=True)
-class Forgotten:
-    """A dead replica's interest is gone: whatever else this replica keeps of it goes too."""
-
-    instance: str
-
-
-@dataclass(frozen=True, slots=True)
-class RegisterAgain:
-    """We were taken for dead: every interest (and declaration) of ours is written again."""
-
-
-@dataclass(frozen=True, slots=True)
-class Deliver:
-    """Tell this replica's listeners a change another replica told."""
-
-    event: ChangeEvent
-
-
-@dataclass(frozen=True, slots=True)
-class Adopt:
-    """Our watch takes a change it missed as its own; `tell`: its streams are told it too."""
-
-    event: ChangeEvent
-    tell: bool
-
-
-@dataclass(frozen=True, slots=True)
-class Republish:
-    """Publish what our streams saw (newer than what is stored), fenced by the stored generation."""
-
-    event: ChangeEvent
-
-
-@dataclass(frozen=True, slots=True)
-class Poll:
-    """The key's watch polls soon (a key just taken over: a change nobody saw yet is told by its next look)."""
-
-    key: WatchKey
-
-
-BusCommand = Moved | GaveUp | CleanUp | Forgotten | RegisterAgain | Deliver | Adopt | Republish | Poll
 
 Decide = Callable[[BusEvent], list[BusCommand]]
 """An event fed to the bus's machine, the commands that are not the bus's own to carry out handed back."""

@@ -9,9 +9,10 @@ import logging
 import orjson
 
 from sidecar.bus.connect import REDIS_FAILURES, Op
+from sidecar.bus.events import Beat, CleanUpEnded, InterestRemoved
 from sidecar.bus.layout import HINTS_CHANNEL, READERS, REPLICAS, Interest, encode_interest, text
 from sidecar.bus.link import Link
-from sidecar.bus.machine import Beat, CleanUpEnded, Decide, InterestRemoved
+from sidecar.bus.machine import Decide
 from sidecar.tasks import TaskSet
 
 __all__ = ["DEFAULT_LEASE_MS", "Membership"]

@@ -27,24 +27,16 @@ from collections.abc import Callable
 import orjson
 
 from sidecar.bus.channels import ChannelHooks, Channels
+from sidecar.bus.commands import BusCommand, CleanUp, Forgotten, GaveUp, Moved, RegisterAgain
 from sidecar.bus.connect import REDIS_FAILURES, connect, stop_if_cancelled
+from sidecar.bus.events import BusEvent, Untracked
 from sidecar.bus.fence import Fence
 from sidecar.bus.inbox import Inbox
 from sidecar.bus.interest import InterestWriter
 from sidecar.bus.keys import TrackedKeys
 from sidecar.bus.layout import CONTEXT_NAMING_KEY, DEFAULT_BUCKETS, HINTS_CHANNEL, Layout, key_hash
 from sidecar.bus.link import Link, RedisUnavailable
-from sidecar.bus.machine import (
-    BusCommand,
-    BusEvent,
-    BusMachine,
-    CleanUp,
-    Forgotten,
-    GaveUp,
-    Moved,
-    RegisterAgain,
-    Untracked,
-)
+from sidecar.bus.machine import BusMachine
 from sidecar.bus.membership import DEFAULT_LEASE_MS, Membership
 from sidecar.bus.memory import MemoryBus
 from sidecar.bus.reach import Reach, Readable

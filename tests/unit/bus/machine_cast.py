@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from sidecar.bus.commands import BusCommand
+from sidecar.bus.events import BusEvent
 from sidecar.bus.layout import key_hash
-from sidecar.bus.machine import BusCommand, BusEvent, BusMachine
+from sidecar.bus.machine import BusMachine
 from sidecar.bus.ownership import rendezvous_owner
 from sidecar.changes import WatchKey
 from tests.kit.playbook import Playbook

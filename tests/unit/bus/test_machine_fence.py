@@ -3,18 +3,8 @@ stored or refused it delivers, adopts or publishes again."""
 
 from __future__ import annotations
 
-from sidecar.bus.machine import (
-    Adopt,
-    ChangeHeard,
-    Deliver,
-    Fenced,
-    FenceRefused,
-    Poll,
-    Republish,
-    StoredRead,
-    TakenOver,
-    Untracked,
-)
+from sidecar.bus.commands import Adopt, Deliver, Poll, Republish
+from sidecar.bus.events import ChangeHeard, Fenced, FenceRefused, StoredRead, TakenOver, Untracked
 from sidecar.changes import ChangeEvent
 from tests.unit.bus.machine_cast import ME, PEER, book, key_won_by
 

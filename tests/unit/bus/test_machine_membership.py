@@ -3,23 +3,19 @@ heartbeat read, interest message and interest write asks this replica to do."""
 
 from __future__ import annotations
 
-from sidecar.bus.layout import key_hash
-from sidecar.bus.machine import (
+from sidecar.bus.commands import CleanUp, Forgotten, GaveUp, Moved, RegisterAgain
+from sidecar.bus.events import (
     Beat,
-    CleanUp,
     CleanUpEnded,
     CutChanged,
-    Forgotten,
-    GaveUp,
     InterestHeard,
     InterestRemoved,
-    Moved,
     OursQueued,
     OursWritten,
-    RegisterAgain,
     ReplicaLeft,
     Untracked,
 )
+from sidecar.bus.layout import key_hash
 from tests.unit.bus.machine_cast import ME, PEER, THIRD, Book, book, key_won_by
 
 NOBODY: frozenset[str] = frozenset()
