@@ -22,6 +22,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from types import TracebackType
 from typing import Any
 
 from sidecar.backoff import Backoff
@@ -31,7 +32,7 @@ from sidecar.protocol.errors import UpstreamError, UpstreamHTTPError
 from sidecar.upstream.answers import UpstreamInfo
 from sidecar.upstream.outage import RETRY_INITIAL_S, RETRY_MAX_S, Outage
 
-__all__ = ["READY_FRESH_S", "Reachability"]
+__all__ = ["READY_FRESH_S", "Exchanging", "Reachability"]
 
 logger = logging.getLogger("sidecar.upstream")
 
@@ -285,3 +286,40 @@ class Reachability:
         finally:
             if self._retrying_unusable is asyncio.current_task():
                 self._retrying_unusable = None
+
+
+class Exchanging:
+    """One exchange for the block, counted and timed by `Reachability.observe`, and the era it goes in: `era`
+    awaited before the count starts (`era_first`: over HTTP a probe is an exchange of its own) or within it (a
+    stdio child's handshake, waited for as part of the exchange). A class rather than a generator: it is on every
+    forwarded request."""
+
+    __slots__ = ("_era", "_era_first", "_observed")
+
+    def __init__(
+        self,
+        observed: contextlib.AbstractContextManager[None],
+        era: Callable[[], Awaitable[UpstreamInfo]],
+        *,
+        era_first: bool,
+    ) -> None:
+        self._observed = observed
+        self._era = era
+        self._era_first = era_first
+
+    async def __aenter__(self) -> UpstreamInfo:
+        if self._era_first:
+            info = await self._era()
+            self._observed.__enter__()
+            return info
+        self._observed.__enter__()
+        try:
+            return await self._era()
+        except BaseException as exc:
+            self._observed.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> bool | None:
+        return self._observed.__exit__(kind, exc, traceback)

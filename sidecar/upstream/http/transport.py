@@ -45,7 +45,7 @@ from sidecar.upstream.http.relay import relay_answer, relay_events, request_id_o
 from sidecar.upstream.http.sessions import UpstreamSessions
 from sidecar.upstream.http.wire import Answer
 from sidecar.upstream.probe import learn_era
-from sidecar.upstream.reachability import Reachability
+from sidecar.upstream.reachability import Exchanging, Reachability
 from sidecar.upstream.sse import SSE_CONTENT_TYPE
 from sidecar.upstream.transport import AnswerShaper
 
@@ -116,13 +116,10 @@ class HTTPTransport:
                 return info
             return self._reach.info
 
-    @contextlib.asynccontextmanager
-    async def exchanging(self, method: str, era: Callable[[], Awaitable[UpstreamInfo]]) -> AsyncIterator[UpstreamInfo]:
+    def exchanging(self, method: str, era: Callable[[], Awaitable[UpstreamInfo]]) -> Exchanging:
         """`era` first (a probe, when the era is not known, is an exchange of its own), then `method`'s exchange
         counted for the block."""
-        info = await era()
-        with self._reach.observe(method):
-            yield info
+        return Exchanging(self._reach.observe(method), era, era_first=True)
 
     async def _probe(self, identity: Identity) -> UpstreamInfo:
         """Probe over the network, with `identity`'s headers."""

@@ -30,7 +30,7 @@ from sidecar.protocol.types import JsonObject
 from sidecar.upstream.answers import Reply, UpstreamInfo, json_object, whole
 from sidecar.upstream.base import Headers, NotificationListener
 from sidecar.upstream.era import checked, response, with_modern_meta
-from sidecar.upstream.reachability import Reachability
+from sidecar.upstream.reachability import Exchanging, Reachability
 from sidecar.upstream.sse import SSE_CONTENT_TYPE
 from sidecar.upstream.stdio.child import InFlight, StdioChild
 from sidecar.upstream.stdio.frames import event, for_subscription, streamed, until_ended
@@ -98,12 +98,13 @@ class StdioTransport:
         supervisor tells reachability; nothing here is asked of the child."""
         return (await self._supervisor.session(wait=wait))[1]
 
-    @contextlib.asynccontextmanager
-    async def exchanging(self, method: str, era: Callable[[], Awaitable[UpstreamInfo]]) -> AsyncIterator[UpstreamInfo]:
+    def exchanging(self, method: str, era: Callable[[], Awaitable[UpstreamInfo]]) -> Exchanging:
         """`method`'s exchange counted for the block, in the era of the child that takes it: its handshake, waited
         for within the exchange (a child not ready fails this exchange), not `era`, the one the bridge learned."""
-        with self._reach.observe(method):
-            yield await self.era(ANONYMOUS_IDENTITY)
+        return Exchanging(self._reach.observe(method), self._child_era, era_first=False)
+
+    async def _child_era(self) -> UpstreamInfo:
+        return await self.era(ANONYMOUS_IDENTITY)
 
     async def liveness(self, info: UpstreamInfo) -> None:
         await self._supervisor.probe()  # one that does not answer is ended and started again
