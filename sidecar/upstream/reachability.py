@@ -4,12 +4,11 @@ timed.
 
 Two legs tell it differently. Over HTTP every exchange does (the leg gives a `retry` at construction): any answer
 means up, a transport failure means down; while down the sidecar asks again on its own with `retry`, at the pace of
-`Outage` (which also
-says what the log says), so recovery is noticed, and told to its recovery listeners, without waiting for a client or a
-readiness probe. Unusable is never a resting state either: while the upstream answers but cannot be used, it is
-asked again at the same backed-off pace (a fresh session each time). Recovery is told once the upstream is
-both reachable and usable again, so every watch looks again when its look can succeed (a look spent on an upstream
-that came back unusable would leave the watch waiting out its backoff).
+`Outage` (which also says what the log says), so recovery is noticed, and told to its recovery listeners, without
+waiting for a client or a readiness probe. Unusable is never a resting state either: while the upstream answers but
+cannot be used, it is asked again at the same backed-off pace (a fresh session each time). Recovery is told once the
+upstream is both reachable and usable again, so every watch looks again when its look can succeed (a look spent on
+an upstream that came back unusable would leave the watch waiting out its backoff).
 
 A stdio server's supervisor tells it instead (`handshake_answered`, `not_answering`): the child is up from its
 handshake until it ends, and the supervisor's reason says when it is started again.
