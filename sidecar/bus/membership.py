@@ -4,8 +4,6 @@ replicas whose heartbeat ran out, and leaving.
 
 from __future__ import annotations
 
-import logging
-
 import orjson
 
 from sidecar.bus.connect import REDIS_FAILURES, Op
@@ -16,8 +14,6 @@ from sidecar.bus.machine import Decide
 from sidecar.tasks import TaskSet
 
 __all__ = ["DEFAULT_LEASE_MS", "Membership"]
-
-logger = logging.getLogger(__name__)
 
 DEFAULT_LEASE_MS = 5_000
 _CLEAN_UP_FAILURES: tuple[type[Exception], ...] = (*REDIS_FAILURES, ValueError)
