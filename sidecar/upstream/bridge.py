@@ -110,7 +110,7 @@ class UpstreamBridge:
         # a liveness check in the era known.
         info = self._reach.info
         if info is None:
-            self._remember(ANONYMOUS_IDENTITY, await self._transport.era(ANONYMOUS_IDENTITY, wait=False))
+            await self.ensure_info(wait=False)
         else:
             await self._transport.liveness(info)
 
@@ -140,12 +140,11 @@ class UpstreamBridge:
                 raise
             return remembered, True
 
-    async def ensure_info(self, identity: Identity = ANONYMOUS_IDENTITY) -> UpstreamInfo:
+    async def ensure_info(self, identity: Identity = ANONYMOUS_IDENTITY, *, wait: bool = True) -> UpstreamInfo:
         """The era and capabilities: probed once (again after a failure) as `identity`, since a protected upstream
-        refuses an anonymous probe; or, for a stdio child, its handshake (waiting while it starts)."""
-        return self._remember(identity, await self._transport.era(identity))
-
-    def _remember(self, identity: Identity, info: UpstreamInfo) -> UpstreamInfo:
+        refuses an anonymous probe; or, for a stdio child, its handshake (waiting while it starts, unless not
+        `wait`)."""
+        info = await self._transport.era(identity, wait=wait)
         if self._discovered.get(identity.context) is not info:
             self._discovered[identity.context] = info
         return info

@@ -189,7 +189,7 @@ class StdioTransport:
                 answer = await child.request(method, sent, timeout_s=self._config.timeout_s, on_sent=cancellable)
             finally:
                 self._relayed.pop(key, None)
-            return Reply(200, dict(_JSON), message=response(request_id, checked(self.url, answer)))
+            return whole(response(request_id, checked(self.url, answer)))
 
     def _initialize_reply(self, request_id: RequestId, params: JsonObject, info: UpstreamInfo) -> Reply:
         if info.era == "legacy":
