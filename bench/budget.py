@@ -120,7 +120,7 @@ async def _run(size: Size, policy: str, budget: float, seed: int) -> Row:
                     pace = paces[int(uri.rsplit("/", 1)[1])]
                     assert pace is not None
                     next_change[uri] = now + rng.expovariate(1 / pace)
-            await run_polls(clock, STEP_S)
+            await run_polls(clock, STEP_S, lambda: registry.polls_in_flight)
         measured_s = clock.now() - size.warmup_s
         reads = upstream.read_count - reads_at_warmup
         waits = []

@@ -91,10 +91,14 @@ async def _run(lag_s: float | None, settle_ms: int, seed: int) -> Row:
     rng = random.Random(seed)
     waits: list[float] = []
     reads: list[int] = []
+
+    def polling() -> int:
+        return registry.polls_in_flight
+
     try:
         await registry.acquire("resource", URI, ANONYMOUS_IDENTITY)
         for n in range(ROUNDS):
-            await run_polls(clock, ROUND_S + rng.uniform(0, INTERVAL_MS / 1000))  # anywhere in the interval
+            await run_polls(clock, ROUND_S + rng.uniform(0, INTERVAL_MS / 1000), polling)  # anywhere in the interval
             written, before, counted = clock.now(), len(told), upstream.read_count
             if lag_s is not None:
                 upstream.write(f"v{n + 1}", lag_s)
@@ -102,10 +106,10 @@ async def _run(lag_s: float | None, settle_ms: int, seed: int) -> Row:
             # Until the change is told (or, for a false alarm, its schedule is over).
             step = 0.05
             while len(told) == before and clock.now() - written < (settle_ms / 1000 + 1.0 if lag_s is None else 40):
-                await run_polls(clock, step)
+                await run_polls(clock, step, polling)
             if lag_s is not None:
                 waits.append(told[before] - written if len(told) > before else float("inf"))
-            await run_polls(clock, settle_ms / 1000 + 1.0 - (clock.now() - written))
+            await run_polls(clock, settle_ms / 1000 + 1.0 - (clock.now() - written), polling)
             reads.append(upstream.read_count - counted)
     finally:
         await registry.aclose()

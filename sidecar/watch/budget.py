@@ -6,16 +6,17 @@ than the budget (plus the one poll on its edge). The allocation is what keeps th
 spends the budget where changes are. On replicas the budget is the fleet's: this replica's share is the budget
 over the live replicas it knows, and it allocates among the keys it polls.
 
-It reads no clock and sets no metric: the time comes with each call, and what a caller shows (the share it
-reports, the waits for slots) the caller sets. A key whose interval an allocation shortens is not re-armed from
-inside it (the allocation runs while a watch's plan asks for its own interval): the budget names it, and the
-driver tightens it once that plan's step is over (`take_tightened`).
+Its rules are plain functions of what it is given: no clock (the time comes with each call), no metric (what a
+caller shows, the share it reports and the waits for slots, the caller sets), no callback (the keys polled here and
+the number of live replicas come with the calls that need them). A key whose interval an allocation shortens is not
+re-armed from inside it (the allocation runs while a watch's plan asks for its own interval): the budget names it,
+and the engine tightens it once its step is over (`take_tightened`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Hashable, Iterable
 from typing import Generic, Protocol, TypeVar
 
 from sidecar.changes import WatchKey
@@ -53,18 +54,8 @@ W = TypeVar("W", bound=Budgeted)
 class ReadBudget(Generic[W]):
     """This replica's share of the upstream's read budget: slots for polls, and intervals for keys."""
 
-    def __init__(
-        self,
-        config: PollingConfig,
-        *,
-        watches: Callable[[], Iterable[W]],
-        may_poll: Callable[[WatchKey], bool],
-        replicas: Callable[[], int] = lambda: 1,
-    ) -> None:
+    def __init__(self, config: PollingConfig) -> None:
         self._config = config
-        self._watches = watches
-        self._may_poll = may_poll
-        self._replicas = replicas
         self._rates: dict[WatchKey, ChangeRate] = {}
         self._intervals: dict[Hashable, float] = {}
         self._allocated_at = -math.inf
@@ -80,13 +71,13 @@ class ReadBudget(Generic[W]):
     def enabled(self) -> bool:
         return self._config.max_reads_per_s > 0
 
-    def per_s(self) -> float:
-        """This replica's share of the budget (reads a second)."""
-        return self._config.max_reads_per_s / max(self._replicas(), 1)
+    def per_s(self, replicas: int) -> float:
+        """This replica's share of the budget (reads a second), with `replicas` live (none known: this one is all)."""
+        return self._config.max_reads_per_s / max(replicas, 1)
 
-    def slot(self, earliest: float, *, hinted: bool) -> float:
+    def slot(self, earliest: float, *, hinted: bool, replicas: int) -> float:
         """When a poll wanted at `earliest` may start: the next free slot, which it takes."""
-        per_s = self.per_s()
+        per_s = self.per_s(replicas)
         if hinted:
             self._decay_hinted(earliest)
             self._hinted += math.log(2) / _HINTED_HALF_LIFE_S
@@ -109,17 +100,19 @@ class ReadBudget(Generic[W]):
         self._rates.pop(key, None)
         self._intervals.pop(key, None)
 
-    def interval_ms(self, watch: W, now: float) -> float:
-        """The interval `watch` is given under the budget at `now` (its wanted one while the budget covers
-        everyone)."""
-        if now - self._allocated_at >= _REALLOCATE_S or watch.key not in self._intervals:
-            self._allocate(now)
+    def stale(self, key: WatchKey, now: float) -> bool:
+        """Whether `key`'s interval needs a new allocation at `now` (the last is a second old, or `key` is new)."""
+        return now - self._allocated_at >= _REALLOCATE_S or key not in self._intervals
+
+    def interval_ms(self, watch: W) -> float:
+        """The interval the last allocation gave `watch` (its wanted one when it had none: it covers everyone)."""
         interval_s = self._intervals.get(watch.key)
         return watch.wanted_ms if interval_s is None else interval_s * 1000
 
-    def _allocate(self, now: float) -> None:
+    def allocate(self, now: float, polled: Iterable[W], replicas: int) -> None:
+        """Allocate the intervals of the keys `polled` here (held, and this replica's to poll) at `now`."""
+        polled = list(polled)
         self._allocated_at = now
-        polled = [watch for watch in self._watches() if watch.refs > 0 and self._may_poll(watch.key)]
         demands = [
             Demand(
                 watch.key,
@@ -130,7 +123,7 @@ class ReadBudget(Generic[W]):
             for watch in polled
         ]
         self._decay_hinted(now)
-        spendable = max(self.per_s() * _SCHEDULED_SHARE - self._hinted, 0.0)
+        spendable = max(self.per_s(replicas) * _SCHEDULED_SHARE - self._hinted, 0.0)
         # The floor is set so that jittered it stays within max_interval_ms less a margin for a slot's wait: no key
         # goes unread longer than max_interval_ms.
         margin = max(self._config.jitter, _MIN_MARGIN)

@@ -6,18 +6,22 @@ the other replicas, and one heard from them hints the same watches here. A hint 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine, Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from typing import Any, Protocol
 
-from sidecar.changes import PollCoordinator
+from sidecar.changes import PollCoordinator, WatchKey
 from sidecar.identity import PUBLIC
 from sidecar.observability.metrics import Metrics
 from sidecar.watch.clock import Clock
-from sidecar.watch.poller import Watch
 from sidecar.watch.revalidate import Revalidator
 from sidecar.watch.source_hints import SourceHint, from_bus, matching
 
-__all__ = ["HintRouting"]
+__all__ = ["HintRouting", "HintWithLinks"]
+
+
+class HintWithLinks(Protocol):
+    def __call__(self, key: WatchKey, links: Sequence[Any] = (), *, warm: bool = False) -> None:
+        """`key`'s watch looks soon; its poll links to the traced writes `links`."""
 
 
 class HintRouting:
@@ -25,7 +29,8 @@ class HintRouting:
 
     def __init__(
         self,
-        watches: Callable[[], Iterable[Watch]],
+        keys: Callable[[], Iterable[WatchKey]],
+        hint: HintWithLinks,
         coordinator: PollCoordinator,
         metrics: Metrics,
         *,
@@ -33,7 +38,8 @@ class HintRouting:
         spawn: Callable[[Coroutine[Any, Any, None]], None],
         clock: Clock,
     ) -> None:
-        self._watches = watches
+        self._keys = keys
+        self._hint = hint
         self._coordinator = coordinator
         self._metrics = metrics
         self._spawn = spawn
@@ -54,17 +60,16 @@ class HintRouting:
         # A poll links to the traced writes that may concern it: a private watch to its own context's only.
         links = links or {}
         everyone = tuple(link for written in links.values() for link in written)
-        for watch in self._watches():
-            context = watch.key.context
-            if context == PUBLIC:
-                watch.hint(everyone, warm=True)
-            elif context in contexts:
-                watch.hint(links.get(context, ()), warm=True)
+        for key in self._keys():
+            if key.context == PUBLIC:
+                self._hint(key, everyone, warm=True)
+            elif key.context in contexts:
+                self._hint(key, links.get(key.context, ()), warm=True)
 
     def _hint_matching(self, hint: SourceHint) -> int:
         hinted = 0
-        for watch in matching(self._watches(), hint):
-            watch.hint(warm=True)
+        for key in matching(self._keys(), hint):
+            self._hint(key, warm=True)
             hinted += 1
         self._metrics.watches_hinted.inc(hinted)
         return hinted

@@ -1,27 +1,38 @@
 """The registry's looks at the upstream: every look (a poll, a first read, a joiner's look) among the polls, at
 most `polling.max_concurrency` at once, and ticketed as it starts (`sidecar.watch.tickets`); a caller's own look
 over its client's first-read rate waits its turn in that client's fair share. What a look at the tools list sees
-goes to the tool catalog (`sidecar.watch.tool_calls`).
+goes to the tool catalog (`sidecar.watch.tool_calls`). A poll's look comes back as the event the engine is fed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+from collections.abc import Callable
 from typing import Any
 
-from sidecar.changes import WatchKind
+from sidecar.changes import WatchKey, WatchKind
 from sidecar.config import PollingConfig
 from sidecar.fair_share import FairShare
 from sidecar.identity import PUBLIC, Identity
+from sidecar.observability.metrics import Metrics
+from sidecar.protocol.errors import UpstreamError, UpstreamHTTPError
 from sidecar.upstream.base import Look
+from sidecar.watch.clock import Clock
+from sidecar.watch.engine.events import PollDone, PollFailed, PollSkipped
 from sidecar.watch.observation import Observation
 from sidecar.watch.observe import Listed, observe
 from sidecar.watch.rules import Rules
 from sidecar.watch.tickets import Tickets
 from sidecar.watch.tool_calls import ToolCatalog
 
-__all__ = ["Looks"]
+__all__ = ["Looks", "PollOutcome"]
+
+logger = logging.getLogger(__name__)
+
+PollOutcome = tuple[PollDone | PollFailed | PollSkipped, UpstreamError | None]
+"""How a poll's look went, as the engine's event, and the upstream's failure if it failed."""
 
 
 class Looks:
@@ -33,6 +44,8 @@ class Looks:
         config: PollingConfig,
         fair_share: FairShare,
         rules: Rules,
+        metrics: Metrics,
+        clock: Clock,
         tools: ToolCatalog | None = None,
     ) -> None:
         self._upstream = upstream
@@ -41,6 +54,8 @@ class Looks:
         """Where a client's first reads over its rate wait their turn, among its forwarded requests."""
         self._rules = rules
         self._tools = tools
+        self._metrics = metrics
+        self._clock = clock
         self.gate = asyncio.Semaphore(config.max_concurrency)
         self.tickets = Tickets()
 
@@ -61,11 +76,37 @@ class Looks:
                 lambda: observe(self._upstream, kind, uri, identity, self._rules, listed=listed)
             )
 
-    async def read(self, kind: WatchKind, uri: str | None, identity: Identity) -> Observation:
-        """A watch's poll with `identity`'s credential (the watch gates and tickets its own): a JSON-RPC error the
-        upstream answers for the resource is its state, which the watch confirms (invariant 24)."""
-        listed = self._listed(kind, identity)
-        return await observe(self._upstream, kind, uri, identity, self._rules, errors_are_states=True, listed=listed)
+    async def poll(self, key: WatchKey, due: float, poller: Callable[[WatchKey], Identity | None]) -> PollOutcome:
+        """A watch's poll, due at `due`, with the credential of `poller(key)` (asked once it is its turn): a JSON-RPC
+        error the upstream answers for the resource is its state, which the engine confirms (invariant 24)."""
+        metrics, clock = self._metrics, self._clock
+        queued_at = clock.now() if self.gate.locked() else None
+        async with self.gate:
+            started = clock.now()
+            if queued_at is not None:  # waited for polling.max_concurrency: a wait, not a refusal
+                metrics.queue_wait.labels("poll_concurrency").observe(started - queued_at)
+            metrics.poll_lag.observe(max(0.0, started - due))
+            identity = poller(key)
+            if identity is None:
+                return PollSkipped(key, started), None  # lingering: no stream holds it, so no credential
+            listed = self._listed(key.kind, identity)
+            try:
+                ticket, seen = await self.tickets.look(
+                    lambda: observe(
+                        self._upstream, key.kind, key.uri, identity, self._rules, errors_are_states=True, listed=listed
+                    )
+                )
+            except UpstreamError as exc:
+                metrics.polls.labels(key.kind, "error").inc()
+                refused = isinstance(exc, UpstreamHTTPError) and exc.is_auth_failure
+                return PollFailed(key, started, identity.context if refused else None), exc
+            except Exception:  # a bug in one poll must not stop its watch for good: it counts as a failed poll
+                logger.exception("poll crashed", extra={"watch": key.short_hash, "kind": key.kind})
+                return PollFailed(key, started), None
+            finally:
+                metrics.poll_duration.labels(key.kind).observe(clock.now() - started)
+        metrics.polls.labels(key.kind, "error_state" if seen.error else "ok").inc()
+        return PollDone(key, started, ticket, seen, identity.context), None
 
     def _listed(self, kind: WatchKind, identity: Identity) -> Listed | None:
         """Where a look at the tools list as `identity` tells what it saw: that context's tools, or everyone's when

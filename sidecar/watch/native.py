@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Protocol
 
 from sidecar.changes import WatchKey, WatchKind
 from sidecar.config import PollingConfig
@@ -38,11 +38,19 @@ from sidecar.tasks import TaskSet
 from sidecar.upstream.base import NotificationSource, OpenNotifications
 from sidecar.watch.clock import LOOP_CLOCK, Clock
 from sidecar.watch.native_stream import FILTER_FIELDS, NativeStream, capability
-from sidecar.watch.poller import Watch
 
-__all__ = ["NativeNotifications"]
+__all__ = ["Cover", "HintWatch", "NativeNotifications"]
 
 logger = logging.getLogger(__name__)
+
+
+class HintWatch(Protocol):
+    def __call__(self, key: WatchKey, *, warm: bool = False) -> None:
+        """`key`'s watch, if there is one, looks soon."""
+
+
+Cover = Callable[[WatchKey, bool], None]
+"""Tells `key`'s watch whether the upstream's notifications cover it now."""
 
 
 class NativeNotifications:
@@ -54,21 +62,23 @@ class NativeNotifications:
         config: PollingConfig,
         metrics: Metrics,
         *,
-        watch_of: Callable[[WatchKey], Watch | None],
-        watches: Callable[[], Iterable[Watch]] = lambda: (),
+        hint: HintWatch,
+        cover: Cover,
+        keys: Callable[[], Iterable[WatchKey]] = lambda: (),
         clock: Clock = LOOP_CLOCK,
     ) -> None:
         self.upstream = upstream
         self.clock = clock
         self._config = config
         self._metrics = metrics
-        self._watch_of = watch_of
+        self._hint = hint
+        self._cover = cover
         self._streams: dict[str, NativeStream] = {}
         self._closing = TaskSet("a notification stream task failed", logger)
         """Tasks of streams dropped and still closing (out of the table already)."""
         self.unsupported = False
         """The upstream refused its notification stream once: it cannot push, so no stream is opened again."""
-        self._watches = watches
+        self._keys = keys
         self._stop_hearing: Callable[[], None] | None = None
         if config.native_notifications and isinstance(upstream, NotificationSource):
             self._stop_hearing = upstream.add_notification_listener(self._unsolicited)
@@ -149,9 +159,7 @@ class NativeNotifications:
         """(kind, uri) may have changed as `context` sees it: its own watch, and the public one, look. `warm`: the
         upstream said so (its notification), not just that it covers the key now."""
         for watched in (PUBLIC, context):
-            watch = self._watch_of(WatchKey(kind, uri, watched))
-            if watch is not None:
-                watch.hint(warm=warm)
+            self._hint(WatchKey(kind, uri, watched), warm=warm)
 
     def _unsolicited(self, message: JsonObject) -> None:
         """A notification a child process sent on its own, declared or not: a hint for every context's watch of it
@@ -169,27 +177,17 @@ class NativeNotifications:
         if not self.modern and any(stream.open for stream in self._streams.values()):
             return
         self.received(str(method))
-        for watch in self._watches():
-            if watch.key.kind == kind and watch.key.uri == uri:
-                watch.hint(warm=True)
+        for key in self._keys():
+            if key.kind == kind and key.uri == uri:
+                self._hint(key, warm=True)
 
     def coverage_changed(self, kind: WatchKind, uri: str | None, context: str) -> None:
         for watched in (PUBLIC, context):
-            watch = self._watch_of(WatchKey(kind, uri, watched))
-            if watch is not None:
-                self.update(watch)
+            self.update(WatchKey(kind, uri, watched))
 
-    def update(self, watch: Watch) -> None:
-        """Put `watch` in the mode its coverage says (a new watch, or one whose coverage changed)."""
-        native = self.covers(watch.key.kind, watch.key.uri, watch.key.context)
-        if native != watch.native:
-            self._metrics.native_watches.inc(1 if native else -1)
-            watch.set_native(native)
-
-    def forget(self, watch: Watch) -> None:
-        """`watch` is gone: it no longer counts among the native ones."""
-        if watch.native:
-            self._metrics.native_watches.dec()
+    def update(self, key: WatchKey) -> None:
+        """Put `key`'s watch, if there is one, in the mode its coverage says (new, or its coverage changed)."""
+        self._cover(key, self.covers(key.kind, key.uri, key.context))
 
     def received(self, method: str) -> None:
         self._metrics.upstream_notifications.labels(method).inc()

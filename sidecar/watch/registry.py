@@ -1,10 +1,11 @@
 """Our SharedInformer: one refcounted watch per key, shared by every stream that wants it; the watch engine's driver.
 
-The rules (coalescing, baseline first, pacing, private per context, linger) are the engine's
-(`sidecar.watch.engine`), which never awaits. This is the one place in `sidecar.watch` that turns its commands
-into I/O (looks at the upstream, publishes, timers, the coordinator, the upstream's notification streams) and
-what comes of them back into events. A caller of `acquire` is a waiter: answered when the engine says, and
-dropped from its look if it leaves first.
+The rules (coalescing, baseline first, pacing, private per context, linger, and each watch's looks and polls:
+the ticket rule, error confirmation, change, schedule, read budget) are the engine's (`sidecar.watch.engine`),
+which never awaits and is the one writer of watch state. This is the one place in `sidecar.watch` that turns its
+commands into I/O (looks and polls at the upstream, publishes, timers, the coordinator, the upstream's
+notification streams, metrics) and what comes of them back into events. A caller of `acquire` is a waiter:
+answered when the engine says, and dropped from its look if it leaves first.
 """
 
 from __future__ import annotations
@@ -12,49 +13,53 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from sidecar.changes import Bus, ChangeEvent, LocalCoordinator, PollCoordinator, WatchKey, WatchKind
 from sidecar.config import PollingConfig, ToolRule
 from sidecar.fair_share import FairShare
 from sidecar.identity import Identity
 from sidecar.observability.metrics import Metrics
-from sidecar.protocol.errors import UpstreamHTTPError
 from sidecar.protocol.types import JsonObject
 from sidecar.tasks import TaskSet
 from sidecar.upstream.base import Watched
-from sidecar.watch.budget import ReadBudget
 from sidecar.watch.clock import LOOP_CLOCK, Clock, Timer
 from sidecar.watch.engine import Engine, Stage
 from sidecar.watch.engine.commands import (
-    Adopt,
-    Apply,
+    BudgetShare,
     CancelTimer,
     Command,
     Cover,
     Fail,
     HintWrite,
+    Interval,
+    Observed,
+    Publish,
     PublishFirst,
     Resolve,
     Revoke,
     SetTimer,
     StartLook,
+    StartPoll,
     StartWatch,
     StopWatch,
     Track,
     Uncover,
     Untrack,
+    Waited,
 )
 from sidecar.watch.engine.events import (
     ChangeHeard,
+    Covered,
     Event,
     Forwarded,
+    Hinted,
     Leave,
     LookDone,
     LookFailed,
-    PollRefused,
     Published,
+    Recovered,
     Refused,
     Release,
     Subscribe,
@@ -66,24 +71,28 @@ from sidecar.watch.hint_routing import HintRouting
 from sidecar.watch.looks import Looks
 from sidecar.watch.native import NativeNotifications
 from sidecar.watch.observation import Observation
-from sidecar.watch.poller import ObservationListener, Watch
+from sidecar.watch.poll_tasks import PollTasks
 from sidecar.watch.rules import Rules
-from sidecar.watch.schedule import HintBudget, Schedule
 from sidecar.watch.source_hints import SourceHint
 from sidecar.watch.tool_calls import ToolCalls, ToolCatalog
+from sidecar.watch.views import CoordinatorView, WatchSummary
 from sidecar.watch.waiters import Waiters
 
-__all__ = ["AuthFailureListener", "Handle", "Stage", "WatchRegistry"]
+__all__ = ["AuthFailureListener", "Handle", "ObservationListener", "Stage", "WatchRegistry", "WatchSummary"]
 
 logger = logging.getLogger(__name__)
 
+if TYPE_CHECKING:
+    from opentelemetry.trace import Link
 
 AuthFailureListener = Callable[[WatchKey, str], None]
 """Told that a context's credential was refused while polling a key (its streams should end)."""
+ObservationListener = Callable[[WatchKey, str, int], None]
+"""(key, fingerprint, ticket): a look at the upstream was applied (the cache drops what it contradicts)."""
 
 
 class WatchRegistry:
-    """WatchKey -> Watch, with credentials per context and the revalidate-on-write hints."""
+    """WatchKey -> watch (the engine's record), with credentials per context and the revalidate-on-write hints."""
 
     def __init__(
         self,
@@ -100,42 +109,41 @@ class WatchRegistry:
     ) -> None:
         self._clock = clock
         self._coordinator: PollCoordinator = coordinator or LocalCoordinator()
-        self._config = config
         self._bus = bus
         self._metrics = metrics
-        self._schedule = Schedule(config, settle_ms=hint_settle_ms)
-        """Every watch's: intervals, backoff, and how long a hint keeps a watch warm (`hints.settle_ms`)."""
-        self._budget = HintBudget(config.max_hinted_polls_per_s)
         self._rules = Rules(config.rules)
-        self._reads = ReadBudget(config, watches=self.watches, may_poll=self._coordinator.may_poll, replicas=replicas)
         catalog = ToolCatalog()
         self._tool_calls = ToolCalls(tool_rules, catalog, metrics)
         """Which tool calls may write (`revalidate.tools`, and the tools lists the looks and forwarded answers show)."""
-        self._looks = Looks(upstream, config, fair_share, self._rules, tools=catalog)
+        self._looks = Looks(upstream, config, fair_share, self._rules, metrics, clock, tools=catalog)
         self._engine = Engine(
             linger_s=config.linger_ms / 1000,
             absent_ttl_s=config.default_interval_ms / 1000,
             rate_per_s=config.max_baselines_per_s,
             rules=self._rules,
+            polling=config,
+            settle_ms=hint_settle_ms,
+            may_poll=self._coordinator.may_poll,
+            replicas=replicas,
         )
-        self._watches: dict[WatchKey, Watch] = {}
-        """The engine's watches, as pollers (one per record the engine keeps)."""
         self._waiters = Waiters()
         self._timers: dict[int, Timer] = {}
+        self._polls = PollTasks(self._engine, self._looks, bus, metrics, clock, self._handle)
         self._inflight: set[asyncio.Task[None]] = set()
         """Looks and first publishes the engine waits on (cancelled at shutdown)."""
         self._observation_listeners: list[ObservationListener] = []
         self._auth_listeners: list[AuthFailureListener] = []
         self._tasks = TaskSet("a registry task failed", logger)
-        """Spawned tasks nobody awaits (a publish, a watch's stop): shutdown waits for them."""
+        """Spawned tasks nobody awaits (a publish): shutdown waits for them."""
         self._native = NativeNotifications(
-            upstream, config, metrics, watch_of=self._watches.get, watches=self.watches, clock=self._clock
+            upstream, config, metrics, hint=self._hint, cover=self._cover, keys=self._engine.keys, clock=self._clock
         )
         self._stop_hearing_recovery = upstream.add_recovery_listener(self._upstream_recovered)
         self._unsubscribe = bus.subscribe(self._on_change)
         self._stop_adopting = self._coordinator.on_adopt(self._on_change)
         self._hints = HintRouting(
-            self.watches,
+            self._engine.keys,
+            self._hint,
             self._coordinator,
             metrics,
             debounce_ms=config.revalidate_debounce_ms,
@@ -151,13 +159,19 @@ class WatchRegistry:
         """A ticket for a look at the upstream that starts now (see `sidecar.watch.tickets`)."""
         return self._looks.tickets.take()
 
-    def watches(self) -> Iterable[Watch]:
-        return list(self._watches.values())
+    def watches(self) -> list[WatchSummary]:
+        """Every watch as the status page shows it."""
+        now, wall = self._clock.now(), time.time()
+        return [WatchSummary.of(record, now=now, wall=wall) for record in self._engine.records()]
 
     @property
     def looks_in_flight(self) -> int:
         """Looks (first reads, joiners' looks) and first publishes not back yet."""
         return sum(not task.done() for task in self._inflight)
+
+    @property
+    def polls_in_flight(self) -> int:
+        return self._polls.running
 
     @property
     def waiting(self) -> int:
@@ -205,13 +219,28 @@ class WatchRegistry:
 
     # -- the engine's commands, carried out ----------------------------------------------------------------
 
-    def _handle(self, event: Event) -> None:
+    def _handle(self, event: Event, publishes: list[Publish] | None = None) -> None:
+        """Feed `event`; carry out what it asks for. `publishes`: where a poll collects its changes, to publish
+        them itself before it is over (otherwise each is published by a task of its own)."""
         for command in self._engine.handle(event, self._clock.now()):
-            self._do(command)
+            if publishes is not None and isinstance(command, Publish):
+                publishes.append(command)
+            else:
+                self._do(command)
 
     def _do(self, command: Command) -> None:
-        if isinstance(command, Apply):
-            self._apply(command.key, command.observation, command.ticket)
+        if isinstance(command, Observed):
+            self._observed(command.key, command.fingerprint, command.ticket)
+        elif isinstance(command, Publish):
+            self._spawn(self._polls.publish(command))
+        elif isinstance(command, SetTimer):
+            timer = command.timer
+            self._timers[timer] = self._clock.call_at(command.when, lambda: self._fire(timer))
+        elif isinstance(command, CancelTimer):
+            if (scheduled := self._timers.pop(command.timer, None)) is not None:
+                scheduled.cancel()
+        elif isinstance(command, StartPoll):
+            self._polls.start(command)
         elif isinstance(command, Resolve):
             self._waiters.answer(command.waiter, command.key)
         elif isinstance(command, Fail):
@@ -219,33 +248,30 @@ class WatchRegistry:
         elif isinstance(command, StartLook):
             self._run(self._look(command))
         elif isinstance(command, Track):
-            self._coordinator.track(self._watches[command.key])
+            self._coordinator.track(CoordinatorView(command.key, self._engine.record, self._hint))
         elif isinstance(command, Untrack):
             self._coordinator.untrack(command.key)
         elif isinstance(command, Cover):
             self._native.hold(command.identity, command.kind, command.uri)
         elif isinstance(command, Uncover):
             self._native.drop(command.context, command.kind, command.uri)
-        elif isinstance(command, SetTimer):
-            timer = command.timer
-            self._timers[timer] = self._clock.call_at(command.when, lambda: self._fire(timer))
-        elif isinstance(command, CancelTimer):
-            if (scheduled := self._timers.pop(command.timer, None)) is not None:
-                scheduled.cancel()
         elif isinstance(command, StartWatch):
             self._start_watch(command.key, command.observation, command.ticket)
         elif isinstance(command, PublishFirst):
             self._run(self._publish_first(command))
         elif isinstance(command, StopWatch):
-            self._stop_watch(command.key)
-        elif isinstance(command, Adopt):
-            if (watch := self._watches.get(command.key)) is not None:
-                watch.adopt(command.fingerprint)
+            self._stop_watch(command)
         elif isinstance(command, Revoke):
             for listener in self._auth_listeners:
                 listener(command.key, command.context)
         elif isinstance(command, HintWrite):
             self._hints.wrote(command.context)
+        elif isinstance(command, Waited):
+            self._metrics.queue_wait.labels(command.limit).observe(command.seconds)
+        elif isinstance(command, Interval):
+            self._metrics.poll_interval.observe(command.seconds)
+        elif isinstance(command, BudgetShare):
+            self._metrics.read_budget.set(command.per_s)
 
     def _run(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -274,58 +300,36 @@ class WatchRegistry:
             self._handle(TimerFired(timer))
 
     def _start_watch(self, key: WatchKey, baseline: Observation, ticket: int) -> None:
-        watch = Watch(
-            key,
-            baseline,
-            ticket,
-            schedule=self._schedule,
-            reader=self._read,
-            sink=self._bus.publish,
-            gate=self._looks.gate,
-            tickets=self._looks.tickets,
-            metrics=self._metrics,
-            on_auth_failure=self._poll_refused,
-            coordinator=self._coordinator,
-            observed=self._observed,
-            budget=self._budget,
-            clock=self._clock,
-            rule_interval_ms=rule.interval_ms if (rule := self._rules.for_uri(key.uri)) is not None else None,
-            reads=self._reads,
-            holders=self._engine.holders,
-        )
-        self._watches[key] = watch
         self._observed(key, baseline.fingerprint, ticket)
-        self._native.update(watch)
-        watch.start()
+        self._native.update(key)
         self._metrics.watches.labels(key.kind).inc()
         self._refresh_contexts()
         logger.debug("watch started", extra={"watch": key.short_hash, "kind": key.kind})
 
-    def _stop_watch(self, key: WatchKey) -> None:
-        watch = self._watches.pop(key)
-        self._native.forget(watch)
-        self._reads.forget(key)
+    def _stop_watch(self, command: StopWatch) -> None:
+        key = command.key
+        if command.native:
+            self._metrics.native_watches.dec()
+        self._polls.stop(key)
         self._metrics.watches.labels(key.kind).dec()
         self._refresh_contexts()
-        self._spawn(watch.stop())
         logger.debug("watch stopped", extra={"watch": key.short_hash, "kind": key.kind})
 
     def _refresh_contexts(self) -> None:
-        self._metrics.watched_contexts.set(len({key.context for key in self._watches}))
+        self._metrics.watched_contexts.set(len({key.context for key in self._engine.keys()}))
 
-    async def _read(self, watch: Watch) -> Observation | None:
-        identity = self._engine.poller(watch.key)
-        if identity is None:
-            return None  # lingering: no stream holds it, so no credential to poll with
-        return await self._looks.read(watch.key.kind, watch.key.uri, identity)
+    def _hint(self, key: WatchKey, links: Sequence[Link] = (), *, warm: bool = False) -> None:
+        """`key`'s watch, if there is one, looks soon (see `Hinted`); `links`: the traced writes that asked."""
+        if links and self._engine.record(key) is not None:
+            self._polls.link(key, links)
+        self._handle(Hinted(key, warm))
 
-    def _apply(self, key: WatchKey, observation: Observation, ticket: int) -> None:
-        watch = self._watches.get(key)
-        if watch is None:
-            return
-        event = watch.offer(observation, ticket)
-        if event is not None:
-            self._spawn(self._bus.publish(event))
+    def _cover(self, key: WatchKey, native: bool) -> None:
+        """The upstream's notifications cover `key` now, or no longer do."""
+        record = self._engine.record(key)
+        if record is not None and record.native != native:
+            self._metrics.native_watches.inc(1 if native else -1)
+        self._handle(Covered(key, native))
 
     # -- evidence and hints --------------------------------------------------------------------------------
 
@@ -341,9 +345,6 @@ class WatchRegistry:
         """The upstream refused `identity` a forwarded request (401/403) (see `sidecar.watch.engine.evidence`)."""
         self._handle(Refused(method, params, identity))
 
-    def _poll_refused(self, watch: Watch, error: UpstreamHTTPError) -> None:
-        self._handle(PollRefused(watch.key))
-
     def revalidate(self, identity: Identity) -> None:
         """Hint the public watches and this context's watches to poll soon (see `HintRouting`)."""
         self._hints.wrote(identity.context)
@@ -357,8 +358,7 @@ class WatchRegistry:
 
     def _upstream_recovered(self) -> None:
         # Every watch that failed during the outage re-reads now instead of waiting out its backoff (once).
-        for watch in self.watches():
-            watch.recover()
+        self._handle(Recovered())
 
     # -- lifecycle -------------------------------------------------------------------------------------
 
@@ -379,7 +379,6 @@ class WatchRegistry:
         for timer in self._timers.values():
             timer.cancel()
         self._timers.clear()
-        watches = list(self._watches.values())
-        self._watches.clear()
-        await asyncio.gather(*inflight, *(watch.stop() for watch in watches), return_exceptions=True)
+        await asyncio.gather(*inflight, return_exceptions=True)
+        await self._polls.aclose()
         await self._tasks.wait()

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
 
 import orjson
 
@@ -90,23 +89,15 @@ def from_bus(contexts: Iterable[str]) -> tuple[frozenset[str], list[SourceHint]]
     return frozenset(written), hints
 
 
-class _Keyed(Protocol):
-    key: WatchKey
-
-
-_W = TypeVar("_W", bound=_Keyed)
-
-
-def matching(watches: Iterable[_W], hint: SourceHint) -> Iterator[_W]:
-    """The watches `hint` names, in every context: resources whose URI matches, and the named lists."""
+def matching(keys: Iterable[WatchKey], hint: SourceHint) -> Iterator[WatchKey]:
+    """The watched keys `hint` names, in every context: resources whose URI matches, and the named lists."""
     exact = {uri for uri in hint.uris if "*" not in uri}
     globs = [UriGlob(uri) for uri in hint.uris if "*" in uri]
     kinds = {LIST_NAMES[name] for name in hint.lists}
-    for watch in watches:
-        key = watch.key
+    for key in keys:
         if key.kind == "resource":
             uri = key.uri or ""
             if uri in exact or any(glob.matches(uri) for glob in globs):
-                yield watch
+                yield key
         elif key.kind in kinds:
-            yield watch
+            yield key

@@ -8,7 +8,7 @@ from typing import Any
 
 from sidecar.app import METRICS, REGISTRY
 from sidecar.changes import WatchKind
-from sidecar.watch.poller import Watch
+from sidecar.watch.registry import WatchSummary
 from tests.kit import WAIT_S, Sidecar, eventually
 
 __all__ = [
@@ -46,7 +46,7 @@ def watch_count(sidecar: Sidecar, kind: WatchKind) -> float:
     return value
 
 
-def watches(sidecar: Sidecar) -> list[Watch]:
+def watches(sidecar: Sidecar) -> list[WatchSummary]:
     return list(sidecar.app[REGISTRY].watches())
 
 
@@ -56,11 +56,16 @@ async def polled(sidecar: Sidecar, kind: WatchKind, times: int) -> None:
     await eventually(lambda: polls(sidecar, kind) >= start + times, within_s=WAIT_S)
 
 
-async def watch_polled_twice(watch: Watch) -> None:
+async def watch_polled_twice(sidecar: Sidecar, watch: WatchSummary) -> None:
     """Wait until this one watch has finished two more polls (the second started after now)."""
+
+    def last_poll() -> float | None:
+        (now,) = [seen for seen in watches(sidecar) if seen.key == watch.key]
+        return now.last_poll_at
+
     for _ in range(2):
-        last = watch.last_poll_at
-        await eventually(lambda: watch.last_poll_at != last, within_s=WAIT_S)  # noqa: B023
+        last = last_poll()
+        await eventually(lambda: last_poll() != last, within_s=WAIT_S)  # noqa: B023
 
 
 def reads_of(log: list[dict[str, Any]], uri: str) -> list[dict[str, Any]]:

@@ -6,30 +6,34 @@ does each of these and feeds what comes back as events. Plain frozen values, so 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sidecar.changes import WatchKey, WatchKind
 from sidecar.identity import Identity
 from sidecar.watch.observation import Observation
 
 __all__ = [
-    "Adopt",
-    "Apply",
+    "BudgetShare",
     "CancelTimer",
     "Command",
     "Cover",
     "Fail",
     "HintWrite",
+    "Interval",
+    "Observed",
+    "Publish",
     "PublishFirst",
     "Resolve",
     "Revoke",
     "SetTimer",
     "StartLook",
+    "StartPoll",
     "StartWatch",
     "StopWatch",
     "Track",
     "Uncover",
     "Untrack",
+    "Waited",
 ]
 
 
@@ -56,7 +60,10 @@ class StartWatch:
 
 @dataclass(frozen=True, slots=True)
 class StopWatch:
+    """`key`'s watch ended (its poll in flight, if any, is cancelled); `native`: the upstream covered it."""
+
     key: WatchKey
+    native: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,20 +76,57 @@ class PublishFirst:
 
 
 @dataclass(frozen=True, slots=True)
-class Apply:
-    """Offer a look at `key` to its watch (the ticket rule decides; a change is published)."""
+class Observed:
+    """A look at `key` that started at `ticket` was applied (newer than every look before it): whoever keeps an
+    answer it contradicts drops it (the read-through cache), before any change event exists."""
 
     key: WatchKey
-    observation: Observation
+    fingerprint: str
     ticket: int
 
 
 @dataclass(frozen=True, slots=True)
-class Adopt:
-    """Another replica saw `key` change to `fingerprint`: the watch takes it as its own."""
+class Publish:
+    """A look saw `key` change to `fingerprint`, its change number `generation` here: publish it (every stream
+    holding the key is told through the bus)."""
 
     key: WatchKey
     fingerprint: str
+    generation: int
+    previous: str = field(default="", compare=False)
+    """What its streams were told before (for the change's log line; not part of what is asked)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StartPoll:
+    """Poll `key` now with the credential of a context that holds it; it was due at `due` (a `hinted` poll, or a
+    regular one). Answered by PollDone, PollFailed, PollSkipped or PollCrashed, then PollFinished."""
+
+    key: WatchKey
+    due: float
+    hinted: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Waited:
+    """A poll was deferred `seconds` past when it was wanted by `limit` (a wait, never a refusal)."""
+
+    limit: str
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Interval:
+    """The interval a regular poll was armed for (a backoff is not one)."""
+
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetShare:
+    """This replica's share of the read budget now (reads a second), as a poll took its slot."""
+
+    per_s: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,8 +206,12 @@ Command = (
     | StartWatch
     | StopWatch
     | PublishFirst
-    | Apply
-    | Adopt
+    | Observed
+    | Publish
+    | StartPoll
+    | Waited
+    | Interval
+    | BudgetShare
     | Resolve
     | Fail
     | SetTimer

@@ -20,15 +20,14 @@ Guarantees (the registry's, stated where they are kept):
 from __future__ import annotations
 
 import itertools
-from collections.abc import Hashable, Iterator
-from typing import assert_never
+from collections.abc import Callable, Hashable, Iterator
 
+from sidecar.backoff import JITTER
 from sidecar.changes import WatchKey, WatchKind
+from sidecar.config import PollingConfig
 from sidecar.identity import ANONYMOUS, PUBLIC, Identity
 from sidecar.watch.admission import Admission
 from sidecar.watch.engine.commands import (
-    Adopt,
-    Apply,
     CancelTimer,
     Command,
     Cover,
@@ -50,8 +49,9 @@ from sidecar.watch.engine.events import (
     Leave,
     LookDone,
     LookFailed,
-    PollRefused,
+    PollFailed,
     Published,
+    Recovered,
     Refused,
     Release,
     Subscribe,
@@ -59,17 +59,36 @@ from sidecar.watch.engine.events import (
 )
 from sidecar.watch.engine.evidence import Evidence
 from sidecar.watch.engine.record import Pending, Record, Share, Stage
+from sidecar.watch.engine.watching import Watching
 from sidecar.watch.observation import Observation
 from sidecar.watch.rules import Rules
 
 __all__ = ["Engine"]
 
+_DEFAULTS = PollingConfig()
+
 
 class Engine:
     """The registry's state machine: feed it events with the time they happened, carry out what it returns."""
 
-    def __init__(self, *, linger_s: float, absent_ttl_s: float, rate_per_s: float, rules: Rules) -> None:
+    def __init__(
+        self,
+        *,
+        linger_s: float,
+        absent_ttl_s: float,
+        rate_per_s: float,
+        rules: Rules,
+        polling: PollingConfig = _DEFAULTS,
+        settle_ms: int = 0,
+        rand: Callable[[], float] = JITTER.random,
+        may_poll: Callable[[WatchKey], bool] = lambda key: True,
+        replicas: Callable[[], int] = lambda: 1,
+    ) -> None:
+        """`polling`: intervals, backoff, jitter (drawn from `rand`) and the read and hint budgets; `settle_ms`: how
+        long a hint keeps a watch warm; `may_poll` and `replicas`: the coordinator's answers (whether this
+        replica holds a key's lease, how many replicas share the read budget), read, never written."""
         self._linger_s = linger_s
+        self._rules = rules
         self._now = 0.0
         self.admission = Admission(absent_ttl_s=absent_ttl_s, rate_per_s=rate_per_s, clock=lambda: self._now)
         """Known-absent memory and first-read tokens, on the engine's time."""
@@ -82,7 +101,15 @@ class Engine:
         """Waiter -> the look it waits on."""
         self._timers: dict[int, WatchKey] = {}
         self._ids: Iterator[int] = itertools.count(1)
-        self._evidence = Evidence(self._records, self.admission, rules)
+        self._watching = Watching(
+            self._records, polling, settle_ms=settle_ms, rand=rand, may_poll=may_poll, replicas=replicas
+        )
+        self._evidence = Evidence(
+            self._records,
+            self.admission,
+            rules,
+            lambda record, observation, ticket: self._watching.apply(record, observation, ticket, self._now),
+        )
 
     # -- what the driver may read ---------------------------------------------------------------------------------
 
@@ -96,20 +123,22 @@ class Engine:
     def keys(self) -> list[WatchKey]:
         return list(self._records)
 
+    def records(self) -> list[Record]:
+        return list(self._records.values())
+
     @property
     def looks_in_flight(self) -> int:
         """Looks that callers wait on (or waited on, and that have not come back)."""
         return len(self._looks)
 
     def poller(self, key: WatchKey) -> Identity | None:
-        """The identity a poll of `key` goes with now (recorded: a refusal of the poll concerns its context); None
-        while no stream holds it (lingering: no credential to poll with)."""
+        """The identity a poll of `key` goes with now (a refusal of the poll concerns its context, which PollFailed
+        names); None while no stream holds it (lingering: no credential to poll with)."""
         record = self._records.get(key)
         if record is None or not record.shares:
             return None
         # Public data is the same for everyone; prefer polling it without credentials when possible.
         context = ANONYMOUS if ANONYMOUS in record.shares else next(iter(record.shares))
-        record.last_poller = context
         return record.shares[context].identity
 
     # -- events ----------------------------------------------------------------------------------------------
@@ -117,6 +146,13 @@ class Engine:
     def handle(self, event: Event, now: float) -> list[Command]:
         """What `event`, which happened at `now`, asks for."""
         self._now = now
+        commands = self._dispatch(event)
+        # The step is over: the watches a read budget's allocation during it shortened are re-armed now, not from
+        # inside the allocation (which runs while a plan asks for its interval).
+        commands.extend(self._watching.tighten(now))
+        return commands
+
+    def _dispatch(self, event: Event) -> list[Command]:
         if isinstance(event, Subscribe):
             return self._subscribe(event)
         if isinstance(event, LookDone):
@@ -130,6 +166,8 @@ class Engine:
         if isinstance(event, LookFailed):
             return self._look_failed(event)
         if isinstance(event, TimerFired):
+            if self._watching.owns_timer(event.timer):
+                return self._watching.fired(event.timer, self._now)
             return self._expire(event.timer)
         if isinstance(event, ChangeHeard):
             return self._heard(event)
@@ -137,9 +175,11 @@ class Engine:
             return self._evidence.forwarded(event.method, event.params, event.identity, event.answer, event.ticket)
         if isinstance(event, Refused):
             return self._evidence.refused(event.method, event.params, event.identity)
-        if isinstance(event, PollRefused):
-            return self._evidence.poll_refused(event.key)
-        assert_never(event)
+        if isinstance(event, Recovered):
+            return self._watching.recover(self._now)
+        if isinstance(event, PollFailed) and event.refused is not None:
+            return self._watching.handle(event, self._now) + self._evidence.poll_refused(event.key, event.refused)
+        return self._watching.handle(event, self._now)
 
     def _subscribe(self, event: Subscribe) -> list[Command]:
         identity, kind, uri = event.identity, event.kind, event.uri
@@ -188,16 +228,21 @@ class Engine:
         key = WatchKey(pending.kind, pending.uri, PUBLIC if observation.public else pending.context)
         record = self._records.get(key)
         if record is not None:
-            commands: list[Command] = [Apply(key, observation, event.ticket)]
+            commands = self._watching.apply(record, observation, event.ticket, self._now)
             commands.extend(self._answer_first(event.look, record))
             if record.stage is Stage.LINGERING:
                 self._linger(record, commands)  # a first read found it: its linger starts again
             return commands
         # A new watch. Other replicas' caches may hold an answer older than this first look (one cached before
         # anyone watched): its callers are answered once it is published, so those drop it before any ack.
-        self._records[key] = Record(key)
+        record = self._records[key] = Record(key)
         pending.key = key
-        return [StartWatch(key, observation, event.ticket), PublishFirst(event.look, key, observation.fingerprint)]
+        rule = self._rules.for_uri(key.uri)
+        return [
+            StartWatch(key, observation, event.ticket),
+            *self._watching.start(record, observation, event.ticket, rule.interval_ms if rule else None, self._now),
+            PublishFirst(event.look, key, observation.fingerprint),
+        ]
 
     def _published(self, event: Published) -> list[Command]:
         pending = self._looks.get(event.look)
@@ -229,7 +274,8 @@ class Engine:
     def _joined(self, look: int, pending: Pending, observation: Observation, ticket: int) -> list[Command]:
         key = pending.joining
         assert key is not None
-        commands: list[Command] = [Apply(key, observation, ticket)] if key in self._records else []
+        record = self._records.get(key)
+        commands = [] if record is None else self._watching.apply(record, observation, ticket, self._now)
         for waiter, identity in self._done(look).items():
             if not observation.found:
                 commands.extend(self._release(key, identity.context))
@@ -329,7 +375,7 @@ class Engine:
             return []
         record.stage = Stage.ENDED
         del self._records[record.key]
-        return [StopWatch(record.key)]
+        return [*self._watching.stop(record, self._now), StopWatch(record.key, record.native)]
 
     def _heard(self, event: ChangeHeard) -> list[Command]:
         change = event.event
@@ -338,7 +384,8 @@ class Engine:
         if change.key.kind == "resources_list":
             self.admission.present()  # what was missing may exist now
         # Changes seen by other replicas keep this replica's copy current, for when it takes the lease.
-        return [Adopt(change.key, change.fingerprint)] if change.key in self._records else []
+        record = self._records.get(change.key)
+        return [] if record is None else self._watching.adopt(record, change.fingerprint, self._now)
 
     def close(self) -> None:
         """Shutdown: the driver cancels every waiter and stops every watch itself; nothing is kept."""

@@ -15,13 +15,20 @@ from sidecar.watch.observation import Observation
 
 __all__ = [
     "ChangeHeard",
+    "Covered",
     "Event",
     "Forwarded",
+    "Hinted",
     "Leave",
     "LookDone",
     "LookFailed",
-    "PollRefused",
+    "PollCrashed",
+    "PollDone",
+    "PollFailed",
+    "PollFinished",
+    "PollSkipped",
     "Published",
+    "Recovered",
     "Refused",
     "Release",
     "Subscribe",
@@ -112,8 +119,68 @@ class Refused:
 
 
 @dataclass(frozen=True, slots=True)
-class PollRefused:
-    """The upstream refused a poll of `key` (401/403)."""
+class Hinted:
+    """`key` may have changed (a write, the upstream's or the source's word, a lost cover): its watch looks soon. A
+    `warm` hint keeps it looking a few times while it sees no change (`hints.settle_ms`)."""
+
+    key: WatchKey
+    warm: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Recovered:
+    """The upstream answers again: every failing watch retries now instead of waiting out its backoff (once)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Covered:
+    """The upstream's own notifications cover `key` now (`native`), or no longer do (it polls at once)."""
+
+    key: WatchKey
+    native: bool
+
+
+@dataclass(frozen=True, slots=True)
+class PollDone:
+    """The poll of `key` that started at `started` (ticket `ticket`, with `context`'s credential) saw `observation`."""
+
+    key: WatchKey
+    started: float
+    ticket: int
+    observation: Observation
+    context: str
+
+
+@dataclass(frozen=True, slots=True)
+class PollFailed:
+    """The poll of `key` that started at `started` failed; `refused`: the context whose credential the upstream
+    refused (401/403), if that is why."""
+
+    key: WatchKey
+    started: float
+    refused: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PollSkipped:
+    """The poll of `key` that started at `started` had nobody to poll for (no stream holds it any more)."""
+
+    key: WatchKey
+    started: float
+
+
+@dataclass(frozen=True, slots=True)
+class PollCrashed:
+    """The poll of `key`, which started at `started`, raised what no upstream failure explains (a bug): it counts as
+    failed from its start (so its backoff never lands in the past)."""
+
+    key: WatchKey
+    started: float
+
+
+@dataclass(frozen=True, slots=True)
+class PollFinished:
+    """The poll of `key` is over (its change, if any, published): the next one is armed."""
 
     key: WatchKey
 
@@ -129,5 +196,12 @@ Event = (
     | ChangeHeard
     | Forwarded
     | Refused
-    | PollRefused
+    | Hinted
+    | Recovered
+    | Covered
+    | PollDone
+    | PollFailed
+    | PollSkipped
+    | PollCrashed
+    | PollFinished
 )

@@ -9,20 +9,23 @@ prove access again with a read of its own before it rejoins. Rules only: each re
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from sidecar.changes import WatchKey
 from sidecar.identity import PUBLIC, Identity
 from sidecar.protocol.constants import READ_ONLY_METHODS
 from sidecar.protocol.types import JsonObject
 from sidecar.watch.admission import Admission
-from sidecar.watch.engine.commands import Apply, Command, HintWrite, Revoke
+from sidecar.watch.engine.commands import Command, HintWrite, Revoke
 from sidecar.watch.engine.record import Record
 from sidecar.watch.fingerprint import ABSENT
 from sidecar.watch.observation import Observation, observation_from_read
 from sidecar.watch.rules import Rules
 
-__all__ = ["Evidence", "teaches"]
+__all__ = ["Apply", "Evidence", "teaches"]
+
+Apply = Callable[[Record, Observation, int], list[Command]]
+"""Offers a look (started at a ticket) to a watch: the engine's rule for looks (`Watching.apply`)."""
 
 
 def teaches(method: str) -> bool:
@@ -34,8 +37,9 @@ def teaches(method: str) -> bool:
 class Evidence:
     """Forwarded answers and refusals, turned into commands for the watches they concern."""
 
-    def __init__(self, records: Mapping[WatchKey, Record], admission: Admission, rules: Rules) -> None:
+    def __init__(self, records: Mapping[WatchKey, Record], admission: Admission, rules: Rules, apply: Apply) -> None:
         self._records = records
+        self._apply = apply
         self._admission = admission
         self._rules = rules
 
@@ -53,16 +57,17 @@ class Evidence:
             self._admission.present(uri, identity.context)
             scope = PUBLIC if result.get("cacheScope") == "public" else identity.context
             key = WatchKey("resource", uri, scope)
-            if key in self._records:  # fingerprint only what someone watches: this is the forwarding hot path
+            record = self._records.get(key)
+            if record is not None:  # fingerprint only what someone watches: this is the forwarding hot path
                 with contextlib.suppress(ValueError):  # unfingerprintable content teaches nothing
-                    return [Apply(key, observation_from_read(result, self._rules.for_uri(uri)), ticket)]
+                    return self._apply(record, observation_from_read(result, self._rules.for_uri(uri)), ticket)
             return []
         error = answer.get("error")
         if isinstance(error, dict) and error.get("code") in (-32602, -32002):
             # Only this context's own watch: a resource hidden from one user is not gone for everyone.
-            key = WatchKey("resource", uri, identity.context)
-            if key in self._records:
-                return [Apply(key, Observation(ABSENT, None, False), ticket)]
+            record = self._records.get(WatchKey("resource", uri, identity.context))
+            if record is not None:
+                return self._apply(record, Observation(ABSENT, None, False), ticket)
         return []
 
     def refused(self, method: str, params: JsonObject, identity: Identity) -> list[Command]:
@@ -81,15 +86,12 @@ class Evidence:
                 commands.append(Revoke(key, identity.context))
         return commands
 
-    def poll_refused(self, key: WatchKey) -> list[Command]:
-        """A poll of `key` was refused (401/403)."""
+    def poll_refused(self, key: WatchKey, context: str) -> list[Command]:
+        """A poll of `key` with `context`'s credential was refused (401/403)."""
         record = self._records.get(key)
         if record is None:
             return []
         # Only the context whose credential was refused: a public key is polled with one context's credential,
         # and the other contexts' credentials are as good as before (their streams must not end).
-        context = key.context if key.context != PUBLIC else record.last_poller
-        if context is None:
-            return []
         record.verified.discard(context)  # it must prove access again with its own read before rejoining
         return [Revoke(key, context)]

@@ -5,20 +5,22 @@ exponential backoff while it fails, a hinted poll soon (never sooner than min_in
 than a backoff allows, within the budget of hinted polls), then, while the hint keeps the watch warm and no look
 has seen a change, more hinted polls 0.25, 0.5, 1, 2 s... after it (the same floors and budget), one retry per
 failure streak once the upstream is back. Like the registry's engine it never awaits and reads no clock: each
-event comes with the time it happened, and its timers are commands (`SetTimer`, `CancelTimer`) the driver
-(`sidecar.watch.poller.Watch`) arms, feeding `TimerFired` back; a fired timer asks for a `Poll`, whose look the
-driver reports as `Looked` and `Finished` (or, when the read budget has no slot free yet, as `Slotted`: a timer
-for the slot, and the poll then). Nothing happens between two of its steps, so a hint can never find the poll
-half-started.
+event comes with the time it happened, and its timers are commands (`SetTimer`, `CancelTimer`). The watch engine
+(`sidecar.watch.engine.watching`) holds one plan per watch: it has the registry arm the plan's timers and feeds
+`TimerFired` back; a fired timer asks for a `Poll`, which the engine turns into a `StartPoll` for the registry,
+whose look comes back as `Looked` and `Finished` (or, when the read budget has no slot free yet, as `Slotted`: a
+timer for the slot, and the poll then). Nothing happens between two of its steps, so a hint can never find the
+poll half-started.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import assert_never
 
-from sidecar.watch.engine.commands import CancelTimer, SetTimer
+from sidecar.watch.engine.commands import CancelTimer, Interval, SetTimer, Waited
 from sidecar.watch.engine.events import TimerFired
 from sidecar.watch.schedule import HintBudget, Schedule
 
@@ -27,7 +29,6 @@ __all__ = [
     "Changed",
     "Finished",
     "Hint",
-    "Interval",
     "LogLimiter",
     "Looked",
     "Poll",
@@ -38,7 +39,6 @@ __all__ = [
     "Slotted",
     "Stop",
     "Tighten",
-    "Waited",
 ]
 
 
@@ -111,27 +111,13 @@ class Poll:
     slotted: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class Waited:
-    """A poll was deferred `seconds` past when it was wanted by `limit` (a wait, never a refusal)."""
-
-    limit: str
-    seconds: float
-
-
-@dataclass(frozen=True, slots=True)
-class Interval:
-    """The interval the next regular poll was armed for (a backoff is not one)."""
-
-    seconds: float
-
-
 PollCommand = SetTimer | CancelTimer | Poll | Waited | Interval
 
 
 class PollPlan:
     """One watch's poll schedule. `interval` says its regular interval at a time (jittered, under the read budget);
-    `budget`, shared by every watch of one upstream, spaces hinted polls."""
+    `budget`, shared by every watch of one upstream, spaces hinted polls; `ids` numbers its timers (the engine's
+    one counter, so that a timer's id names one plan)."""
 
     __slots__ = (
         "_budget",
@@ -140,6 +126,7 @@ class PollPlan:
         "_hinted",
         "_ids",
         "_interval",
+        "_next_id",
         "_recovery_retried",
         "_schedule",
         "_slotted",
@@ -153,7 +140,13 @@ class PollPlan:
     )
 
     def __init__(
-        self, schedule: Schedule, *, interval: Callable[[float], float], budget: HintBudget | None, started: float
+        self,
+        schedule: Schedule,
+        *,
+        interval: Callable[[float], float],
+        budget: HintBudget | None,
+        started: float,
+        ids: Callable[[], int] | None = None,
     ) -> None:
         self._schedule = schedule
         self._interval = interval
@@ -169,7 +162,8 @@ class PollPlan:
         self._due_hinted = False
         self._timer: int | None = None
         self._timer_when = 0.0
-        self._ids = 0
+        self._ids = itertools.count(1)
+        self._next_id = ids if ids is not None else self._ids.__next__
         self._hinted = False
         """A hint came while a poll was in flight (which may predate the write): one more after it."""
         self._recovery_retried = False
@@ -301,9 +295,9 @@ class PollPlan:
         self._set(due, commands)
 
     def _set(self, when: float, commands: list[PollCommand]) -> None:
-        self._ids += 1
-        self._timer, self._timer_when = self._ids, when
-        commands.append(SetTimer(self._ids, when))
+        timer = self._next_id()
+        self._timer, self._timer_when = timer, when
+        commands.append(SetTimer(timer, when))
 
     def _cancel(self, commands: list[PollCommand]) -> None:
         if self._timer is not None:

@@ -8,6 +8,9 @@ from dataclasses import dataclass, field
 
 from sidecar.changes import WatchKey, WatchKind
 from sidecar.identity import Identity
+from sidecar.watch.engine.confirm import ErrorConfirmation
+from sidecar.watch.engine.polls import PollPlan
+from sidecar.watch.tickets import Latest
 
 __all__ = ["Pending", "Record", "Share", "Stage"]
 
@@ -35,7 +38,8 @@ class Share:
 
 @dataclass(slots=True)
 class Record:
-    """Everything the engine keeps about one watch."""
+    """Everything the engine keeps about one watch: who holds it, where it is in its life, what its streams were
+    last told and when it polls. Written by the engine alone (`sidecar.watch.engine`); the driver reads it."""
 
     key: WatchKey
     stage: Stage = Stage.STARTING
@@ -47,8 +51,40 @@ class Record:
     """Contexts whose own read of it succeeded (they may join a public watch)."""
     linger: int | None = None
     """The timer that ends it, while it lingers."""
-    last_poller: str | None = None
-    """The context whose identity the last poll went with: a refusal of that poll concerns that context alone."""
+    fingerprint: str = ""
+    """What its streams were last told: the content hash of the latest look applied (or adopted from the bus)."""
+    generation: int = 0
+    """Its changes as this process counts them (its own and those adopted): the generation its events carry on a
+    bus of one process (the Redis bus numbers a key's changes by its stored state instead)."""
+    latest: Latest = field(default_factory=lambda: Latest(0))
+    """The ticket of the latest look applied to it (invariant 7)."""
+    confirmation: ErrorConfirmation = field(default_factory=ErrorConfirmation)
+    """The error state a look saw that a second look must confirm before anyone is told (invariant 24)."""
+    ttl_ms: int | None = None
+    """The upstream's ttlMs of the latest look that was not an error state."""
+    rule_interval_ms: int | None = None
+    """The interval `polling.rules` gives this key instead of its ttlMs."""
+    native: bool = False
+    """The upstream's own notifications cover this key: it polls at once on them, and as a backstop."""
+    wanted_ms: float = 0.0
+    """Its interval before jitter, were there no read budget."""
+    interval_s: float = 0.0
+    """The regular interval its last poll was armed for (jittered, under the read budget)."""
+    plan: PollPlan | None = None
+    """When it polls (from its first look on)."""
+    last_poll_at: float | None = None
+    """When its last poll was answered (on the engine's time)."""
+    last_change_at: float | None = None
+    """When a look last saw it change (on the engine's time)."""
+
+    @property
+    def refs(self) -> int:
+        """How many streams hold it."""
+        return self.holders
+
+    @property
+    def consecutive_errors(self) -> int:
+        return 0 if self.plan is None else self.plan.errors
 
 
 @dataclass(slots=True)

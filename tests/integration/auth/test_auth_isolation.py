@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from sidecar.app import REGISTRY
 from sidecar.identity import PUBLIC
-from sidecar.watch.poller import Watch
+from sidecar.watch.registry import WatchSummary
 from tests.kit import (
     UPDATED,
     WAIT_S,
@@ -67,15 +67,16 @@ class World(ThreadWorld):
     versions: dict[str, int] = field(default_factory=lambda: dict.fromkeys(USERS, 1))
     price: int = 100
 
-    def _watch(self, uri: str, user: str) -> Watch:
+    def _watch(self, uri: str, user: str) -> WatchSummary:
+        """`user`'s watch of `uri` as it is now (its own, or the public one)."""
         assert self.sidecar is not None
         contexts = (context_of(self.sidecar, f"Bearer {user}"), PUBLIC)
         registry = self.sidecar.app[REGISTRY]
         (watch,) = [w for w in registry.watches() if w.key.uri == uri and w.key.context in contexts]
         return watch
 
-    async def _polled_since(self, watch: Watch, since: float) -> None:
-        await eventually(lambda: (watch.last_poll_at or 0) > since, within_s=WAIT_S)
+    async def _polled_since(self, uri: str, user: str, since: float) -> None:
+        await eventually(lambda: (self._watch(uri, user).last_poll_at or 0) > since, within_s=WAIT_S)
 
     async def read(self, user: str) -> None:
         assert self.http is not None and self.sidecar is not None
@@ -100,7 +101,7 @@ class World(ThreadWorld):
         # Everyone else's profile watch has looked since, and found nothing to tell its owner.
         for other in USERS:
             if other != user:
-                await self._polled_since(self._watch(PROFILE, other), started)
+                await self._polled_since(PROFILE, other, started)
         await self.expect_quiet()
 
     async def change_price(self) -> None:

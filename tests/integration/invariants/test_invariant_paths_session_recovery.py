@@ -96,4 +96,7 @@ async def test_a_session_subscribing_again_to_a_uri_it_holds_is_a_sync_point_and
         assert watch.refs == 1  # the second subscribe's hold was let go: one session, one hold
         status, answer = await session.call("resources/unsubscribe", {"uri": PRICE})
         assert status == 200 and answer["result"] == {}, answer
-        await eventually(lambda: watch.refs == 0, what="the one unsubscribe let go of the watch")
+        await eventually(
+            lambda: [seen.refs for seen in sidecar.app[REGISTRY].watches() if seen.key == watch.key] == [0],
+            what="the one unsubscribe let go of the watch",
+        )

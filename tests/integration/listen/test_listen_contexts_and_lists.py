@@ -80,7 +80,7 @@ async def test_a_private_resource_changes_only_for_its_owner_and_is_polled_only_
             assert update["method"] == UPDATED and update["params"]["uri"] == PROFILE
 
             # B's own watch has looked at the upstream twice since A heard of the change: B hears nothing.
-            await asyncio.gather(polled(sidecar, "resource", 4), watch_polled_twice(watch_b))
+            await asyncio.gather(polled(sidecar, "resource", 4), watch_polled_twice(sidecar, watch_b))
             assert b.pending() == []
             assert a.pending() == []  # one change, one notification
 

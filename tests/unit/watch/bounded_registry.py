@@ -19,8 +19,9 @@ from tests.kit import WAIT_S
 
 __all__ = ["BoundedRegistry"]
 
-_LOOKS = ("._look", "._publish_first")
-"""The registry's own tasks that never end with an error when all is well (they catch what their I/O raises)."""
+_LOOKS = ("._look", "._publish_first", "PollTasks._poll")
+"""The registry's own tasks (its looks, first publishes and polls) that never end with an error when all is well: they
+catch what their I/O raises."""
 
 
 class BoundedRegistry(WatchRegistry):

@@ -5,7 +5,16 @@ from __future__ import annotations
 from sidecar.changes import WatchKey
 from sidecar.identity import ANONYMOUS_IDENTITY, PUBLIC, Identity
 from sidecar.watch.engine import Engine
-from sidecar.watch.engine.commands import Command, Cover, PublishFirst, Resolve, StartLook, StartWatch, Track
+from sidecar.watch.engine.commands import (
+    Command,
+    Cover,
+    PublishFirst,
+    Resolve,
+    SetTimer,
+    StartLook,
+    StartWatch,
+    Track,
+)
 from sidecar.watch.engine.events import Event, LookDone, Published, Subscribe
 from sidecar.watch.fingerprint import ABSENT
 from sidecar.watch.observation import Observation
@@ -24,6 +33,7 @@ __all__ = [
     "GONE",
     "LINGER_S",
     "OTHER",
+    "POLL_S",
     "PRIVATE",
     "PUBLIC_V1",
     "PUBLIC_V2",
@@ -35,6 +45,8 @@ __all__ = [
 ]
 
 LINGER_S = 8.0
+POLL_S = 5.0
+"""A watch's interval here: the default (its looks carry no ttlMs), with no jitter."""
 ABSENT_TTL_S = 5.0
 DOC = "file:///doc"
 OTHER = "file:///other"
@@ -58,7 +70,9 @@ def key(context: str, uri: str | None = DOC) -> WatchKey:
 
 def book(*, rate_per_s: float = 1_000.0, now: float = 0.0) -> Book:
     """A fresh engine: lingers 8 s, remembers a missing resource 5 s, `rate_per_s` first reads a second a client."""
-    engine = Engine(linger_s=LINGER_S, absent_ttl_s=ABSENT_TTL_S, rate_per_s=rate_per_s, rules=Rules([]))
+    engine = Engine(
+        linger_s=LINGER_S, absent_ttl_s=ABSENT_TTL_S, rate_per_s=rate_per_s, rules=Rules([]), rand=lambda: 0.5
+    )
     return Book(engine, now)
 
 
@@ -66,10 +80,9 @@ def started(play: Book, waiter: int, look: int, who: Identity, seen: Observation
     """`who` subscribes to DOC and its first read (`look`) sees `seen` at `ticket`: a new watch it holds."""
     watched = key(PUBLIC if seen.public else who.context)
     play.step(Subscribe(waiter, "resource", DOC, who), StartLook(look, "resource", DOC, who, paced=False))
-    play.step(
-        LookDone(look, ticket, seen),
-        StartWatch(watched, seen, ticket),
-        PublishFirst(look, watched, seen.fingerprint),
-    )
+    first = play.feed(LookDone(look, ticket, seen))
+    # Its first poll is armed an interval after its first look (the default 5 s: no ttlMs, no jitter here).
+    assert first[0] == StartWatch(watched, seen, ticket) and first[2] == PublishFirst(look, watched, seen.fingerprint)
+    assert isinstance(first[1], SetTimer) and first[1].when == play.now + POLL_S and len(first) == 3, first
     play.step(Published(look), Track(watched), Cover(who, "resource", DOC), Resolve(waiter, watched))
     return watched

@@ -17,7 +17,6 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
-from sidecar.watch.poller import Watch
 from tests.kit import WAIT_S
 
 __all__ = ["ManualClock", "run_polls"]
@@ -140,11 +139,6 @@ class ManualClock:
         """Until `armed` reaches `count` (told as it happens, not polled); see `until`."""
         await self.until(lambda: self.armed >= count, what or f"{count} timers armed")
 
-    def armed_by(self, owner: object) -> bool:
-        """Whether a timer whose callback is a method of `owner` (a watch's next poll) is armed."""
-        armed = [timer.callback for _, _, timer in self._timers if not timer.cancelled]
-        return any(getattr(callback, "__self__", None) is owner for callback in armed)
-
     def due(self) -> list[float]:
         """When each armed timer is due (cancelled ones left out), soonest first."""
         return sorted(when for when, _, timer in self._timers if not timer.cancelled)
@@ -183,10 +177,9 @@ class ManualClock:
         raise AssertionError("no timer is armed")
 
 
-async def run_polls(clock: ManualClock, seconds: float) -> None:
-    """Move time on by `seconds` one due time at a time, and after each wait until the watches' polls that came due
-    there have ended (a poll's last act is to arm its watch's next): each poll starts at its own time, as on a real
-    clock. For simulations where no watch stops while a poll is in flight (a stopped watch arms nothing)."""
+async def run_polls(clock: ManualClock, seconds: float, polling: Callable[[], int]) -> None:
+    """Move time on by `seconds` one due time at a time, and after each wait until the polls that came due there
+    (`polling()` counts those in flight) have ended: each poll starts at its own time, as on a real clock."""
     until = clock.now() + seconds
     still = 0
     while (due := clock.due()) and due[0] <= until + _EPSILON_S:
@@ -194,6 +187,5 @@ async def run_polls(clock: ManualClock, seconds: float) -> None:
         still = still + 1 if due[0] <= clock.now() else 0
         assert still < _MOST_TIMERS_PER_ADVANCE, f"polls re-armed at {clock.now()} without end: time never moves"
         clock.advance(max(0.0, due[0] - clock.now()))
-        polls = sum(isinstance(getattr(callback, "__self__", None), Watch) for callback in clock.fired)
-        await clock.until_armed(clock.armed + polls, f"the {polls} polls due at {clock.now()} ended")
+        await clock.until(lambda: polling() == 0, f"the polls due at {clock.now()} ended")
     clock.advance(max(0.0, until - clock.now()))

@@ -93,13 +93,13 @@ class World:
 
     async def step(self, seconds: float, *, looks: int) -> None:
         """Move the clock on by `seconds` and wait until the `looks` polls that fired have ended: a poll's last act
-        is to arm its watch's next one, after it has published what it saw. Counted from when the clock has moved:
-        what the timers' callbacks armed as they fired (a hint's poll) is not a poll that ended. Polls a poll arms
-        come due on a later step, never this one (the clock fires only what is armed when it moves)."""
+        is to arm its watch's next one, after it has published what it saw. Polls a poll arms come due on a later
+        step, never this one (the clock fires only what is armed when it moves)."""
         fired = self.clock.advance(seconds)
-        armed = self.clock.armed
         assert fired >= looks, f"{fired} timers came due by {self.clock.now()}, not the {looks} polls expected"
-        await self.clock.until_armed(armed + looks, f"the {looks} polls due by {self.clock.now()} ended")
+        await self.clock.until(
+            lambda: self.registry.polls_in_flight == 0, f"the {looks} polls due by {self.clock.now()} ended"
+        )
 
 
 class GatedBus(MemoryBus):

@@ -9,10 +9,11 @@ from sidecar.changes import ChangeEvent, WatchKey
 from sidecar.protocol.errors import UpstreamUnavailable
 from sidecar.watch.engine import Stage
 from sidecar.watch.engine.commands import (
-    Apply,
     CancelTimer,
     Cover,
     Fail,
+    Observed,
+    Publish,
     PublishFirst,
     Resolve,
     SetTimer,
@@ -40,6 +41,7 @@ from tests.unit.watch.engine_cast import (
     GONE,
     LINGER_S,
     OTHER,
+    POLL_S,
     PUBLIC_V1,
     PUBLIC_V2,
     V1,
@@ -56,7 +58,12 @@ def test_a_first_read_is_answered_only_once_its_look_is_published() -> None:
     play = book()
     play.step(Subscribe(1, "resource", DOC, ALICE), StartLook(1, "resource", DOC, ALICE, paced=False))
     watched = key("alice")
-    play.step(LookDone(1, 7, V1), StartWatch(watched, V1, 7), PublishFirst(1, watched, V1.fingerprint))
+    play.step(
+        LookDone(1, 7, V1),
+        StartWatch(watched, V1, 7),
+        SetTimer(-1, play.now + POLL_S),
+        PublishFirst(1, watched, V1.fingerprint),
+    )
     record = play.engine.record(watched)
     assert record is not None and record.stage is Stage.STARTING and record.holders == 0, "nobody answered yet"
     play.step(Published(1), Track(watched), Cover(ALICE, "resource", DOC), Resolve(1, watched))
@@ -70,7 +77,12 @@ def test_concurrent_first_interests_share_one_read_per_context() -> None:
     play.step(Subscribe(2, "resource", DOC, ALICE_PHONE))
     play.step(Subscribe(3, "resource", DOC, BOB), StartLook(2, "resource", DOC, BOB, paced=False))
     watched = key("alice")
-    play.step(LookDone(1, 1, V1), StartWatch(watched, V1, 1), PublishFirst(1, watched, V1.fingerprint))
+    play.step(
+        LookDone(1, 1, V1),
+        StartWatch(watched, V1, 1),
+        SetTimer(-1, play.now + POLL_S),
+        PublishFirst(1, watched, V1.fingerprint),
+    )
     # A watch still starting is joined (held at once), with a look of its own that starts after the caller asked.
     joined = [Track(watched), Cover(ALICE, "resource", DOC), StartLook(3, "resource", DOC, ALICE, paced=False)]
     play.step(Subscribe(4, "resource", DOC, ALICE), *joined)
@@ -150,7 +162,12 @@ def test_a_caller_that_leaves_is_dropped_from_its_first_read() -> None:
     play.step(Subscribe(2, "resource", DOC, ALICE_PHONE))
     play.step(Leave(1))
     watched = key("alice")
-    play.step(LookDone(1, 1, V1), StartWatch(watched, V1, 1), PublishFirst(1, watched, V1.fingerprint))
+    play.step(
+        LookDone(1, 1, V1),
+        StartWatch(watched, V1, 1),
+        SetTimer(-1, play.now + POLL_S),
+        PublishFirst(1, watched, V1.fingerprint),
+    )
     play.step(Published(1), Track(watched), Cover(ALICE_PHONE, "resource", DOC), Resolve(2, watched))
     assert play.engine.holders(watched) == 1
     play.step(Leave(2))  # answered already: what it holds, it releases
@@ -162,11 +179,16 @@ def test_a_first_read_nobody_waits_for_any_more_starts_a_watch_that_lingers() ->
     play.step(Subscribe(1, "resource", DOC, ALICE), StartLook(1, "resource", DOC, ALICE, paced=False))
     play.step(Leave(1))
     watched = key("alice")
-    play.step(LookDone(1, 1, V1), StartWatch(watched, V1, 1), PublishFirst(1, watched, V1.fingerprint))
+    play.step(
+        LookDone(1, 1, V1),
+        StartWatch(watched, V1, 1),
+        SetTimer(-1, play.now + POLL_S),
+        PublishFirst(1, watched, V1.fingerprint),
+    )
     play.at(3.0)
     play.step(Published(1), SetTimer(2, 3.0 + LINGER_S))
     play.at(3.0 + LINGER_S)
-    play.step(TimerFired(2), StopWatch(watched))
+    play.step(TimerFired(2), CancelTimer(-1), StopWatch(watched))
     assert play.engine.keys() == []
 
 
@@ -174,7 +196,12 @@ def test_a_failed_publish_of_a_first_look_fails_its_callers_and_the_watch_linger
     play = book()
     play.step(Subscribe(1, "resource", DOC, ALICE), StartLook(1, "resource", DOC, ALICE, paced=False))
     watched = key("alice")
-    play.step(LookDone(1, 1, V1), StartWatch(watched, V1, 1), PublishFirst(1, watched, V1.fingerprint))
+    play.step(
+        LookDone(1, 1, V1),
+        StartWatch(watched, V1, 1),
+        SetTimer(-1, play.now + POLL_S),
+        PublishFirst(1, watched, V1.fingerprint),
+    )
     play.step(Published(1, DOWN), Fail(1, DOWN), SetTimer(2, LINGER_S))
 
 
@@ -183,7 +210,13 @@ def test_a_public_result_is_one_watch_each_context_joins_after_its_own_read() ->
     public = started(play, 1, 1, ALICE, PUBLIC_V1, 1)
     # Bob has not proved he may read it: his own read first, which the public watch takes as a look.
     play.step(Subscribe(2, "resource", DOC, BOB), StartLook(2, "resource", DOC, BOB, paced=False))
-    play.step(LookDone(2, 2, PUBLIC_V2), Apply(public, PUBLIC_V2, 2), Cover(BOB, "resource", DOC), Resolve(2, public))
+    play.step(
+        LookDone(2, 2, PUBLIC_V2),
+        Observed(public, PUBLIC_V2.fingerprint, 2),
+        Publish(public, PUBLIC_V2.fingerprint, 1),
+        Cover(BOB, "resource", DOC),
+        Resolve(2, public),
+    )
     # Proved: his next stream joins the watch, with a look that starts after it asked.
     play.step(Subscribe(3, "resource", DOC, BOB), StartLook(3, "resource", DOC, BOB, paced=False))
     assert play.engine.holders(public) == 3
@@ -197,11 +230,16 @@ def test_a_first_read_that_finds_a_lingering_watch_restarts_its_linger() -> None
     play.at(7.0)
     play.step(Subscribe(2, "resource", DOC, BOB), StartLook(3, "resource", DOC, BOB, paced=False))
     play.step(Leave(2))
-    play.step(LookDone(3, 2, PUBLIC_V1), Apply(public, PUBLIC_V1, 2), CancelTimer(2), SetTimer(4, 7.0 + LINGER_S))
+    play.step(
+        LookDone(3, 2, PUBLIC_V1),
+        Observed(public, PUBLIC_V1.fingerprint, 2),
+        CancelTimer(2),
+        SetTimer(4, 7.0 + LINGER_S),
+    )
     play.at(1.0 + LINGER_S)
     play.step(TimerFired(2))
     play.at(7.0 + LINGER_S)
-    play.step(TimerFired(4), StopWatch(public))
+    play.step(TimerFired(4), CancelTimer(-1), StopWatch(public))
 
 
 def test_a_first_read_that_finds_a_lingering_watch_gives_it_to_its_callers() -> None:
@@ -211,7 +249,7 @@ def test_a_first_read_that_finds_a_lingering_watch_gives_it_to_its_callers() -> 
     play.step(Subscribe(2, "resource", DOC, BOB), StartLook(3, "resource", DOC, BOB, paced=False))
     play.step(
         LookDone(3, 2, PUBLIC_V1),
-        Apply(public, PUBLIC_V1, 2),
+        Observed(public, PUBLIC_V1.fingerprint, 2),
         Track(public),
         CancelTimer(2),
         Cover(BOB, "resource", DOC),

@@ -1,5 +1,6 @@
 """An error answer is an observation (invariant 24): the confirmation rule as playbooks of `ErrorConfirmation`, then
-one watch driven through it on a hand-moved clock, reading a scripted upstream as its polls do.
+one watch driven through the engine by a hand-moved clock, and last through a registry reading a scripted upstream
+as its polls do.
 
 A JSON-RPC error the upstream answers for a watched resource is the resource's state: told once a second look
 confirms it, told again when content comes back, quiet while it stays, polled at the key's interval with no
@@ -8,27 +9,23 @@ backoff. A transport failure or an HTTP 5xx stays a fault, and backs off.
 
 from __future__ import annotations
 
-import asyncio
-from typing import cast
+import itertools
 
 import pytest
 
-from sidecar.changes import ChangeEvent, WatchKey
+from sidecar.changes import WatchKey
 from sidecar.config import PollingConfig
-from sidecar.identity import ANONYMOUS, Identity
-from sidecar.observability.metrics import Metrics
-from sidecar.protocol.errors import UpstreamRpcError, UpstreamUnavailable
-from sidecar.upstream.base import Upstream
+from sidecar.protocol.errors import UpstreamError, UpstreamRpcError, UpstreamUnavailable
+from sidecar.watch.engine import Engine
 from sidecar.watch.engine.confirm import ErrorConfirmation, LookAgain, Seen, Take
 from sidecar.watch.fingerprint import ABSENT, fingerprint_contents, fingerprint_error
 from sidecar.watch.observation import Observation
-from sidecar.watch.observe import observe
-from sidecar.watch.poller import Watch
-from sidecar.watch.schedule import Schedule
-from sidecar.watch.tickets import Tickets
+from sidecar.watch.rules import Rules
 from tests.kit.playbook import Playbook
-from tests.unit.watch.manual_clock import ManualClock
-from tests.unit.watch.scripted_upstream import URL, ScriptedUpstream, contents
+from tests.unit.watch.engine_cast import ALICE
+from tests.unit.watch.engine_polls import Polled
+from tests.unit.watch.registry_world import World
+from tests.unit.watch.scripted_upstream import URL, contents
 
 NOTE = "memory://notes/plan"
 V1 = fingerprint_contents(contents(NOTE, "v1")["contents"])
@@ -79,7 +76,7 @@ def test_two_different_errors_in_a_row_confirm_the_second_so_a_changing_message_
     play.step(Seen(V1, GONE), LookAgain())
 
 
-# -- one watch, driven -------------------------------------------------------------------------------------------
+# -- one watch, driven through the engine ----------------------------------------------------------------------
 
 CONFIG = PollingConfig(
     default_interval_ms=5000,
@@ -91,102 +88,116 @@ CONFIG = PollingConfig(
 )
 TTL_MS = 2000
 """The note's ttlMs: its interval (2 s; jitter at zero with rand() = 0.5), kept while it is an error."""
+TTL_S = TTL_MS / 1000
+CONFIRM_S = 0.25 + 0.5 * CONFIG.jitter * 0.25
+"""A hinted look's wait after the look before it: min_interval_ms, jittered as a poll that waits (rand() = 0.5)."""
+
+DELETED = Observation(GONE, None, False)
 
 
 class _Note:
-    """A watch of the note, polled as the registry polls (`observe` with errors as states), on a manual clock."""
+    """Alice's watch of the note, polled through the engine on a hand-moved clock; each poll sees `seen`."""
 
     def __init__(self) -> None:
-        self.clock = ManualClock()
-        self.upstream = ScriptedUpstream()
-        self.upstream.resources[NOTE] = contents(NOTE, "v1", ttlMs=TTL_MS)
-        self.events: list[ChangeEvent] = []
-        self.observed: list[str] = []
-        self.polled_at: list[float] = []
-        self.metrics = Metrics()
-        tickets = Tickets()
-        self.watch = Watch(
-            WatchKey("resource", NOTE, "public"),
-            Observation(V1, TTL_MS, False),
-            tickets.take(),
-            schedule=Schedule(CONFIG, rand=lambda: 0.5),
-            reader=self._read,
-            sink=self._sink,
-            gate=asyncio.Semaphore(4),
-            tickets=tickets,
-            metrics=self.metrics,
-            on_auth_failure=lambda *_: None,
-            observed=lambda key, fingerprint, ticket: self.observed.append(fingerprint),
-            clock=self.clock,
-            holders=lambda key: 1,
-        )
-        self.watch.start()
+        self.seen: Observation | UpstreamError = Observation(V1, TTL_MS, False)
+        engine = Engine(linger_s=8.0, absent_ttl_s=5.0, rate_per_s=1000.0, rules=Rules([]), polling=CONFIG,
+                        rand=lambda: 0.5)  # fmt: skip
+        self.polled = Polled(engine, lambda key, started: self.seen)
+        self.key = self.polled.watch(ALICE, NOTE, Observation(V1, TTL_MS, False))
 
-    async def _read(self, watch: Watch) -> Observation:
-        self.polled_at.append(self.clock.now())
-        return await observe(
-            cast(Upstream, self.upstream), "resource", NOTE, Identity(ANONYMOUS, ()), errors_are_states=True
-        )
-
-    async def _sink(self, event: ChangeEvent) -> None:
-        self.events.append(event)
-
-    def answers(self, text: str | None, *, code: int = -32603, message: str = "note not found: plan") -> None:
-        """From the next read on: the note's text, or (None) the error the upstream answers for it."""
-        if text is None:
-            self.upstream.errors["resources/read"] = {"code": code, "message": message}
-        else:
-            self.upstream.errors.pop("resources/read", None)
-            self.upstream.resources[NOTE] = contents(NOTE, text, ttlMs=TTL_MS)
-
-    async def poll(self) -> None:
+    def poll(self) -> None:
         """The next timer fires; its poll runs to its end (the next one armed)."""
-        self.clock.fire_next()
-        await self.clock.until(lambda: self.clock.pending() == 1, "the poll ended, the next one armed")
+        self.polled.clock.fire_next()
 
-    def told(self) -> list[str]:
-        return [event.fingerprint for event in self.events]
-
-    def polls(self, outcome: str) -> float:
-        sample = {"kind": "resource", "outcome": outcome}
-        return self.metrics.registry.get_sample_value("mcp_sidecar_polls_total", sample) or 0.0
+    def observed(self) -> list[str]:
+        return [command.fingerprint for command in self.polled.observed]
 
 
 @pytest.mark.invariant(24)
-async def test_a_deleted_note_is_told_after_a_second_look_then_polled_quietly_and_told_again_once_back() -> None:
+def test_a_deleted_note_is_told_after_a_second_look_then_polled_quietly_and_told_again_once_back() -> None:
     note = _Note()
-    await note.poll()  # 2 s: v1
-    note.answers(None)
-    await note.poll()  # 4 s: the error, told to nobody yet
-    assert note.told() == []
-    assert note.observed[-1] == GONE, "the cache hears of the error at once: it drops the content it holds"
-    await note.poll()  # the confirming look, soon: a hinted look's schedule, not the next interval
-    assert note.polled_at[2] == pytest.approx(4.25, abs=0.05)
-    assert note.told() == [GONE]
+    note.poll()  # 2 s: v1
+    note.seen = DELETED
+    note.poll()  # 4 s: the error, told to nobody yet
+    assert note.polled.told() == []
+    assert note.observed()[-1] == GONE, "the cache hears of the error at once: it drops the content it holds"
+    note.poll()  # the confirming look, soon: a hinted look's schedule, not the next interval
+    polls = note.polled.polls
+    assert polls[2].at == pytest.approx(2 * TTL_S + CONFIRM_S) and polls[2].hinted
+    assert note.polled.published[-1].generation == 1 and note.polled.told() == [GONE]
     for _ in range(3):
-        await note.poll()  # a stable error: quiet, at the note's interval, never backing off
-    assert note.told() == [GONE]
-    assert [b - a for a, b in zip(note.polled_at[2:], note.polled_at[3:], strict=False)] == pytest.approx([2.0] * 3)
-    assert note.watch.consecutive_errors == 0
-    note.answers("v2")
-    await note.poll()
-    assert note.told() == [GONE, V2], "written again: told at the first look that sees it"
-    assert note.polls("error_state") == 5 and note.polls("error") == 0
+        note.poll()  # a stable error: quiet, at the note's interval, never backing off
+    assert note.polled.told() == [GONE]
+    started = note.polled.started_at()
+    assert [b - a for a, b in itertools.pairwise(started[2:])] == pytest.approx([TTL_S] * 3)
+    assert note.polled.record(note.key).consecutive_errors == 0
+    note.seen = Observation(V2, TTL_MS, False)
+    note.poll()
+    assert note.polled.told() == [GONE, V2], "written again: told at the first look that sees it"
+    assert note.observed() == [V1] + [GONE] * 5 + [V2], "every poll's look applied, the unconfirmed one too"
 
 
 @pytest.mark.invariant(24)
-async def test_a_lone_error_between_two_looks_of_the_same_note_tells_nobody() -> None:
+def test_a_lone_error_between_two_looks_of_the_same_note_tells_nobody() -> None:
     note = _Note()
-    note.answers(None)
-    await note.poll()  # 2 s: an error
-    note.answers("v1")
-    await note.poll()  # its confirming look sees the note as it was
-    await note.poll()
-    assert note.told() == []
-    assert note.polled_at == pytest.approx([2.0, 2.25, 4.25], abs=0.05)
-    note.answers("v2")
-    await note.poll()
-    assert note.told() == [V2], "a real change after it is told"
+    note.seen = DELETED
+    note.poll()  # 2 s: an error
+    note.seen = Observation(V1, TTL_MS, False)
+    note.poll()  # its confirming look sees the note as it was
+    note.poll()
+    assert note.polled.told() == []
+    assert note.polled.started_at() == pytest.approx([2.0, 2.0 + CONFIRM_S, 2.0 + CONFIRM_S + TTL_S])
+    note.seen = Observation(V2, TTL_MS, False)
+    note.poll()
+    assert note.polled.told() == [V2], "a real change after it is told"
+
+
+def test_a_fault_is_not_a_state_it_backs_off_and_tells_nobody() -> None:
+    note = _Note()
+    note.seen = UpstreamUnavailable(URL, "connection refused")
+    for _ in range(3):
+        note.poll()
+    assert note.polled.started_at() == pytest.approx([2.0, 3.0, 5.0]), "backoff: 1 s, then 2 s"
+    assert note.polled.record(note.key).consecutive_errors == 3
+    assert note.polled.told() == [] and note.observed() == [], "no look was applied: the cache keeps what it holds"
+
+
+# -- through the registry: the upstream's answers, as a poll reads them ------------------------------------------
+
+KEY = WatchKey("resource", NOTE, "alice")
+
+
+async def _watched(world: World) -> list[str]:
+    """Alice's watch of the note (ttlMs 2 s: polled every 2 s, no jitter here); what the cache is told of it."""
+    world.upstream.resources[NOTE] = contents(NOTE, "v1", ttlMs=TTL_MS)
+    observed: list[str] = []
+    world.registry.on_observation(lambda key, fingerprint, ticket: observed.append(fingerprint))
+    assert await world.registry.acquire("resource", NOTE, ALICE) is not None
+    return observed
+
+
+def _polls(world: World, outcome: str) -> float:
+    return world.gauge("mcp_sidecar_polls_total", kind="resource", outcome=outcome) or 0.0
+
+
+@pytest.mark.invariant(24)
+async def test_an_error_the_upstream_answers_for_the_note_is_its_state_told_once_confirmed(world: World) -> None:
+    observed = await _watched(world)
+    world.upstream.errors["resources/read"] = {"code": -32603, "message": "note not found: plan"}
+    await world.step(TTL_S, looks=1)
+    assert world.changes() == [] and observed[-1] == GONE, "the cache drops the note at once; nobody is told yet"
+    assert world.clock.due() == [pytest.approx(TTL_S + 0.25)], "the confirming look: a hinted one, soon"
+    await world.step(0.25, looks=1)
+    assert world.changes() == [(KEY, GONE)]
+    await world.step(TTL_S, looks=1)  # a stable error: quiet, at the note's interval
+    assert world.changes() == [(KEY, GONE)]
+    world.upstream.errors.clear()
+    world.upstream.resources[NOTE] = contents(NOTE, "v2", ttlMs=TTL_MS)
+    await world.step(TTL_S, looks=1)
+    assert world.changes() == [(KEY, GONE), (KEY, V2)]
+    assert (_polls(world, "error_state"), _polls(world, "error"), _polls(world, "ok")) == (3, 0, 1)
+    [summary] = world.registry.watches()
+    assert summary.consecutive_errors == 0
 
 
 @pytest.mark.parametrize(
@@ -198,12 +209,21 @@ async def test_a_lone_error_between_two_looks_of_the_same_note_tells_nobody() ->
     ],
     ids=["transport", "http-5xx", "http-429"],
 )
-async def test_a_fault_is_not_a_state_it_backs_off_and_tells_nobody(fault: Exception) -> None:
-    note = _Note()
-    note.upstream.failure = cast(UpstreamUnavailable, fault)
+async def test_a_fault_the_upstream_answers_is_not_a_state_it_backs_off_and_tells_nobody(
+    world: World, fault: UpstreamError
+) -> None:
+    observed = await _watched(world)
+    world.upstream.failure = fault
+    polled_at: list[float] = []
     for _ in range(3):
-        await note.poll()
-    assert note.polled_at == pytest.approx([2.0, 3.0, 5.0]), "backoff: 1 s, then 2 s"
-    assert note.watch.consecutive_errors == 3
-    assert note.told() == [] and note.observed == [], "no look was applied: the cache keeps what it holds"
-    assert note.polls("error") == 3 and note.polls("error_state") == 0
+        [due] = world.clock.due()
+        await world.step(due - world.clock.now(), looks=1)
+        polled_at.append(due)
+    # Its interval, then backoff: 1 s, then 2 s (each jittered by a tenth at most; exact in the playbook above).
+    assert polled_at[0] == TTL_S
+    assert [b - a for a, b in itertools.pairwise(polled_at)] == pytest.approx([1.0, 2.0], rel=0.1)
+    assert len(world.upstream.reads(NOTE)) == 4
+    [summary] = world.registry.watches()
+    assert summary.consecutive_errors == 3
+    assert world.changes() == [] and observed == [V1], "no look was applied: the cache keeps what it holds"
+    assert (_polls(world, "error"), _polls(world, "error_state")) == (3, 0)

@@ -1,8 +1,9 @@
 """When a watch polls: interval, backoff, hints and their budget, recovery, as playbooks of its `PollPlan`.
 
 No event loop and no clock: each step feeds one event at a time the test names and expects the exact commands
-(timers to arm and cancel, the poll to run). What the driver does with them is `test_poll_driver`'s; writes'
-hints are `test_revalidate`'s.
+(timers to arm and cancel, the poll to run). The arithmetic under them (`Schedule`: ttlMs clamped, jitter,
+backoff) is at the end. What the engine makes of a plan's commands is `test_engine_polls`'s, how the registry runs
+a poll `test_registry_polls`'s; writes' hints are `test_revalidate`'s.
 """
 
 from __future__ import annotations
@@ -10,13 +11,13 @@ from __future__ import annotations
 import pytest
 
 from sidecar.config import PollingConfig
-from sidecar.watch.engine.commands import CancelTimer, SetTimer
+from sidecar.watch.engine.commands import CancelTimer, Interval, SetTimer, Waited
 from sidecar.watch.engine.events import TimerFired
 from sidecar.watch.engine.polls import (
     Begin,
     Finished,
     Hint,
-    Interval,
+    LogLimiter,
     Looked,
     Poll,
     PollCommand,
@@ -26,7 +27,6 @@ from sidecar.watch.engine.polls import (
     Slotted,
     Stop,
     Tighten,
-    Waited,
 )
 from sidecar.watch.schedule import HintBudget, Schedule
 from tests.kit.playbook import Playbook
@@ -306,3 +306,52 @@ def test_a_poll_waiting_for_its_slot_of_the_read_budget_is_in_flight_until_it_ru
     waiting.at(2.0).step(TimerFired(1), Poll(2.0, False))
     waiting.step(Slotted(2.5), SetTimer(2, 2.5))
     waiting.step(Stop(), CancelTimer(2))
+
+
+# -- the arithmetic: interval, jitter and backoff (`Schedule`), and the failure log's pace ----------------------
+
+
+@pytest.mark.invariant(9)
+@pytest.mark.parametrize(
+    ("ttl_ms", "base_s"),
+    [(None, 5.0), (0, 5.0), (100, 0.25), (2000, 2.0), (10**9, 60.0)],
+    ids=["absent", "zero", "below-min", "in-range", "above-max"],
+)
+def test_interval_is_ttl_clamped_with_jitter_on_both_sides(ttl_ms: int | None, base_s: float) -> None:
+    low = Schedule(CONFIG, rand=lambda: 0.0).interval_s(ttl_ms)
+    high = Schedule(CONFIG, rand=lambda: 0.999999).interval_s(ttl_ms)
+    assert low == pytest.approx(base_s * 0.9)
+    assert high == pytest.approx(base_s * 1.1, rel=1e-4)
+
+
+@pytest.mark.invariant(9)
+def test_backoff_doubles_up_to_its_cap() -> None:
+    schedule = _midpoint()  # no jitter at the midpoint
+    assert [schedule.backoff_s(n) for n in range(1, 6)] == [1.0, 2.0, 4.0, 8.0, 8.0]
+
+
+def test_backoff_is_jittered_even_when_interval_jitter_is_off() -> None:
+    schedule = Schedule(CONFIG.model_copy(update={"jitter": 0.0}), rand=lambda: 0.0)
+    assert schedule.backoff_s(1) < 1.0
+
+
+def test_an_interval_under_the_read_budget_is_jittered_but_never_past_max_interval() -> None:
+    low = Schedule(CONFIG, rand=lambda: 0.0)
+    high = Schedule(CONFIG, rand=lambda: 0.999999)
+    assert low.budgeted_s(10_000) == pytest.approx(9.0) and high.budgeted_s(10_000) == pytest.approx(11.0, rel=1e-4)
+    # The budget covering every key gives each its wanted interval: jittered up, it would pass max_interval_ms.
+    assert high.budgeted_s(60_000) == 60.0 and low.budgeted_s(60_000) == pytest.approx(54.0)
+
+
+def test_a_covered_key_polls_at_its_usual_interval_unless_a_backstop_is_set() -> None:
+    usual = _midpoint()
+    assert usual.backstop_s(2000) == usual.interval_s(2000)
+    assert usual.backstop_s(2000, 10_000) == usual.interval_s(2000, 10_000) == 10.0  # the key's rule, as uncovered
+    stretched = Schedule(CONFIG.model_copy(update={"native_backstop_ms": 60_000}), rand=lambda: 0.5)
+    assert stretched.backstop_s(2000) == 60.0
+
+
+def test_failure_lines_are_allowed_one_per_interval_from_the_first_one_on_even_right_after_boot() -> None:
+    limiter = LogLimiter(10.0)  # the monotonic clock starts near 0 at boot
+    allowed = [limiter.allow(now) for now in (0.0, 9.999, 10.0, 15.0, 19.999, 20.0)]
+    assert allowed == [True, False, True, False, False, True]

@@ -53,9 +53,8 @@ def test_a_glob_of_many_stars_against_a_long_uri_is_linear() -> None:
 # -- which watches a hint names --------------------------------------------------------------------------------
 
 
-class _Keyed:
-    def __init__(self, kind: str, uri: str | None, context: str) -> None:
-        self.key = WatchKey(kind, uri, context)  # type: ignore[arg-type]
+def _Keyed(kind: str, uri: str | None, context: str) -> WatchKey:
+    return WatchKey(kind, uri, context)  # type: ignore[arg-type]
 
 
 def test_a_hint_names_every_contexts_watch_of_its_uris_and_the_lists_it_names() -> None:
@@ -70,8 +69,8 @@ def test_a_hint_names_every_contexts_watch_of_its_uris_and_the_lists_it_names() 
         _Keyed("prompts_list", None, "public"),
     ]
     hint = SourceHint(("catalog://plans/*", "catalog://price"), ("tools",))
-    named = [watch.key for watch in matching(watches, hint)]
-    assert named == [watch.key for watch in watches[:4] + watches[5:7]]
+    named = list(matching(watches, hint))
+    assert named == watches[:4] + watches[5:7]
     assert list(matching(watches, SourceHint(("catalog://nothing",)))) == []
 
 

@@ -1,4 +1,5 @@
-"""A hint holds the watch warm: playbooks of its `PollPlan` after a warm hint (`hints.settle_ms`).
+"""A hint holds the watch warm: playbooks of its `PollPlan` after a warm hint (`hints.settle_ms`), then of the
+engine that holds the plan, its polls answered by a source that shows a write late.
 
 A write, the upstream's notification or the source's `POST /hints` makes the watch look at once; when that look
 sees no change (a source whose reads lag its writes, one that re-indexes after a save), it looks again 0.25, 0.5,
@@ -11,18 +12,15 @@ Every poll here looks at once and is over at once; the test says which looks see
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
-from typing import Any
 
 import pytest
 
-from sidecar.changes import ChangeEvent, LocalCoordinator, WatchKey
+from sidecar.changes import WatchKey
 from sidecar.config import PollingConfig
-from sidecar.observability.metrics import Metrics
-from sidecar.watch.budget import ReadBudget
-from sidecar.watch.engine.commands import CancelTimer, SetTimer
-from sidecar.watch.engine.events import TimerFired
+from sidecar.watch.engine import Engine
+from sidecar.watch.engine.commands import BudgetShare, CancelTimer, SetTimer, Waited
+from sidecar.watch.engine.events import Hinted, TimerFired
 from sidecar.watch.engine.polls import (
     Begin,
     Changed,
@@ -33,14 +31,13 @@ from sidecar.watch.engine.polls import (
     PollCommand,
     PollEvent,
     PollPlan,
-    Waited,
 )
 from sidecar.watch.observation import Observation
-from sidecar.watch.poller import Watch
+from sidecar.watch.rules import Rules
 from sidecar.watch.schedule import HintBudget, Schedule
-from sidecar.watch.tickets import Tickets
 from tests.kit.playbook import Playbook
-from tests.unit.watch.manual_clock import ManualClock
+from tests.unit.watch.engine_cast import ALICE
+from tests.unit.watch.engine_polls import Polled
 
 CONFIG = PollingConfig(
     default_interval_ms=30_000,
@@ -226,93 +223,60 @@ def test_a_failing_warm_look_backs_off_and_no_warm_look_cuts_the_backoff_short()
     assert run.polls[2:] == _at(failing + 1.0, again + 1 + SPREAD_S, again + 2 + SPREAD_S, again + 3 + SPREAD_S)
 
 
-# -- the plan driven by its watch, on a clock moved by hand ----------------------------------------------------
+# -- the plan in the engine, its polls answered by a source that shows a write late ---------------------------
+
+NOTE = "x://note"
 
 
 class LaggingSource:
-    """A source that shows a write `lag_s` after it is made (it re-indexes), read by one watch."""
+    """A source that shows a write `lag_s` after it is made (it re-indexes), read by one watch through the engine."""
 
-    def __init__(self, clock: ManualClock, lag_s: float) -> None:
-        self.clock = clock
+    def __init__(self, lag_s: float, config: PollingConfig = CONFIG) -> None:
         self.lag_s = lag_s
         self.written_at: float | None = None
-        self.polled_at: list[float] = []
+        engine = Engine(linger_s=8.0, absent_ttl_s=5.0, rate_per_s=1000.0, rules=Rules([]), polling=config,
+                        settle_ms=SETTLE_MS, rand=lambda: 0.5)  # fmt: skip
+        self.polled = Polled(engine, self._read)
+        self.key = self.polled.watch(ALICE, NOTE, Observation("fp-0", int(INTERVAL_S * 1000), True))
 
-    def write(self) -> None:
-        self.written_at = self.clock.now()
-
-    async def read(self, _: Watch) -> Observation:
-        now = self.clock.now()
-        self.polled_at.append(now)
+    def _read(self, key: WatchKey, now: float) -> Observation:
         shown = self.written_at is not None and now >= self.written_at + self.lag_s
         return Observation("fp-1" if shown else "fp-0", int(INTERVAL_S * 1000), True)
 
+    def write(self, at: float) -> None:
+        """A write at `at` (nothing due before it), hinted as the sidecar hints a write: warm."""
+        self.polled.clock.advance_to(at)
+        self.written_at = at
+        self.polled.feed(Hinted(self.key, warm=True))
 
-def _watch(clock: ManualClock, source: LaggingSource, events: list[ChangeEvent], **options: Any) -> Watch:
-    tickets = Tickets()
-
-    async def sink(event: ChangeEvent) -> None:
-        events.append(event)
-
-    watch = Watch(
-        WatchKey("resource", "x://note", "public"),
-        Observation("fp-0", int(INTERVAL_S * 1000), True),
-        tickets.take(),
-        reader=source.read,
-        sink=sink,
-        gate=asyncio.Semaphore(4),
-        tickets=tickets,
-        on_auth_failure=lambda *_: None,
-        coordinator=LocalCoordinator(),
-        clock=clock,
-        holders=lambda key: 1,
-        **{"schedule": Schedule(CONFIG, rand=lambda: 0.5, settle_ms=SETTLE_MS), "metrics": Metrics(), **options},
-    )
-    watch.start()
-    return watch
-
-
-async def _polls_until(clock: ManualClock, until: float) -> None:
-    """Fire the watch's timers due by `until` one at a time, each poll over before the next fires."""
-    while clock.due() and clock.due()[0] <= until:
-        armed = clock.armed
-        clock.fire_next()
-        await clock.until_armed(armed + 1, f"the poll at {clock.now()} ended")
+    def until(self, until: float) -> None:
+        self.polled.clock.advance(until - self.polled.clock.now())
 
 
 @pytest.mark.invariant(22)
-async def test_a_write_the_source_shows_a_second_late_is_told_once_by_a_warm_look() -> None:
-    clock = ManualClock()
-    source = LaggingSource(clock, lag_s=0.8)
-    events: list[ChangeEvent] = []
-    watch = _watch(clock, source, events)
-    clock.advance_to(HINT_AT)
-    source.write()
-    watch.hint(warm=True)
-    await _polls_until(clock, 20.0)
+def test_a_write_the_source_shows_a_second_late_is_told_once_by_a_warm_look() -> None:
+    source = LaggingSource(lag_s=0.8)
+    source.write(HINT_AT)
+    source.until(20.0)
     # The looks before the source shows the write saw the old content and told nobody; the 1 s one saw it.
-    assert source.polled_at == _at(HINT_AT, HINT_AT + 0.25 + SPREAD_S, HINT_AT + 0.5 + 2 * SPREAD_S, HINT_AT + 1.0125)
-    assert [event.fingerprint for event in events] == ["fp-1"]
-    assert clock.due() == _at(HINT_AT + 1.0125 + INTERVAL_S), "then its interval"
-    await watch.stop()
+    polled = source.polled
+    assert polled.started_at() == _at(
+        HINT_AT, HINT_AT + 0.25 + SPREAD_S, HINT_AT + 0.5 + 2 * SPREAD_S, HINT_AT + 1.0125
+    )
+    assert all(poll.hinted for poll in polled.polls)
+    assert polled.told() == ["fp-1"]
+    assert polled.clock.due() == _at(HINT_AT + 1.0125 + INTERVAL_S), "then its interval"
 
 
 @pytest.mark.invariant(21)
-async def test_warm_looks_wait_for_their_slots_of_the_read_budget() -> None:
-    clock = ManualClock()
-    source = LaggingSource(clock, lag_s=60.0)  # never shown within the warm schedule
-    config = CONFIG.model_copy(update={"max_reads_per_s": 2, "jitter": 0.0})
-    metrics = Metrics()
-    watches: list[Watch] = []
-    reads = ReadBudget(config, watches=lambda: watches, may_poll=lambda key: True)
-    schedule = Schedule(config, rand=lambda: 0.5, settle_ms=SETTLE_MS)
-    watches.append(_watch(clock, source, [], schedule=schedule, reads=reads, metrics=metrics))
-    clock.advance_to(HINT_AT)
-    watches[0].hint(warm=True)
-    await _polls_until(clock, 20.0)
+def test_warm_looks_wait_for_their_slots_of_the_read_budget() -> None:
+    source = LaggingSource(lag_s=60.0, config=CONFIG.model_copy(update={"max_reads_per_s": 2, "jitter": 0.0}))
+    source.write(HINT_AT)  # never shown within the warm schedule
+    source.until(20.0)
     # Two reads a second at most, warm looks included: the 0.25 s look waits for its slot at 0.5 s (and stands
     # for the 0.5 s one), then 1, 2 and 3 s.
-    assert source.polled_at == _at(HINT_AT, HINT_AT + 0.5, HINT_AT + 1, HINT_AT + 2, HINT_AT + 3)
-    waited = metrics.registry.get_sample_value("mcp_sidecar_queue_wait_seconds_count", {"limit": "read_budget"})
-    assert waited, "the 0.25 s look waited for its slot, counted"
-    await watches[0].stop()
+    assert source.polled.started_at() == _at(HINT_AT, HINT_AT + 0.5, HINT_AT + 1, HINT_AT + 2, HINT_AT + 3)
+    assert [wait.limit for wait in source.polled.waited] == ["read_budget"], "the 0.25 s look waited for its slot"
+    assert source.polled.waited[0].seconds == pytest.approx(0.25)
+    shares = [command for _, _, commands in source.polled.play.steps for command in commands]
+    assert shares.count(BudgetShare(2.0)) == 5, "each look took its slot: this replica's share, all of the budget"

@@ -28,7 +28,6 @@ from sidecar.protocol.types import JsonObject
 from sidecar.upstream.answers import UpstreamInfo
 from sidecar.upstream.base import Upstream
 from sidecar.watch.native import NativeNotifications
-from sidecar.watch.poller import Watch
 from tests.kit import ACK
 from tests.unit.watch.manual_clock import ManualClock
 from tests.unit.watch.scripted_upstream import URL, ScriptedUpstream
@@ -290,7 +289,7 @@ class Bench:
         watch = self.watches.get(key)
         if watch is None:
             watch = self.watches[key] = HeardWatch(key, self.changed)
-            self.native.update(cast(Watch, watch))
+            self.native.update(key)
         self.native.hold(identity, kind, uri)
         return watch
 
@@ -313,6 +312,16 @@ class Bench:
 
     def gauge(self, name: str, **labels: str) -> float | None:
         return self.metrics.registry.get_sample_value(name, labels)
+
+    def hint(self, key: WatchKey, *, warm: bool = False) -> None:
+        """What the registry does with a hint: the key's watch, if there is one, looks soon."""
+        if (watch := self.watches.get(key)) is not None:
+            watch.hint(warm=warm)
+
+    def cover(self, key: WatchKey, native: bool) -> None:
+        """What the registry does with a key's coverage: its watch, if there is one, polls as it says."""
+        if (watch := self.watches.get(key)) is not None and watch.native != native:
+            watch.set_native(native)
 
     def clear_hints(self) -> None:
         for watch in self.watches.values():
@@ -344,8 +353,9 @@ def make_bench(era: str = "legacy", capabilities: JsonObject | None = None, conf
         cast(Upstream, upstream),
         config,
         metrics,
-        watch_of=lambda key: cast(Watch, bench.watches.get(key)),
-        watches=lambda: [cast(Watch, watch) for watch in bench.watches.values()],
+        hint=bench.hint,
+        cover=bench.cover,
+        keys=lambda: list(bench.watches),
         clock=clock,
     )
     return bench

@@ -35,7 +35,7 @@ async def test_a_broken_stream_uncovers_its_keys_and_reopens_after_half_a_second
     legacy.upstream.opened[0].fail(UpstreamUnavailable(URL, "connection reset"))
     await legacy.timer_at(0.5)
     assert not doc.native, "uncovered: polled at its usual pace until the stream is back"
-    assert legacy.gauge("mcp_sidecar_native_watches") == 0
+    assert len(legacy.covered()) == 0
     assert legacy.gauge("mcp_sidecar_native_streams") == 0
     assert legacy.clock.advance(0.49) == 0
     assert len(legacy.upstream.opened) == 1

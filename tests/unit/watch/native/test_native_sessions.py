@@ -25,7 +25,7 @@ async def test_a_legacy_upstream_gets_a_session_stream_and_one_subscription_per_
     await legacy.until(lambda: doc.native)
     assert [(opened.identity, opened.wanted) for opened in legacy.upstream.opened] == [(ALICE, {})]
     assert legacy.upstream.calls == [("resources/subscribe", DOC, "alice")]
-    assert legacy.gauge("mcp_sidecar_native_watches") == 1
+    assert len(legacy.covered()) == 1
     assert legacy.gauge("mcp_sidecar_native_streams") == 1
     assert doc.hints == 1, "a newly covered key is polled once (a change before the subscription would wait)"
 
@@ -68,7 +68,7 @@ async def test_dropping_a_uri_unsubscribes_it_upstream_and_uncovers_it(legacy: B
     legacy.clock.advance(DEBOUNCE_S)
     await legacy.until(lambda: legacy.covered() == {other.key})
     assert legacy.upstream.calls == [("resources/unsubscribe", DOC, "alice")]
-    assert legacy.gauge("mcp_sidecar_native_watches") == 1
+    assert len(legacy.covered()) == 1
 
 
 async def test_one_uri_refused_does_not_keep_the_others_from_being_subscribed(legacy: Bench) -> None:

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import gc
-from typing import Any, cast
+from typing import Any
 
 from sidecar.config import PollingConfig
 from sidecar.identity import ANONYMOUS_IDENTITY, PUBLIC, Identity
 from sidecar.protocol.errors import UpstreamHTTPError
 from sidecar.watch.native_stream import NativeStream
-from sidecar.watch.poller import Watch
 from tests.unit.watch.native.native_harness import (
     ALICE,
     BOB,
@@ -101,18 +100,6 @@ async def test_nothing_is_held_before_the_upstream_is_known() -> None:
     assert stream_tasks() == set(), "no stream is started"
     assert bench.upstream.opened == [] and not doc.native
     await bench.native.aclose()
-
-
-async def test_a_watch_that_ends_leaves_the_count_of_native_watches(legacy: Bench) -> None:
-    doc = legacy.watch("resource", DOC, ALICE)
-    other = legacy.watch("resource", OTHER, ALICE)
-    legacy.native.drop("alice", "resource", OTHER)
-    await legacy.until(lambda: doc.native)
-    assert not other.native and legacy.gauge("mcp_sidecar_native_watches") == 1
-    legacy.native.forget(cast(Watch, other))
-    assert legacy.gauge("mcp_sidecar_native_watches") == 1, "an uncovered watch was not counted"
-    legacy.native.forget(cast(Watch, doc))
-    assert legacy.gauge("mcp_sidecar_native_watches") == 0
 
 
 async def test_shutdown_closes_every_stream() -> None:
