@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from sidecar.changes import ChangeEvent
+from sidecar.config import PollingConfig
 from sidecar.config.polling_rules import PollingRule
 from sidecar.identity import PUBLIC
 from sidecar.protocol.errors import UpstreamUnavailable
@@ -16,6 +17,7 @@ from sidecar.watch.engine.commands import (
     Cover,
     Fail,
     HintWrite,
+    Interval,
     Observed,
     Publish,
     PublishFirst,
@@ -23,19 +25,25 @@ from sidecar.watch.engine.commands import (
     Revoke,
     SetTimer,
     StartLook,
+    StartPoll,
     StartWatch,
     StopWatch,
     Track,
     Uncover,
     Untrack,
+    Waited,
 )
 from sidecar.watch.engine.events import (
     ChangeHeard,
     Forwarded,
+    Hinted,
     Leave,
     LookDone,
     LookFailed,
+    PollDone,
     PollFailed,
+    PollFinished,
+    PollSkipped,
     Published,
     Refused,
     Release,
@@ -78,10 +86,106 @@ def test_the_last_release_lingers_then_ends() -> None:
     record = play.engine.record(watched)
     assert record is not None and record.stage is Stage.LINGERING
     assert play.engine.poller(watched) is None, "no credential to poll with while it lingers"
+    play.at(5.0)
+    # Its poll comes due while it lingers: the driver finds no credential and skips it (neither success nor failure).
+    play.step(TimerFired(-1), StartPoll(watched, 5.0, False))
+    play.step(PollSkipped(watched, 5.0))
+    play.step(PollFinished(watched), Interval(POLL_S), SetTimer(-2, 10.0))
     play.at(9.0)
-    play.step(TimerFired(3), CancelTimer(-1), StopWatch(watched))
+    play.step(TimerFired(3), CancelTimer(-2), StopWatch(watched))
     assert play.engine.keys() == [] and record.stage is Stage.ENDED
     play.step(Release(watched, "alice"))  # a release after the end changes nothing
+    # An ended watch starts anew: a first read, and a first look published before the caller is answered.
+    play.step(Subscribe(4, "resource", DOC, ALICE), StartLook(4, "resource", DOC, ALICE, paced=False))
+    play.step(
+        LookDone(4, 4, V1),
+        StartWatch(watched, V1, 4),
+        SetTimer(-3, 9.0 + POLL_S),
+        PublishFirst(4, watched, V1.fingerprint),
+    )
+
+
+def test_a_release_while_another_stream_holds_the_watch_keeps_it_live_and_polled() -> None:
+    play = book()
+    watched = started(play, 1, 1, ALICE, V1, 1)
+    play.step(Subscribe(2, "resource", DOC, ALICE), StartLook(2, "resource", DOC, ALICE, paced=False))
+    play.step(LookDone(2, 2, V1), Observed(watched, V1.fingerprint, 2), Resolve(2, watched))
+    play.step(Release(watched, "alice"))  # the other stream holds it still: no linger, and alice's credential stays
+    assert play.engine.holders(watched) == 1 and play.engine.poller(watched) == ALICE
+    for n, (timer, at) in enumerate(((-1, 5.0), (-2, 10.0), (-3, 15.0)), 3):
+        play.at(at)
+        play.step(TimerFired(timer), StartPoll(watched, at, False))
+        play.step(PollDone(watched, at, n, V1, "alice"), Observed(watched, V1.fingerprint, n))
+        play.step(PollFinished(watched), Interval(POLL_S), SetTimer(timer - 1, at + POLL_S))
+    assert play.engine.holders(watched) == 1
+
+
+@pytest.mark.invariant(6)
+@pytest.mark.invariant(9)
+def test_a_watch_polls_a_jittered_interval_after_each_poll_and_tells_a_change_once() -> None:
+    # A 25 % jitter, drawn at 0.75: each interval is 5 s * 1.125 (exact in binary); without jitter it would be 5 s.
+    engine = Engine(
+        linger_s=LINGER_S,
+        absent_ttl_s=5.0,
+        rate_per_s=1_000.0,
+        rules=Rules([]),
+        polling=PollingConfig(jitter=0.25),
+        rand=lambda: 0.75,
+    )
+    play = Book(engine)
+    interval = 5.625
+    watched = key("alice")
+    play.step(Subscribe(1, "resource", DOC, ALICE), StartLook(1, "resource", DOC, ALICE, paced=False))
+    play.step(
+        LookDone(1, 1, V1),
+        StartWatch(watched, V1, 1),
+        SetTimer(-1, interval),  # the first poll a whole interval after the first read
+        PublishFirst(1, watched, V1.fingerprint),
+    )
+    play.step(Published(1), Track(watched), Cover(ALICE, "resource", DOC), Resolve(1, watched))
+    seen = [V1, V2, V2]  # the first poll sees the first look's content: nothing to tell (its baseline is what it read)
+    told = [[], [Publish(watched, V2.fingerprint, 1)], []]
+    for n in range(3):
+        at = interval * (n + 1)
+        play.at(at)
+        play.step(TimerFired(-1 - n), StartPoll(watched, at, False))
+        play.step(
+            PollDone(watched, at, n + 2, seen[n], "alice"), Observed(watched, seen[n].fingerprint, n + 2), *told[n]
+        )
+        play.step(PollFinished(watched), Interval(interval), SetTimer(-2 - n, at + interval))
+    record = play.engine.record(watched)
+    assert record is not None and record.generation == 1, "told once"
+
+
+def test_hinted_polls_over_the_hint_budget_are_deferred_to_their_turn() -> None:
+    engine = Engine(
+        linger_s=LINGER_S,
+        absent_ttl_s=5.0,
+        rate_per_s=1_000.0,
+        rules=Rules([]),
+        polling=PollingConfig(max_hinted_polls_per_s=1.0),
+        rand=lambda: 0.5,
+    )
+    play = Book(engine)
+    uris = [f"file:///{n}" for n in range(4)]
+    watches = []
+    for n, uri in enumerate(uris, 1):
+        play.feed(Subscribe(n, "resource", uri, ALICE))
+        play.feed(LookDone(n, n, PUBLIC_V1))
+        play.feed(Published(n))
+        watches.append(key(PUBLIC, uri))
+    play.at(1.0)
+    # A write hints the four at once (warm, as a write's hints are): a burst of the budget's per_s, the rest one a
+    # second, each counted as a wait (never dropped).
+    play.step(Hinted(watches[0], warm=True), CancelTimer(-1), SetTimer(-5, 1.0))
+    for n in (1, 2, 3):
+        wait, *armed = play.feed(Hinted(watches[n], warm=True))
+        # Its turn comes n seconds on; it was wanted a moment after the first (a burst's hints are jittered).
+        assert isinstance(wait, Waited) and wait.limit == "hinted_polls" and wait.seconds == pytest.approx(n - 0.0125)
+        assert armed == [CancelTimer(-1 - n), SetTimer(-5 - n, 1.0 + n)], "deferred to its turn, never dropped"
+    for n in range(4):
+        play.at(1.0 + n)
+        play.step(TimerFired(-5 - n), StartPoll(watches[n], 1.0 + n, True))
 
 
 @pytest.mark.invariant(16)
@@ -104,6 +208,7 @@ def test_a_client_coming_back_while_it_lingers_is_answered_after_a_look_that_sta
         Resolve(4, watched),
     )
     assert play.engine.holders(watched) == 2
+    assert play.engine.poller(watched) == ALICE, "live again: polled with the credential of the client that came back"
 
 
 def test_joiners_of_two_watches_at_once_each_wait_for_a_look_at_their_own() -> None:
@@ -162,6 +267,23 @@ def test_a_joiner_whose_look_finds_the_resource_gone_gets_nothing_and_holds_noth
     )
 
 
+def test_a_joiner_whose_look_finds_it_gone_lets_go_while_the_streams_watching_it_are_told() -> None:
+    play = book()
+    watched = started(play, 1, 1, ALICE, V1, 1)
+    play.step(Subscribe(2, "resource", DOC, ALICE_PHONE), StartLook(2, "resource", DOC, ALICE_PHONE, paced=False))
+    assert play.engine.holders(watched) == 2
+    play.step(
+        LookDone(2, 2, GONE),
+        Observed(watched, GONE.fingerprint, 2),
+        Publish(watched, GONE.fingerprint, 1),  # the stream already watching it is told it is gone
+        Resolve(2, None),
+    )
+    assert play.engine.holders(watched) == 1, "the joiner holds nothing; the first stream still holds it"
+    play.step(Release(watched, "alice"), Uncover("alice", "resource", DOC), Untrack(watched), SetTimer(3, LINGER_S))
+    play.at(LINGER_S)
+    play.step(TimerFired(3), CancelTimer(-1), StopWatch(watched))
+
+
 def test_a_joiner_that_leaves_or_whose_look_fails_lets_go_of_the_watch() -> None:
     play = book()
     watched = started(play, 1, 1, ALICE, V1, 1)
@@ -191,8 +313,10 @@ def test_a_joiners_look_over_its_clients_rate_is_paced() -> None:
     play = book(rate_per_s=1)
     watched = started(play, 1, 1, ALICE, V1, 1)
     play.step(Subscribe(2, "resource", DOC, ALICE), StartLook(2, "resource", DOC, ALICE, paced=True))
-    play.step(Subscribe(3, "resource", DOC, ALICE_PHONE), StartLook(3, "resource", DOC, ALICE_PHONE, paced=False))
-    assert play.engine.holders(watched) == 3
+    play.step(Subscribe(3, "resource", DOC, ALICE))  # the laptop's second join shares its paced look
+    play.step(Subscribe(4, "resource", DOC, ALICE_PHONE), StartLook(3, "resource", DOC, ALICE_PHONE, paced=False))
+    assert play.engine.holders(watched) == 4
+    play.step(LookDone(2, 3, V1), Observed(watched, V1.fingerprint, 3), Resolve(2, watched), Resolve(3, watched))
 
 
 def test_a_public_watch_is_polled_anonymously_when_it_can_and_else_with_a_holders_credential() -> None:
@@ -207,6 +331,16 @@ def test_a_public_watch_is_polled_anonymously_when_it_can_and_else_with_a_holder
         Resolve(2, public),
     )
     assert play.engine.poller(public) == ANON
+    play.step(Subscribe(3, "resource", DOC, ALICE), StartLook(3, "resource", DOC, ALICE, paced=False))
+    play.step(
+        LookDone(3, 3, PUBLIC_V1),
+        Observed(public, PUBLIC_V1.fingerprint, 3),
+        Cover(ALICE, "resource", DOC),
+        Resolve(3, public),
+    )
+    play.step(Release(public, ANON.context), Uncover(ANON.context, "resource", DOC))
+    play.step(Release(public, "alice"), Uncover("alice", "resource", DOC))
+    assert play.engine.poller(public) == BOB, "the credentials of contexts that left are not used"
 
 
 def test_a_refused_forwarded_read_ends_that_contexts_subscriptions_and_it_must_read_again() -> None:
@@ -346,4 +480,15 @@ def test_a_private_result_is_watched_per_context() -> None:
     assert bobs != alices and bobs.context != PUBLIC
     commands = play.feed(LookDone(2, 2, Observation("fp-bob", None, False)))
     assert [getattr(command, "key", None) for command in commands] == [bobs, None, bobs]  # its first poll's timer
-    assert play.engine.poller(alices) == ALICE
+    play.step(Published(2), Track(bobs), Cover(BOB, "resource", DOC), Resolve(2, bobs))
+    assert (play.engine.poller(alices), play.engine.poller(bobs)) == (ALICE, BOB), "each with its own credential"
+    play.at(POLL_S)
+    play.step(TimerFired(-1), StartPoll(alices, POLL_S, False))
+    play.step(TimerFired(-2), StartPoll(bobs, POLL_S, False))
+    edited = Observation("fp-bob-edited", None, False)
+    play.step(PollDone(alices, POLL_S, 3, V1, "alice"), Observed(alices, V1.fingerprint, 3))
+    play.step(
+        PollDone(bobs, POLL_S, 4, edited, "bob"),
+        Observed(bobs, edited.fingerprint, 4),
+        Publish(bobs, edited.fingerprint, 1),  # bob's edit is told on bob's watch only
+    )

@@ -1,5 +1,6 @@
-"""The registry driven through its own surface, a subscription's first moments: what its first read costs and
-shows before the ack, joiners' looks, a caller that gives up, and a client's rate of first reads. A real
+"""The registry driven through its own surface, a subscription's first moments: what its first read publishes before
+the ack, the gauges, joiners' looks, callers that give up or are cancelled as they are answered, and a client's first
+reads in its fair share. A real
 `WatchRegistry` on the in-memory bus and the hand-moved clock, reading a scripted upstream; each wait names what it
 waits for (the engine's rules themselves are playbooks: test_engine_*.py)."""
 
@@ -11,9 +12,8 @@ import contextlib
 import pytest
 
 from sidecar.changes import WatchKey
-from sidecar.identity import PUBLIC, Identity
+from sidecar.identity import Identity
 from sidecar.protocol.errors import TooManyRequests, UpstreamUnavailable
-from sidecar.watch.fingerprint import ABSENT
 from tests.kit import eventually
 from tests.unit.watch.registry_world import (
     ALICE,
@@ -40,6 +40,8 @@ async def test_the_first_read_is_published_as_a_baseline_before_acquire_returns(
     assert handle.key == key and handle.context == "alice"
     assert world.upstream.calls == [("resources/read", DOC, "alice")]
     assert [(e.key, e.fingerprint, e.generation, e.baseline) for e in world.events] == [(key, fp(DOC, "v1"), 0, True)]
+    [event] = world.events
+    assert isinstance(event.detected_at, float) and event.detected_at > 0, "stamped with the time it was seen"
     assert world.watches() == {key: 1}
     assert world.gauge("mcp_sidecar_watches", kind="resource") == 1
     assert world.gauge("mcp_sidecar_watched_contexts") == 1
@@ -50,76 +52,22 @@ async def test_the_first_read_is_published_as_a_baseline_before_acquire_returns(
     assert world.changes() == [], "the first poll of unchanged content tells nothing"
 
 
-@pytest.mark.invariant(9)
-async def test_a_change_is_told_once_and_then_polled_at_the_interval(world: World) -> None:
-    world.upstream.resources[DOC] = contents(DOC, "v1")
-    assert await world.registry.acquire("resource", DOC, ALICE) is not None
-    world.upstream.resources[DOC] = contents(DOC, "v2")
-    await world.step(5.0, looks=1)
-    key = WatchKey("resource", DOC, "alice")
-    assert world.changes() == [(key, fp(DOC, "v2"))]
-    assert [e.generation for e in world.events if not e.baseline] == [1]
-    for _ in range(2):
-        await world.step(5.0, looks=1)
-    assert world.changes() == [(key, fp(DOC, "v2"))]
-    assert len(world.upstream.reads(DOC)) == 4
-
-
-async def test_a_public_result_is_one_watch_that_each_context_joins_after_its_own_read(world: World) -> None:
-    world.upstream.resources[DOC] = contents(DOC, "v1", cacheScope="public")
-    alice = await world.registry.acquire("resource", DOC, ALICE)
-    bob = await world.registry.acquire("resource", DOC, BOB)
-    assert alice is not None and bob is not None
-    key = WatchKey("resource", DOC, PUBLIC)
-    assert alice.key == bob.key == key
-    assert (alice.context, bob.context) == ("alice", "bob")
-    assert world.upstream.reads(DOC) == ["alice", "bob"], "bob proves access with a read of his own"
-    assert world.watches() == {key: 2}
-    assert [e.key for e in world.events if e.baseline] == [key], "one first look is published"
-    assert world.gauge("mcp_sidecar_watches", kind="resource") == 1
-    assert world.gauge("mcp_sidecar_watched_contexts") == 1
-    again = await world.registry.acquire("resource", DOC, BOB)
-    assert again is not None and again.key == key
-    assert world.upstream.reads(DOC) == ["alice", "bob", "bob"], "a verified context joins with a sync read"
-    assert world.watches() == {key: 3}
-
-
-@pytest.mark.invariant(10)
-async def test_a_private_result_is_watched_per_context_with_its_own_credential(world: World) -> None:
-    world.upstream.private[(DOC, "alice")] = contents(DOC, "alice's")
-    world.upstream.private[(DOC, "bob")] = contents(DOC, "bob's")
-    alice = await world.registry.acquire("resource", DOC, ALICE)
-    bob = await world.registry.acquire("resource", DOC, BOB)
-    assert alice is not None and bob is not None
-    assert alice.key == WatchKey("resource", DOC, "alice")
-    assert bob.key == WatchKey("resource", DOC, "bob")
-    assert world.gauge("mcp_sidecar_watches", kind="resource") == 2
-    assert world.gauge("mcp_sidecar_watched_contexts") == 2
+async def test_a_caller_leaving_a_shared_first_read_takes_it_from_nobody_else_whether_it_fails_or_not() -> None:
+    world = make_world()
+    world.upstream.failure = UpstreamUnavailable(URL, "connection refused")
+    leaving, staying = (asyncio.create_task(world.registry.acquire("resource", DOC, ALICE)) for _ in range(2))
+    world.upstream.before_answer = leaving.cancel  # as the read's failure comes back
+    with pytest.raises(asyncio.CancelledError):
+        await leaving
+    with pytest.raises(UpstreamUnavailable):
+        await staying  # the ack is refused: the upstream could not answer the first read
+    assert world.upstream.reads(DOC) == ["alice"], "one read for both"
+    assert world.watches() == {} and world.registry.waiting == 0
+    # A failure is not remembered; and a caller that gives up while the read is in flight leaves it to the other.
+    world.upstream.before_answer = None
+    world.upstream.failure = None
     world.upstream.calls.clear()
-    world.upstream.private[(DOC, "bob")] = contents(DOC, "bob's, edited")
-    await world.step(5.0, looks=2)
-    assert sorted(world.upstream.reads(DOC)) == ["alice", "bob"]
-    assert world.changes() == [(WatchKey("resource", DOC, "bob"), fp(DOC, "bob's, edited"))]
-
-
-async def test_a_public_watch_is_polled_anonymously_when_it_can_and_else_with_a_holders_credential(
-    world: World,
-) -> None:
-    world.upstream.resources[DOC] = contents(DOC, "v1", cacheScope="public")
-    alice = await world.registry.acquire("resource", DOC, ALICE)
-    anon = await world.registry.acquire("resource", DOC, ANON)
-    bob = await world.registry.acquire("resource", DOC, BOB)
-    assert alice is not None and anon is not None and bob is not None
-    world.upstream.calls.clear()
-    await world.step(5.0, looks=1)
-    assert world.upstream.reads(DOC) == ["anon"]
-    anon.release()
-    alice.release()
-    await world.step(5.0, looks=1)
-    assert world.upstream.reads(DOC) == ["anon", "bob"], "the credentials of contexts that left are not used"
-
-
-async def test_one_caller_giving_up_does_not_cancel_the_read_others_wait_for(world: World) -> None:
+    world.upstream.asked["resources/read"].clear()
     world.upstream.resources[DOC] = contents(DOC, "v1")
     world.upstream.gate = asyncio.Event()
     quitter = asyncio.create_task(world.registry.acquire("resource", DOC, ALICE))
@@ -134,6 +82,7 @@ async def test_one_caller_giving_up_does_not_cancel_the_read_others_wait_for(wor
     assert quitter.cancelled()
     assert world.watches() == {handle.key: 1}
     assert len(world.upstream.calls) == 1
+    await world.registry.aclose()
 
 
 @pytest.mark.invariant(16)
@@ -155,39 +104,28 @@ async def test_joining_a_live_watch_waits_for_a_look_that_starts_after_it_asked(
     assert world.watches() == {key: 4}
 
 
-async def test_a_joiner_whose_look_finds_the_resource_gone_gets_nothing_and_holds_nothing(world: World) -> None:
-    world.upstream.resources[DOC] = contents(DOC, "v1")
-    first = await world.registry.acquire("resource", DOC, ALICE)
-    assert first is not None
-    del world.upstream.resources[DOC]
-    assert await world.registry.acquire("resource", DOC, ALICE) is None
-    key = WatchKey("resource", DOC, "alice")
-    assert world.changes() == [(key, ABSENT)], "the streams already watching it are told it is gone"
-    assert world.watches() == {key: 1}
-    first.release()
-    await world.step(5.0, looks=1)  # it polls while it lingers
-    world.clock.advance(3.0)
-    await eventually(lambda: world.watches() == {}, what="the watch nobody holds ends when its linger does")
-
-
-async def test_the_ack_is_refused_when_the_upstream_cannot_answer_the_first_read(world: World) -> None:
-    world.upstream.failure = UpstreamUnavailable(URL, "connection refused")
-    with pytest.raises(UpstreamUnavailable):
-        await world.registry.acquire("resource", DOC, ALICE)
-    assert world.watches() == {}
-    world.upstream.failure = None
-    world.upstream.resources[DOC] = contents(DOC, "v1")
-    assert await world.registry.acquire("resource", DOC, ALICE) is not None, "a failure is not remembered"
-
-
-async def test_a_list_is_watched_like_a_resource(world: World) -> None:
+async def test_the_gauges_count_watches_by_kind_and_the_contexts_watched_and_a_list_is_watched_like_a_resource(
+    world: World,
+) -> None:
+    world.upstream.resources[DOC] = contents(DOC, "v1", cacheScope="public")
+    for identity in (ALICE, BOB):
+        assert await world.registry.acquire("resource", DOC, identity) is not None
+    assert world.gauge("mcp_sidecar_watches", kind="resource") == 1, "one public watch both contexts joined"
+    assert world.gauge("mcp_sidecar_watched_contexts") == 1
+    world.upstream.private[(OTHER, "alice")] = contents(OTHER, "alice's")
+    world.upstream.private[(OTHER, "bob")] = contents(OTHER, "bob's")
+    for identity in (ALICE, BOB):
+        assert await world.registry.acquire("resource", OTHER, identity) is not None
+    assert world.gauge("mcp_sidecar_watches", kind="resource") == 3, "and a private watch per context"
+    assert world.gauge("mcp_sidecar_watched_contexts") == 3
     world.upstream.pages["tools/list"] = [{"tools": [{"name": "a"}]}]
     handle = await world.registry.acquire("tools_list", None, ANON)
     assert handle is not None
     assert handle.key == WatchKey("tools_list", None, "anon")
     assert world.gauge("mcp_sidecar_watches", kind="tools_list") == 1
+    assert world.gauge("mcp_sidecar_watched_contexts") == 4
     world.upstream.pages["tools/list"] = [{"tools": [{"name": "a"}, {"name": "b"}]}]
-    await world.step(5.0, looks=1)
+    await world.step(5.0, looks=4)
     assert [key for key, _ in world.changes()] == [handle.key]
 
 
@@ -207,31 +145,6 @@ async def test_a_caller_of_a_first_read_holds_its_watch_as_it_is_answered() -> N
     await world.step(5.0, looks=1)
     assert world.upstream.reads(DOC) == ["alice"] * 2, "and it polls"
     await world.registry.aclose()
-
-
-async def test_a_first_read_nobody_waits_for_any_more_leaves_a_watch_that_lingers(world: World) -> None:
-    world.upstream.resources[DOC] = contents(DOC, "v1")
-    await _a_first_read_whose_only_caller_gave_up(world)
-    key = WatchKey("resource", DOC, "alice")
-    assert world.watches() == {key: 0}
-    await world.step(5.0, looks=1)  # it polls while it lingers
-    assert world.clock.advance(2.99) == 0
-    assert world.watches() == {key: 0}
-    world.clock.advance(0.01)
-    await eventually(lambda: world.watches() == {}, what="the watch nobody holds ends when its linger does")
-
-
-async def _a_first_read_whose_only_caller_gave_up(world: World) -> None:
-    """Alice's first read of DOC, cancelled while the upstream holds it, then answered."""
-    world.upstream.gate = asyncio.Event()
-    world.upstream.asked["resources/read"].clear()
-    quitter = asyncio.create_task(world.registry.acquire("resource", DOC, ALICE))
-    await world.upstream.asked["resources/read"].wait()
-    quitter.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await quitter
-    world.upstream.gate.set()
-    await eventually(lambda: world.registry.looks_in_flight == 0)  # read, and its first look published
 
 
 async def test_first_reads_over_a_clients_rate_wait_their_turn_in_its_own_fair_share() -> None:
@@ -307,22 +220,6 @@ async def test_a_first_read_that_waits_too_long_for_its_turn_is_refused() -> Non
     assert world.upstream.reads(OTHER) == []
     assert world.gauge("mcp_sidecar_limit_rejections_total", limit="baseline_wait") == 1
     world.fair_share.release(ALICE.client)
-    await world.registry.aclose()
-
-
-async def test_a_joiners_look_over_the_rate_waits_its_turn_too() -> None:
-    world = make_world(CONFIG.model_copy(update={"max_baselines_per_s": 1.0}), capacity=2, per_client=1)
-    world.upstream.resources[DOC] = contents(DOC, "v1")
-    assert await world.registry.acquire("resource", DOC, ALICE) is not None
-    await world.fair_share.acquire(ALICE.client, within_s=60, limit="test")
-    paced = [asyncio.create_task(world.registry.acquire("resource", DOC, ALICE)) for _ in range(2)]
-    await eventually(lambda: world.registry.waiting == 2)  # both subscribed, and waiting
-    assert world.upstream.reads(DOC) == ["alice"]
-    assert await world.registry.acquire("resource", DOC, ALICE_PHONE) is not None, "not behind the laptop's turn"
-    assert world.upstream.reads(DOC) == ["alice", "alice"]
-    world.fair_share.release(ALICE.client)
-    assert all(await asyncio.gather(*paced))
-    assert world.upstream.reads(DOC) == ["alice", "alice", "alice"], "the laptop's two joins shared one look"
     await world.registry.aclose()
 
 
