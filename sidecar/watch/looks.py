@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -28,8 +27,6 @@ from sidecar.watch.tickets import Tickets
 from sidecar.watch.tool_calls import ToolCatalog
 
 __all__ = ["Looks", "PollOutcome"]
-
-logger = logging.getLogger(__name__)
 
 PollOutcome = tuple[PollDone | PollFailed | PollSkipped, UpstreamError | None]
 """How a poll's look went, as the engine's event, and the upstream's failure if it failed."""
@@ -78,7 +75,8 @@ class Looks:
 
     async def poll(self, key: WatchKey, due: float, poller: Callable[[WatchKey], Identity | None]) -> PollOutcome:
         """A watch's poll, due at `due`, with the credential of `poller(key)` (asked once it is its turn): a JSON-RPC
-        error the upstream answers for the resource is its state, which the engine confirms (invariant 24)."""
+        error the upstream answers for the resource is its state, which the engine confirms (invariant 24). What
+        no upstream failure explains (a bug) is raised: the poll's task counts it as a crash (`PollTasks`)."""
         metrics, clock = self._metrics, self._clock
         queued_at = clock.now() if self.gate.locked() else None
         async with self.gate:
@@ -100,13 +98,10 @@ class Looks:
                 metrics.polls.labels(key.kind, "error").inc()
                 refused = isinstance(exc, UpstreamHTTPError) and exc.is_auth_failure
                 return PollFailed(key, started, identity.context if refused else None), exc
-            except Exception:  # a bug in one poll must not stop its watch for good: it counts as a failed poll
-                logger.exception("poll crashed", extra={"watch": key.short_hash, "kind": key.kind})
-                return PollFailed(key, started), None
             finally:
                 metrics.poll_duration.labels(key.kind).observe(clock.now() - started)
         metrics.polls.labels(key.kind, "error_state" if seen.error else "ok").inc()
-        return PollDone(key, started, ticket, seen, identity.context), None
+        return PollDone(key, started, ticket, seen), None
 
     def _listed(self, kind: WatchKind, identity: Identity) -> Listed | None:
         """Where a look at the tools list as `identity` tells what it saw: that context's tools, or everyone's when

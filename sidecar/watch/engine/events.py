@@ -142,13 +142,12 @@ class Covered:
 
 @dataclass(frozen=True, slots=True)
 class PollDone:
-    """The poll of `key` that started at `started` (ticket `ticket`, with `context`'s credential) saw `observation`."""
+    """The poll of `key` that started at `started` (ticket `ticket`) saw `observation`."""
 
     key: WatchKey
     started: float
     ticket: int
     observation: Observation
-    context: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -145,7 +145,7 @@ class Polled:
         if isinstance(seen, Observation):
             poller = self.engine.poller(key)
             assert poller is not None, "polled with nobody's credential"
-            self.feed(PollDone(key, started, next(self._tickets), seen, poller.context))
+            self.feed(PollDone(key, started, next(self._tickets), seen))
         else:
             self.feed(PollFailed(key, started))
         self.feed(PollFinished(key))

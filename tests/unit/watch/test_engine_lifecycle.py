@@ -115,7 +115,7 @@ def test_a_release_while_another_stream_holds_the_watch_keeps_it_live_and_polled
     for n, (timer, at) in enumerate(((-1, 5.0), (-2, 10.0), (-3, 15.0)), 3):
         play.at(at)
         play.step(TimerFired(timer), StartPoll(watched, at, False))
-        play.step(PollDone(watched, at, n, V1, "alice"), Observed(watched, V1.fingerprint, n))
+        play.step(PollDone(watched, at, n, V1), Observed(watched, V1.fingerprint, n))
         play.step(PollFinished(watched), Interval(POLL_S), SetTimer(timer - 1, at + POLL_S))
     assert play.engine.holders(watched) == 1
 
@@ -149,9 +149,7 @@ def test_a_watch_polls_a_jittered_interval_after_each_poll_and_tells_a_change_on
         at = interval * (n + 1)
         play.at(at)
         play.step(TimerFired(-1 - n), StartPoll(watched, at, False))
-        play.step(
-            PollDone(watched, at, n + 2, seen[n], "alice"), Observed(watched, seen[n].fingerprint, n + 2), *told[n]
-        )
+        play.step(PollDone(watched, at, n + 2, seen[n]), Observed(watched, seen[n].fingerprint, n + 2), *told[n])
         play.step(PollFinished(watched), Interval(interval), SetTimer(-2 - n, at + interval))
     record = play.engine.record(watched)
     assert record is not None and record.generation == 1, "told once"
@@ -486,9 +484,9 @@ def test_a_private_result_is_watched_per_context() -> None:
     play.step(TimerFired(-1), StartPoll(alices, POLL_S, False))
     play.step(TimerFired(-2), StartPoll(bobs, POLL_S, False))
     edited = Observation("fp-bob-edited", None, False)
-    play.step(PollDone(alices, POLL_S, 3, V1, "alice"), Observed(alices, V1.fingerprint, 3))
+    play.step(PollDone(alices, POLL_S, 3, V1), Observed(alices, V1.fingerprint, 3))
     play.step(
-        PollDone(bobs, POLL_S, 4, edited, "bob"),
+        PollDone(bobs, POLL_S, 4, edited),
         Observed(bobs, edited.fingerprint, 4),
         Publish(bobs, edited.fingerprint, 1),  # bob's edit is told on bob's watch only
     )

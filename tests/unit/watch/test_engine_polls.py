@@ -89,7 +89,7 @@ def _polls(play: Book, timer: int, watched: WatchKey, ticket: int, seen: Observa
     """`timer` fires now and starts a poll of `watched` (a regular one, due now), which sees `seen` at `ticket`:
     applied, and `told` besides."""
     play.step(TimerFired(timer), StartPoll(watched, play.now, False))
-    play.step(PollDone(watched, play.now, ticket, seen, "alice"), Observed(watched, seen.fingerprint, ticket), *told)
+    play.step(PollDone(watched, play.now, ticket, seen), Observed(watched, seen.fingerprint, ticket), *told)
 
 
 def _other(play: Book, waiter: int, look: int, ticket: int, timer: int) -> WatchKey:
@@ -146,7 +146,7 @@ def test_a_poll_that_started_before_a_fresher_look_does_not_overwrite_it() -> No
     ]
     play.step(LookDone(2, 4, V2), *joined)
     stale = Observation("fp-stale", None, False)
-    play.step(PollDone(watched, 5.0, 3, stale, "alice"))  # neither applied nor told to the cache: no change either
+    play.step(PollDone(watched, 5.0, 3, stale))  # neither applied nor told to the cache: no change either
     play.step(PollFinished(watched), Interval(POLL_S), SetTimer(-2, 10.0))
     record = _record(play, watched)
     assert (record.fingerprint, record.generation) == (V2.fingerprint, 1)
@@ -167,11 +167,11 @@ def test_a_look_no_newer_than_the_baseline_is_ignored() -> None:
     watched = started(play, 1, 1, ALICE, V1, 5)
     play.at(5.0)
     play.step(TimerFired(-1), StartPoll(watched, 5.0, False))
-    play.step(PollDone(watched, 5.0, 4, V2, "alice"))  # older than the baseline
+    play.step(PollDone(watched, 5.0, 4, V2))  # older than the baseline
     play.step(PollFinished(watched), Interval(POLL_S), SetTimer(-2, 10.0))
     play.at(10.0)
     play.step(TimerFired(-2), StartPoll(watched, 10.0, False))
-    play.step(PollDone(watched, 10.0, 5, V2, "alice"))  # the baseline's own ticket
+    play.step(PollDone(watched, 10.0, 5, V2))  # the baseline's own ticket
     record = _record(play, watched)
     assert (record.fingerprint, record.generation) == (V1.fingerprint, 0)
 
@@ -291,7 +291,7 @@ def test_a_key_the_upstreams_notifications_cover_polls_at_the_backstop_and_losin
     play.at(30.0)
     play.step(Covered(watched, False), CancelTimer(-2), SetTimer(-3, 30.0))  # at once: what changed was not told
     play.step(TimerFired(-3), StartPoll(watched, 30.0, True))
-    play.step(PollDone(watched, 30.0, 3, V1, "alice"), Observed(watched, V1.fingerprint, 3))
+    play.step(PollDone(watched, 30.0, 3, V1), Observed(watched, V1.fingerprint, 3))
     play.step(PollFinished(watched), Interval(POLL_S), SetTimer(-4, 35.0))
     assert (record.native, record.wanted_ms) == (False, 5000)
 
@@ -322,7 +322,7 @@ def test_a_poll_over_the_read_budget_waits_for_its_slot_and_only_that_wait_is_co
     first, second = _budgeted(play)
     play.step(TimerFired(-1), BudgetShare(0.25), StartPoll(first, 5.0, False))  # the free slot, at once
     play.step(TimerFired(-2), BudgetShare(0.25), Waited("read_budget", 4.0), SetTimer(-3, 9.0))
-    play.step(PollDone(first, 5.0, 3, V1, "alice"), Observed(first, V1.fingerprint, 3))
+    play.step(PollDone(first, 5.0, 3, V1), Observed(first, V1.fingerprint, 3))
     play.at(9.0)
     play.step(TimerFired(-3), StartPoll(second, 5.0, False))  # in its slot; it was due at 5 s (its lag counts)
 
@@ -333,12 +333,12 @@ def test_hinted_polls_take_their_slots_as_hinted_and_leave_the_regular_ones_less
     first, second = _budgeted(play)
     play.step(TimerFired(-1), BudgetShare(0.25), StartPoll(first, 5.0, False))
     play.step(TimerFired(-2), BudgetShare(0.25), Waited("read_budget", 4.0), SetTimer(-3, 9.0))
-    play.step(PollDone(first, 5.0, 3, V1, "alice"), Observed(first, V1.fingerprint, 3))
+    play.step(PollDone(first, 5.0, 3, V1), Observed(first, V1.fingerprint, 3))
     before = 2 / (0.9 * 0.25)  # two keys share 0.9 of the budget
     play.step(PollFinished(first), Interval(_about(before)), SetTimer(-4, _about(5.0 + before)))
     play.at(9.0)
     play.step(TimerFired(-3), StartPoll(second, 5.0, False))
-    play.step(PollDone(second, 9.0, 4, V1, "alice"), Observed(second, V1.fingerprint, 4))
+    play.step(PollDone(second, 9.0, 4, V1), Observed(second, V1.fingerprint, 4))
     play.step(PollFinished(second), Interval(_about(before)), SetTimer(-5, _about(9.0 + before)))
     # Hinted, each polls at once (min_interval_ms has passed since its last look), but in its slot of the budget.
     play.at(10.0)
@@ -349,7 +349,7 @@ def test_hinted_polls_take_their_slots_as_hinted_and_leave_the_regular_ones_less
     play.step(TimerFired(-8), BudgetShare(0.25), Waited("read_budget", 6.0), SetTimer(-9, 17.0))
     play.at(13.0)
     play.step(TimerFired(-7), StartPoll(first, 10.0, True))
-    play.step(PollDone(first, 13.0, 5, V1, "alice"), Observed(first, V1.fingerprint, 5))
+    play.step(PollDone(first, 13.0, 5, V1), Observed(first, V1.fingerprint, 5))
     play.feed(PollFinished(first))
     record = _record(play, first)
     assert record.interval_s > 1.1 * before, "the allocation leaves room for hinted polls"

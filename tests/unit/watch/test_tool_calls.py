@@ -135,9 +135,15 @@ async def test_a_read_only_tools_call_makes_no_watch_look_and_a_writing_one_does
     assert world.clock.advance(1.0) == 0
     world.registry.after_forward("tools/call", {"name": "lookup"}, ALICE, {"result": {}}, world.registry.ticket())
     assert world.clock.advance(0) == 0 and world.upstream.calls == [], "a read-only tool: no watch looks"
+    # The tools list now marks `plain` read-only: the poll the next call asks for learns it, as a first read did.
+    world.upstream.pages["tools/list"] = [{"tools": [LOOKUP, tool("plain", readOnlyHint=True)]}]
     world.registry.after_forward("tools/call", {"name": "plain"}, ALICE, {"result": {}}, world.registry.ticket())
     await world.step(0, looks=2)  # the control: a tool without the annotation makes both watches look
     assert sorted(world.upstream.calls) == [("resources/read", DOC, "alice"), ("tools/list", None, "alice")]
+    world.clock.advance(1.0)  # the write's debounce window ends (nothing was written within it)
+    world.upstream.calls.clear()
+    world.registry.after_forward("tools/call", {"name": "plain"}, ALICE, {"result": {}}, world.registry.ticket())
+    assert world.clock.advance(0) == 0 and world.upstream.calls == [], "what the poll saw decides: it only reads now"
 
 
 async def test_a_forwarded_tools_list_decides_its_contexts_calls_only(world: World) -> None:
