@@ -381,6 +381,16 @@ def test_a_key_seen_changing_is_polled_more_often_than_one_never_seen_changing_u
     assert bench.intervals() == pytest.approx([3000 / 9] * 3, rel=1e-9)
 
 
+def test_a_key_never_polled_nor_allocated_is_forgotten_without_fuss() -> None:
+    # A watch can end before its first poll (its linger ran out first) and before any allocation counted it.
+    bench = _Budget([], per_s=10)
+    bench.budget.forget(_key("never"))
+    quiet = _Watch(_key("quiet"))
+    bench.watches.append(quiet)
+    bench.interval_ms(quiet)  # allocated, never polled: no change rate yet
+    bench.budget.forget(quiet.key)
+
+
 def test_more_holders_of_a_key_get_it_polled_more_often() -> None:
     shared, single = _Watch(_key("shared"), refs=4), _Watch(_key("single"))
     bench = _Budget([shared, single], per_s=10, allocation="adaptive")
