@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from sidecar.changes import WatchKey
+from sidecar.config import PollingConfig
 from sidecar.identity import ANONYMOUS_IDENTITY, PUBLIC, Identity
 from sidecar.watch.engine import Engine
 from sidecar.watch.engine.commands import (
@@ -37,6 +38,7 @@ __all__ = [
     "PRIVATE",
     "PUBLIC_V1",
     "PUBLIC_V2",
+    "SCHEDULE_CONFIG",
     "V1",
     "V2",
     "book",
@@ -45,6 +47,15 @@ __all__ = [
 ]
 
 LINGER_S = 8.0
+SCHEDULE_CONFIG = PollingConfig(
+    default_interval_ms=5000,
+    min_interval_ms=250,
+    max_interval_ms=60000,
+    jitter=0.1,
+    backoff_initial_ms=1000,
+    backoff_max_ms=8000,
+)
+"""A poll schedule's tests: 5 s without ttlMs, a 250 ms floor, 10% jitter, backoff from 1 s to 8 s."""
 POLL_S = 5.0
 """A watch's interval here: the default (its looks carry no ttlMs), with no jitter."""
 ABSENT_TTL_S = 5.0

@@ -47,15 +47,8 @@ from sidecar.watch.engine.record import Record
 from sidecar.watch.observation import Observation
 from sidecar.watch.rules import Rules
 from tests.unit.watch.engine_cast import ALICE, ALICE_PHONE, DOC, LINGER_S, OTHER, POLL_S, V1, V2, Book, key, started
+from tests.unit.watch.engine_cast import SCHEDULE_CONFIG as CONFIG
 
-CONFIG = PollingConfig(
-    default_interval_ms=5000,
-    min_interval_ms=250,
-    max_interval_ms=60000,
-    jitter=0.1,
-    backoff_initial_ms=1000,
-    backoff_max_ms=8000,
-)
 """Jittered, but the playbooks draw the midpoint (no jitter): a watch polls every 5 s, backs off 1, 2, 4, 8 s."""
 V3 = Observation("fp-v3", None, False)
 

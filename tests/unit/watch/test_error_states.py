@@ -14,7 +14,6 @@ import itertools
 import pytest
 
 from sidecar.changes import WatchKey
-from sidecar.config import PollingConfig
 from sidecar.protocol.errors import UpstreamError, UpstreamRpcError, UpstreamUnavailable
 from sidecar.watch.engine import Engine
 from sidecar.watch.engine.confirm import ErrorConfirmation, LookAgain, Seen, Take
@@ -23,6 +22,7 @@ from sidecar.watch.observation import Observation
 from sidecar.watch.rules import Rules
 from tests.kit.playbook import Playbook
 from tests.unit.watch.engine_cast import ALICE
+from tests.unit.watch.engine_cast import SCHEDULE_CONFIG as CONFIG
 from tests.unit.watch.engine_polls import Polled
 from tests.unit.watch.registry_world import World
 from tests.unit.watch.scripted_upstream import URL, contents
@@ -78,14 +78,6 @@ def test_two_different_errors_in_a_row_confirm_the_second_so_a_changing_message_
 
 # -- one watch, driven through the engine ----------------------------------------------------------------------
 
-CONFIG = PollingConfig(
-    default_interval_ms=5000,
-    min_interval_ms=250,
-    max_interval_ms=60000,
-    jitter=0.1,
-    backoff_initial_ms=1000,
-    backoff_max_ms=8000,
-)
 TTL_MS = 2000
 """The note's ttlMs: its interval (2 s; jitter at zero with rand() = 0.5), kept while it is an error."""
 TTL_S = TTL_MS / 1000

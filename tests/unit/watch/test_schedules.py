@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar.config import PollingConfig
 from sidecar.watch.engine.commands import CancelTimer, Interval, SetTimer, Waited
 from sidecar.watch.engine.events import TimerFired
 from sidecar.watch.engine.polls import (
@@ -30,15 +29,8 @@ from sidecar.watch.engine.polls import (
 )
 from sidecar.watch.schedule import HintBudget, Schedule
 from tests.kit.playbook import Playbook
+from tests.unit.watch.engine_cast import SCHEDULE_CONFIG as CONFIG
 
-CONFIG = PollingConfig(
-    default_interval_ms=5000,
-    min_interval_ms=250,
-    max_interval_ms=60000,
-    jitter=0.1,
-    backoff_initial_ms=1000,
-    backoff_max_ms=8000,
-)
 TTL_MS = 2000
 
 Book = Playbook[PollEvent, PollCommand]
