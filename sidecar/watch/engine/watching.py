@@ -168,24 +168,19 @@ class Watching:
         if record is None:
             return []
         if isinstance(event, Hinted):
-            return self.hint(record, event.warm, now)
+            return self._feed(record, Hint(warm=event.warm), now)
         if isinstance(event, Covered):
             return self.cover(record, event.native, now)
         if isinstance(event, PollDone):
             record.last_poll_at = now
             return self.polled(record, event.started, event.ticket, event.observation, now)
-        if isinstance(event, PollFailed):
-            return self.looked(record, event.started, False, now)
-        if isinstance(event, PollSkipped):
-            return self.looked(record, event.started, None, now)
-        if isinstance(event, PollCrashed):
-            return self.looked(record, event.started, False, now)
+        if isinstance(event, PollFailed | PollCrashed):  # a crash counts as a failed poll, from its own start
+            return self._feed(record, Looked(event.started, False), now)
+        if isinstance(event, PollSkipped):  # nobody to poll for: neither a success nor a failure
+            return self._feed(record, Looked(event.started, None), now)
         if isinstance(event, PollFinished):
-            return self.finished(record, now)
+            return self._feed(record, Finished(), now)
         assert_never(event)
-
-    def hint(self, record: Record, warm: bool, now: float) -> list[Command]:
-        return self._feed(record, Hint(warm=warm), now)
 
     def recover(self, now: float) -> list[Command]:
         """The upstream answers again: each failing watch retries now (once per failure streak)."""
@@ -221,14 +216,6 @@ class Watching:
             changed = any(isinstance(command, Publish) for command in applied)
             self._reads.polled(record.key, changed, started - previous)
         return commands + applied
-
-    def looked(self, record: Record, started: float, ok: bool | None, now: float) -> list[Command]:
-        """A poll's look, which started at `started`, came back failed (`ok` False) or with nobody to poll for
-        (None)."""
-        return self._feed(record, Looked(started, ok), now)
-
-    def finished(self, record: Record, now: float) -> list[Command]:
-        return self._feed(record, Finished(), now)
 
     def tighten(self, now: float) -> list[Command]:
         """The watches whose interval the read budget's allocations shortened during this step come sooner."""
