@@ -9,8 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from sidecar.protocol.constants import RESOURCE_UPDATED_METHOD
-from sidecar.protocol.lists import LIST_KINDS, ListKind
+from sidecar.protocol import LIST_KINDS, RESOURCE_UPDATED_METHOD, ListKind
 
 __all__ = [
     "Bus",

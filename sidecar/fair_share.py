@@ -29,7 +29,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from sidecar.observability.metrics import Metrics
-from sidecar.protocol.errors import TooManyRequests
+from sidecar.protocol import TooManyRequests
 from sidecar.upstream.answers import ReleasingStream, Reply
 
 __all__ = ["OWN_LANE", "REFUSAL_PAUSE_S", "FairShare"]

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from sidecar.protocol.errors import InvalidRequest
+from sidecar.protocol import InvalidRequest
 
 __all__ = ["ANONYMOUS", "ANONYMOUS_IDENTITY", "PUBLIC", "Identity", "IdentityRule"]
 

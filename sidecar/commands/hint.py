@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from sidecar.hints.client import DEFAULT_ADMIN_URL, send_hint
-from sidecar.protocol.lists import LIST_KIND_OF_PRIMITIVE
+from sidecar.protocol import LIST_KIND_OF_PRIMITIVE
 
 __all__ = ["add_hint_command", "run_hint"]
 

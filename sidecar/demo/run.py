@@ -10,7 +10,7 @@ from sidecar.app import ADMIN, HUB, build_app
 from sidecar.config import SidecarConfig
 from sidecar.demo.snippet import sdk_snippet
 from sidecar.demo.upstream import DemoUpstream
-from sidecar.protocol.constants import MODERN_VERSION
+from sidecar.protocol import MODERN_VERSION
 from sidecar.serving import stop_signals
 
 __all__ = ["run_demo"]

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
-from sidecar.protocol.constants import META_CACHED, META_SERVER_INFO, META_UPSTREAM_SERVER_INFO, MODERN_VERSION
-from sidecar.protocol.frames import SERVER_INFO
-from sidecar.protocol.lists import synthesise_capabilities
-from sidecar.protocol.types import JsonObject
+from sidecar.protocol import (
+    META_CACHED,
+    META_SERVER_INFO,
+    META_UPSTREAM_SERVER_INFO,
+    MODERN_VERSION,
+    SERVER_INFO,
+    JsonObject,
+    synthesise_capabilities,
+)
 from sidecar.upstream.answers import UpstreamInfo
 
 __all__ = ["DISCOVER_TTL_MS", "build_discover_result"]

@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 from aiohttp import web
 
 from sidecar.config import ListenConfig
-from sidecar.protocol.errors import InvalidRequest, PayloadTooLarge, RequestTimeout, RpcError
+from sidecar.protocol import InvalidRequest, PayloadTooLarge, RequestTimeout, RpcError
 
 __all__ = ["check_host_and_origin", "is_loopback", "read_body"]
 

@@ -24,21 +24,24 @@ from sidecar.fair_share import FairShare
 from sidecar.identity import Identity, IdentityRule
 from sidecar.observability.metrics import Metrics, method_label
 from sidecar.observability.tracing import tracing
-from sidecar.protocol.constants import (
+from sidecar.protocol import (
     HEADER_SESSION_ID,
     REMOVED_METHODS,
-)
-from sidecar.protocol.envelope import Message, detect_era, parse_message, validate_modern
-from sidecar.protocol.errors import (
     InternalError,
+    JsonObject,
+    Message,
     MethodNotFound,
+    RequestId,
     RpcError,
     TooManyRequests,
     UpstreamError,
     UpstreamHTTPError,
+    detect_era,
+    error_response,
+    parse_message,
+    result_response,
+    validate_modern,
 )
-from sidecar.protocol.frames import error_response, result_response
-from sidecar.protocol.types import JsonObject, RequestId
 from sidecar.upstream.answers import Reply
 from sidecar.upstream.base import Forward
 

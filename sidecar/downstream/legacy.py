@@ -29,20 +29,22 @@ from sidecar.downstream.listen_filter import LeftOut, log_left_out
 from sidecar.fair_share import FairShare
 from sidecar.identity import Identity
 from sidecar.observability.metrics import Metrics
-from sidecar.protocol.constants import HEADER_SESSION_ID
-from sidecar.protocol.envelope import Message
-from sidecar.protocol.errors import (
+from sidecar.protocol import (
+    HEADER_SESSION_ID,
+    LIST_KIND_OF_PRIMITIVE,
     InvalidParams,
     InvalidRequest,
+    JsonObject,
+    Message,
     Overloaded,
     RpcError,
     TooManyRequests,
     UpstreamError,
     UpstreamHTTPError,
+    error_response,
+    result_response,
+    synthesise_capabilities,
 )
-from sidecar.protocol.frames import error_response, result_response
-from sidecar.protocol.lists import LIST_KIND_OF_PRIMITIVE, synthesise_capabilities
-from sidecar.protocol.types import JsonObject
 from sidecar.upstream.answers import Reply
 from sidecar.upstream.base import Relay
 from sidecar.upstream.sse import SSEDecoder, SSETooLarge

@@ -14,7 +14,7 @@ from sidecar.downstream.event_stream import COMMENT, EventStream, message_event
 from sidecar.downstream.pending import PendingSignals
 from sidecar.identity import Identity
 from sidecar.observability.metrics import Metrics
-from sidecar.protocol.frames import session_notification
+from sidecar.protocol import session_notification
 from sidecar.watch.handles import Handle
 
 __all__ = ["LegacySession"]

@@ -36,11 +36,16 @@ from sidecar.identity import Identity
 from sidecar.observability.log_budget import LogBudget
 from sidecar.observability.metrics import Metrics
 from sidecar.observability.tracing import tracing
-from sidecar.protocol.constants import RESOURCE_UPDATED_METHOD
-from sidecar.protocol.envelope import Message
-from sidecar.protocol.errors import InvalidParams, Overloaded, RpcError, UpstreamError
-from sidecar.protocol.frames import ack_notification
-from sidecar.protocol.lists import LIST_KINDS
+from sidecar.protocol import (
+    LIST_KINDS,
+    RESOURCE_UPDATED_METHOD,
+    InvalidParams,
+    Message,
+    Overloaded,
+    RpcError,
+    UpstreamError,
+    ack_notification,
+)
 from sidecar.upstream.base import LearnEra
 from sidecar.watch.clock import LOOP_CLOCK, Clock, Timer, sleep
 from sidecar.watch.registry import Handle, WatchRegistry

@@ -21,9 +21,15 @@ from typing import Any
 from sidecar.changes import WatchKind
 from sidecar.identity import Identity
 from sidecar.observability.naming import context_label, shown_uri
-from sidecar.protocol.errors import InvalidParams, RpcError, TooManyRequests, UpstreamError, UpstreamHTTPError
-from sidecar.protocol.lists import LIST_KINDS
-from sidecar.protocol.types import JsonObject
+from sidecar.protocol import (
+    LIST_KINDS,
+    InvalidParams,
+    JsonObject,
+    RpcError,
+    TooManyRequests,
+    UpstreamError,
+    UpstreamHTTPError,
+)
 
 __all__ = ["Ack", "Asked", "LeftOut", "SubscriptionFilter", "log_left_out", "parse_filter"]
 

@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING, Protocol
 import orjson
 
 from sidecar.downstream.pending import PendingSignals
-from sidecar.protocol.frames import complete_result, notification
+from sidecar.protocol import complete_result, notification
 
 if TYPE_CHECKING:
     import asyncio
 
     from sidecar.changes import WatchKey
     from sidecar.observability.metrics import Metrics
-    from sidecar.protocol.envelope import RequestId
+    from sidecar.protocol import RequestId
     from sidecar.watch.handles import Handle
 
 __all__ = ["ClientConnection", "ListenStream", "SignalSink", "Step", "Writer", "frame_around_id"]

@@ -23,9 +23,7 @@ from sidecar.changes import ChangeEvent, EventRouting, WatchKey, WatchKind
 from sidecar.config import CacheConfig
 from sidecar.identity import PUBLIC
 from sidecar.observability.metrics import Metrics
-from sidecar.protocol.constants import CACHEABLE_METHODS
-from sidecar.protocol.lists import LIST_KIND_OF_METHOD, LIST_KINDS
-from sidecar.protocol.types import JsonObject
+from sidecar.protocol import CACHEABLE_METHODS, LIST_KIND_OF_METHOD, LIST_KINDS, JsonObject
 from sidecar.upstream.answers import Reply
 from sidecar.watch.fingerprint import fingerprint_contents
 

@@ -15,7 +15,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 from multidict import CIMultiDict
 
-from sidecar.protocol.constants import HEADER_AUTHORIZATION
+from sidecar.protocol import HEADER_AUTHORIZATION
 
 __all__ = ["ignore_authorization"]
 

@@ -8,8 +8,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from sidecar.protocol.envelope import ERA_REVISIONS, Era
-from sidecar.protocol.types import JsonObject
+from sidecar.protocol import ERA_REVISIONS, Era, JsonObject
 
 __all__ = ["ByteStream", "ReleasingStream", "Reply", "UpstreamInfo", "json_object", "whole"]
 

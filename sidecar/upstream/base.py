@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from multidict import CIMultiDictProxy
 
 from sidecar.identity import ANONYMOUS_IDENTITY, Identity
-from sidecar.protocol.types import JsonObject
+from sidecar.protocol import JsonObject
 
 if TYPE_CHECKING:
-    from sidecar.protocol.envelope import Message
+    from sidecar.protocol import Message
     from sidecar.upstream.answers import Reply, UpstreamInfo
 
 __all__ = [

@@ -18,9 +18,7 @@ from cachetools import LRUCache
 
 from sidecar.config import CacheConfig
 from sidecar.identity import ANONYMOUS_IDENTITY, Identity
-from sidecar.protocol.envelope import Message
-from sidecar.protocol.errors import UpstreamError
-from sidecar.protocol.types import JsonObject
+from sidecar.protocol import JsonObject, Message, UpstreamError
 from sidecar.upstream.answers import Reply, UpstreamInfo
 from sidecar.upstream.base import Headers
 from sidecar.upstream.era import checked, own_request_params, result_of, strip_modern_meta, translated

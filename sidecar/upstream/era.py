@@ -5,11 +5,18 @@ section 5), the `_meta` a 2026-07-28 server needs, and what counts as an answer 
 from __future__ import annotations
 
 from sidecar.config import CacheConfig
-from sidecar.protocol.constants import META_CLIENT_CAPABILITIES, META_CLIENT_INFO, META_LOG_LEVEL, META_PROTOCOL_VERSION
-from sidecar.protocol.envelope import RequestId
-from sidecar.protocol.errors import UpstreamBadResponse, UpstreamRpcError
-from sidecar.protocol.frames import modern_request_meta, stamp_result
-from sidecar.protocol.types import JsonObject
+from sidecar.protocol import (
+    META_CLIENT_CAPABILITIES,
+    META_CLIENT_INFO,
+    META_LOG_LEVEL,
+    META_PROTOCOL_VERSION,
+    JsonObject,
+    RequestId,
+    UpstreamBadResponse,
+    UpstreamRpcError,
+    modern_request_meta,
+    stamp_result,
+)
 
 __all__ = [
     "checked",

@@ -11,10 +11,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 
-from sidecar.protocol.constants import HANDSHAKE_VERSIONS, LEGACY_VERSION, MODERN_VERSION
-from sidecar.protocol.errors import UpstreamBadResponse, UpstreamRpcError
-from sidecar.protocol.frames import SERVER_INFO
-from sidecar.protocol.types import JsonObject
+from sidecar.protocol import (
+    HANDSHAKE_VERSIONS,
+    LEGACY_VERSION,
+    MODERN_VERSION,
+    SERVER_INFO,
+    JsonObject,
+    UpstreamBadResponse,
+    UpstreamRpcError,
+)
 from sidecar.upstream.answers import UpstreamInfo
 
 __all__ = ["INITIALIZE_PARAMS", "initialize_result", "learn_era"]

@@ -27,7 +27,7 @@ from typing import Any
 from sidecar.backoff import Backoff
 from sidecar.listeners import Listeners
 from sidecar.observability.metrics import Metrics, method_label
-from sidecar.protocol.errors import UpstreamError, UpstreamHTTPError
+from sidecar.protocol import UpstreamError, UpstreamHTTPError
 from sidecar.upstream.answers import UpstreamInfo
 from sidecar.upstream.outage import RETRY_INITIAL_S, RETRY_MAX_S, Outage
 

@@ -12,7 +12,7 @@ import logging
 from typing import Any
 
 from sidecar.config import CacheConfig, PollingConfig
-from sidecar.protocol.errors import UpstreamError, UpstreamHTTPError
+from sidecar.protocol import UpstreamError, UpstreamHTTPError
 from sidecar.upstream.answers import UpstreamInfo
 from sidecar.upstream.base import Upstream
 

@@ -18,8 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Protocol
 
 from sidecar.identity import Identity
-from sidecar.protocol.envelope import Era, Message, RequestId
-from sidecar.protocol.types import JsonObject
+from sidecar.protocol import Era, JsonObject, Message, RequestId
 from sidecar.upstream.answers import Reply, UpstreamInfo
 from sidecar.upstream.base import Headers
 

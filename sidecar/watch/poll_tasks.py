@@ -18,7 +18,7 @@ from sidecar.changes import Bus, ChangeEvent, WatchKey
 from sidecar.identity import PUBLIC
 from sidecar.observability.metrics import Metrics
 from sidecar.observability.tracing import MAX_LINKS, tracing
-from sidecar.protocol.errors import UpstreamError, UpstreamHTTPError
+from sidecar.protocol import UpstreamError, UpstreamHTTPError
 from sidecar.watch.clock import Clock
 from sidecar.watch.engine import Engine
 from sidecar.watch.engine.commands import Publish, StartPoll

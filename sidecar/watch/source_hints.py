@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import orjson
 
 from sidecar.changes import WatchKey
-from sidecar.protocol.lists import LIST_KIND_OF_PRIMITIVE, ListPrimitive
+from sidecar.protocol import LIST_KIND_OF_PRIMITIVE, ListPrimitive
 
 __all__ = ["LIST_NAMES", "ListName", "SourceHint", "UriGlob", "from_bus", "matching"]
 

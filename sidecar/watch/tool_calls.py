@@ -22,7 +22,7 @@ from cachetools import LRUCache
 from sidecar.config import ToolRule
 from sidecar.identity import PUBLIC
 from sidecar.observability.metrics import TOOL_CALL_DECISIONS, Metrics
-from sidecar.protocol.types import JsonObject
+from sidecar.protocol import JsonObject
 from sidecar.watch.source_hints import UriGlob
 
 __all__ = ["Decision", "Reason", "ToolCalls", "ToolCatalog"]

@@ -3,8 +3,7 @@ label can never carry a client's text."""
 
 from __future__ import annotations
 
-from sidecar.protocol.constants import RESOURCE_UPDATED_METHOD
-from sidecar.protocol.lists import LIST_KIND_OF_METHOD, LIST_KINDS
+from sidecar.protocol import LIST_KIND_OF_METHOD, LIST_KINDS, RESOURCE_UPDATED_METHOD
 
 __all__ = [
     "END_REASONS",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Gauge
 
-from sidecar.protocol.constants import LEGACY_VERSION, MODERN_VERSION
+from sidecar.protocol import LEGACY_VERSION, MODERN_VERSION
 
 __all__ = ["UpstreamMetrics"]
 

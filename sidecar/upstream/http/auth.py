@@ -8,8 +8,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from sidecar.config import UpstreamConfig
-from sidecar.protocol.errors import UpstreamError
-from sidecar.protocol.types import JsonObject
+from sidecar.protocol import JsonObject, UpstreamError
 from sidecar.upstream.answers import json_object
 from sidecar.upstream.http.endpoint import UpstreamHTTP
 

@@ -17,7 +17,7 @@ from typing import Protocol, cast
 import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from sidecar.protocol.errors import UpstreamBadResponse, UpstreamError, UpstreamTimeout, UpstreamUnavailable
+from sidecar.protocol import UpstreamBadResponse, UpstreamError, UpstreamTimeout, UpstreamUnavailable
 
 __all__ = ["Answer", "Pool", "UpstreamConnection", "short_reason", "tls_reason"]
 

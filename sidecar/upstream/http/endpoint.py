@@ -13,7 +13,8 @@ import aiohttp
 import orjson
 
 from sidecar.config import UpstreamConfig
-from sidecar.protocol.errors import (
+from sidecar.protocol import (
+    JsonObject,
     UpstreamBadResponse,
     UpstreamError,
     UpstreamHTTPError,
@@ -21,7 +22,6 @@ from sidecar.protocol.errors import (
     UpstreamTimeout,
     UpstreamUnavailable,
 )
-from sidecar.protocol.types import JsonObject
 from sidecar.tls import upstream_context
 from sidecar.upstream.answers import json_object
 from sidecar.upstream.http.wire import Answer, WirePool

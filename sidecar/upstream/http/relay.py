@@ -18,9 +18,7 @@ from typing import Protocol
 
 import orjson
 
-from sidecar.protocol.envelope import RequestId
-from sidecar.protocol.errors import UpstreamBadResponse, UpstreamError, UpstreamTimeout
-from sidecar.protocol.frames import error_response
+from sidecar.protocol import RequestId, UpstreamBadResponse, UpstreamError, UpstreamTimeout, error_response
 from sidecar.upstream.sse import SSEDecoder, SSEEvent, SSETooLarge, frame
 
 __all__ = ["BodyChunks", "relay_answer", "relay_events", "request_id_of"]

@@ -16,9 +16,13 @@ from typing import Any
 import orjson
 from cachetools import LRUCache
 
-from sidecar.protocol.constants import HEADER_PROTOCOL_VERSION, HEADER_SESSION_ID, READ_ONLY_METHODS
-from sidecar.protocol.errors import UpstreamBadResponse
-from sidecar.protocol.types import JsonObject
+from sidecar.protocol import (
+    HEADER_PROTOCOL_VERSION,
+    HEADER_SESSION_ID,
+    READ_ONLY_METHODS,
+    JsonObject,
+    UpstreamBadResponse,
+)
 from sidecar.upstream.era import checked, reply_to_server_request, strip_modern_meta
 from sidecar.upstream.http.endpoint import UpstreamHTTP, iter_messages, raise_for_status, read_limited, status_error
 from sidecar.upstream.http.session_refusal import refuses_session

@@ -19,7 +19,7 @@ import orjson
 from sidecar.config import UpstreamConfig
 from sidecar.identity import ANONYMOUS_IDENTITY, Identity, IdentityRule
 from sidecar.observability.tracing import tracing
-from sidecar.protocol.constants import (
+from sidecar.protocol import (
     HEADER_METHOD,
     HEADER_NAME,
     HEADER_PROTOCOL_VERSION,
@@ -27,15 +27,16 @@ from sidecar.protocol.constants import (
     MODERN_VERSION,
     NAMED_METHODS,
     READ_ONLY_METHODS,
-)
-from sidecar.protocol.envelope import Era, Message, RequestId, encode_header_value
-from sidecar.protocol.errors import (
+    Era,
+    JsonObject,
+    Message,
+    RequestId,
     UpstreamBadResponse,
     UpstreamError,
     UpstreamHTTPError,
     UpstreamRpcError,
+    encode_header_value,
 )
-from sidecar.protocol.types import JsonObject
 from sidecar.upstream.answers import ReleasingStream, Reply, UpstreamInfo, json_object, whole
 from sidecar.upstream.base import Headers
 from sidecar.upstream.era import checked, own_request_params, response, result_of

@@ -23,7 +23,7 @@ import ssl
 from collections.abc import Mapping
 from urllib.parse import unquote, urlsplit
 
-from sidecar.protocol.errors import ShuttingDown, UpstreamError, UpstreamTimeout, UpstreamUnavailable
+from sidecar.protocol import ShuttingDown, UpstreamError, UpstreamTimeout, UpstreamUnavailable
 from sidecar.upstream.http.connection import Answer, UpstreamConnection, short_reason, tls_reason
 
 __all__ = ["Answer", "WirePool"]

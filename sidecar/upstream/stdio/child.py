@@ -24,15 +24,15 @@ from typing import Any
 import orjson
 
 from sidecar.observability.metrics import Metrics
-from sidecar.protocol.constants import META_SUBSCRIPTION_ID
-from sidecar.protocol.errors import (
+from sidecar.protocol import (
+    META_SUBSCRIPTION_ID,
+    JsonObject,
     UpstreamBadResponse,
     UpstreamBusy,
     UpstreamError,
     UpstreamTimeout,
     UpstreamUnavailable,
 )
-from sidecar.protocol.types import JsonObject
 from sidecar.upstream.era import reply_to_server_request
 from sidecar.upstream.stdio.lines import LineSplitter, OverlongLine, RateLimitedLog
 from sidecar.upstream.stdio.process import ChildStdin, end_process_group, exit_reason, start_in_own_session

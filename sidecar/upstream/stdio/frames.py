@@ -9,9 +9,7 @@ from typing import Any
 
 import orjson
 
-from sidecar.protocol.constants import META_SUBSCRIPTION_ID
-from sidecar.protocol.envelope import RequestId
-from sidecar.protocol.types import JsonObject
+from sidecar.protocol import META_SUBSCRIPTION_ID, JsonObject, RequestId
 from sidecar.upstream.stdio.child import StdioChild
 
 __all__ = ["event", "for_subscription", "streamed", "until_ended"]

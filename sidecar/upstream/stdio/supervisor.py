@@ -27,8 +27,7 @@ from sidecar.backoff import Backoff
 from sidecar.config import UpstreamConfig
 from sidecar.listeners import Listeners
 from sidecar.observability.metrics import Metrics
-from sidecar.protocol.errors import ShuttingDown, UpstreamBusy, UpstreamError, UpstreamTimeout, UpstreamUnavailable
-from sidecar.protocol.types import JsonObject
+from sidecar.protocol import JsonObject, ShuttingDown, UpstreamBusy, UpstreamError, UpstreamTimeout, UpstreamUnavailable
 from sidecar.tasks import TaskSet
 from sidecar.upstream.answers import UpstreamInfo
 from sidecar.upstream.base import NotificationListener

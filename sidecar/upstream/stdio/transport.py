@@ -22,11 +22,20 @@ from functools import partial
 from sidecar.config import UpstreamConfig
 from sidecar.identity import ANONYMOUS_IDENTITY, Identity
 from sidecar.observability.metrics import Metrics
-from sidecar.protocol.constants import HANDSHAKE_VERSIONS, HEADER_SESSION_ID, LEGACY_VERSION
-from sidecar.protocol.envelope import Era, Message, RequestId
-from sidecar.protocol.errors import InvalidRequest, UpstreamError, UpstreamTimeout
-from sidecar.protocol.frames import SERVER_INFO, error_response
-from sidecar.protocol.types import JsonObject
+from sidecar.protocol import (
+    HANDSHAKE_VERSIONS,
+    HEADER_SESSION_ID,
+    LEGACY_VERSION,
+    SERVER_INFO,
+    Era,
+    InvalidRequest,
+    JsonObject,
+    Message,
+    RequestId,
+    UpstreamError,
+    UpstreamTimeout,
+    error_response,
+)
 from sidecar.upstream.answers import Reply, UpstreamInfo, json_object, whole
 from sidecar.upstream.base import Headers, NotificationListener
 from sidecar.upstream.era import checked, response, with_modern_meta

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from sidecar.changes import ChangeEvent, WatchKey, WatchKind
 from sidecar.identity import Identity
-from sidecar.protocol.types import JsonObject
+from sidecar.protocol import JsonObject
 from sidecar.watch.observation import Observation
 
 __all__ = [

@@ -13,8 +13,7 @@ from collections.abc import Callable, Mapping
 
 from sidecar.changes import WatchKey
 from sidecar.identity import PUBLIC, Identity
-from sidecar.protocol.constants import READ_ONLY_METHODS
-from sidecar.protocol.types import JsonObject
+from sidecar.protocol import READ_ONLY_METHODS, JsonObject
 from sidecar.watch.admission import Admission
 from sidecar.watch.engine.commands import Command, HintWrite, Revoke
 from sidecar.watch.engine.record import Record
