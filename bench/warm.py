@@ -102,7 +102,7 @@ async def _run(lag_s: float | None, settle_ms: int, seed: int) -> Row:
             written, before, counted = clock.now(), len(told), upstream.read_count
             if lag_s is not None:
                 upstream.write(f"v{n + 1}", lag_s)
-            registry.hint_source(SourceHint((URI,)))
+            registry.hearing.source(SourceHint((URI,)))
             # Until the change is told (or, for a false alarm, its schedule is over).
             step = 0.05
             while len(told) == before and clock.now() - written < (settle_ms / 1000 + 1.0 if lag_s is None else 40):

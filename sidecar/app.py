@@ -10,36 +10,26 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from sidecar.bus.memory import MemoryBus
-from sidecar.bus.redis import RedisBus
+from sidecar.admin import build_admin
+from sidecar.bus import MemoryBus, RedisBus
 from sidecar.changes import Bus
 from sidecar.config import SidecarConfig
 from sidecar.config.shown import secrets_in
-from sidecar.downstream.handler import McpEndpoint, no_tracebacks
-from sidecar.downstream.legacy import LegacySessions
-from sidecar.downstream.listen import StreamHub
-from sidecar.downstream.readthrough import ReadThrough
-from sidecar.downstream.shared_context import ignore_authorization
+from sidecar.downstream import LegacySessions, McpEndpoint, ReadThrough, StreamHub, ignore_authorization, no_tracebacks
 from sidecar.fair_share import FairShare
-from sidecar.hints import HintEndpoint, HintToken
 from sidecar.identity import IdentityRule
 from sidecar.masking import remember_secrets
-from sidecar.observability.health import healthz, make_readyz
+from sidecar.observability.health import add_probes
 from sidecar.observability.logs import INSTANCE_ID
 from sidecar.observability.metrics import Metrics
-from sidecar.observability.status import make_status
-from sidecar.upstream.base import Upstream
-from sidecar.upstream.http.client import UpstreamClient
-from sidecar.upstream.standing import announce_upstream
-from sidecar.upstream.stdio.client import StdioUpstream
-from sidecar.watch.registry import WatchRegistry
+from sidecar.upstream import StdioUpstream, Upstream, UpstreamClient, announce_upstream
+from sidecar.watch import WatchRegistry
 
 __all__ = [
     "ADMIN",
     "CLUSTER",
     "CONFIG",
     "FAIR_SHARE",
-    "HINT_TOKEN",
     "HUB",
     "IDENTITIES",
     "LEGACY",
@@ -60,8 +50,6 @@ IDENTITIES = web.AppKey("identities", IdentityRule)
 CLUSTER = web.AppKey("cluster", RedisBus)
 LEGACY = web.AppKey("legacy", LegacySessions)
 FAIR_SHARE = web.AppKey("fair_share", FairShare)
-HINT_TOKEN = web.AppKey("hint_token", HintToken)
-"""The bearer token of `POST /hints` (only with `hints.token_file`): read again on SIGHUP."""
 ADMIN = web.AppKey("admin", web.Application)
 """The admin listener's application (/metrics, /status): served by the caller on `config.admin`."""
 
@@ -145,7 +133,7 @@ def build_app(config: SidecarConfig) -> web.Application:
         upstream,
         identities=identities,
         listen=hub.handle_listen,
-        observer=registry,
+        observer=registry.hearing,
         readthrough=readthrough,
         metrics=metrics,
         legacy=legacy,
@@ -159,24 +147,23 @@ def build_app(config: SidecarConfig) -> web.Application:
     app.router.add_get("/.well-known/oauth-protected-resource/{path:.*}", endpoint.handle_protected_resource_metadata)
     # Anyone who can reach the MCP port may ask: ready or not, and nothing about the upstream (its address may
     # hold what an operator did not mean to publish); the reasons are the admin listener's.
-    app.router.add_get("/healthz", healthz)
     degraded = (lambda: cluster.degraded) if cluster is not None else (lambda: None)
     moved = (lambda: cluster.moved) if cluster is not None else (lambda: None)
-    app.router.add_get("/readyz", make_readyz(upstream, degraded, moved, detail=False))
+    add_probes(app.router, upstream, degraded, moved, detail=False)
 
     # Metrics and the status page list what the sidecar watches: on a listener of their own, off the MCP port.
-    admin = web.Application(middlewares=[no_tracebacks])
-    admin[METRICS] = metrics
-    admin[UPSTREAM] = upstream
-    admin.router.add_get("/healthz", healthz)
-    admin.router.add_get("/readyz", make_readyz(upstream, degraded, moved, detail=True))
-    admin.router.add_get(config.metrics.path, _metrics_handler)
-    admin.router.add_get("/status", make_status(upstream, registry, hub, fair_share))
-    if config.hints.token_file is not None:
-        # Only here, and only with a token: the source of truth's way to say what changed (never on the MCP port).
-        token = app[HINT_TOKEN] = HintToken(config.hints.token_file)
-        hints = HintEndpoint(token, registry.hint_source, metrics, warm_ms=config.hints.settle_ms)
-        admin.router.add_route("*", "/hints", hints.serve)
+    admin = build_admin(
+        config,
+        metrics,
+        upstream,
+        registry,
+        hub,
+        fair_share,
+        hint=registry.hearing.source,
+        degraded=degraded,
+        moved=moved,
+        middlewares=[no_tracebacks],
+    )
     app[ADMIN] = admin
     return app
 
@@ -240,11 +227,3 @@ async def _end_streams(app: web.Application) -> None:
     # Requests still waiting on the upstream near the end of the grace get an error answer instead of being cut
     # by the exit (aiohttp would wait out the grace, then cancel them and wait as long again).
     app[UPSTREAM].drain(app[CONFIG].listen.shutdown_grace_s)
-
-
-async def _metrics_handler(request: web.Request) -> web.Response:
-    metrics = request.app[METRICS]
-    upstream = request.app[UPSTREAM]
-    metrics.upstream_up.set(1 if upstream.up else 0)
-    body, content_type = metrics.render(request.headers.get("Accept"))
-    return web.Response(body=body, headers={"Content-Type": content_type})

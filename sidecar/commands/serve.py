@@ -15,7 +15,8 @@ from collections.abc import Callable, Iterator, Sequence
 
 from aiohttp import web
 
-from sidecar.app import ADMIN, HINT_TOKEN, METRICS, UPSTREAM, build_app
+from sidecar.admin import HINT_TOKEN
+from sidecar.app import ADMIN, METRICS, UPSTREAM, build_app
 from sidecar.bus.redis import RedisUnavailable
 from sidecar.config import SidecarConfig
 from sidecar.observability.logs import INSTANCE_ENV, log_configuration
@@ -164,7 +165,7 @@ async def _serve(config: SidecarConfig, ready: asyncio.Event | None, *, reuse_po
     try:
         # The handlers go in before the line that says the sidecar listens: a supervisor that sends SIGTERM as
         # soon as it reads that line gets a clean shutdown, not the default action's death.
-        hint_token = app.get(HINT_TOKEN)
+        hint_token = app[ADMIN].get(HINT_TOKEN)
         reloads = [certificates.reload] + ([hint_token.reload] if hint_token is not None else [])
         with stop_signals() as stop, _reload_on_sighup(reloads):
             log_configuration(config)  # secrets masked: never a token, a header value or a password

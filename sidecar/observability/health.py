@@ -8,7 +8,7 @@ from typing import Protocol
 
 from aiohttp import web
 
-__all__ = ["Readiness", "healthz", "make_readyz"]
+__all__ = ["Readiness", "add_probes", "healthz", "make_readyz"]
 
 
 class Readiness(Protocol):
@@ -66,3 +66,16 @@ def make_readyz(
         return answer(False, upstream.not_ready_reason or "upstream not reached yet")
 
     return readyz
+
+
+def add_probes(
+    router: web.UrlDispatcher,
+    upstream: Readiness,
+    degraded: Callable[[], str | None],
+    moved: Callable[[], str | None],
+    *,
+    detail: bool,
+) -> None:
+    """`/healthz` and `/readyz` on a listener (`detail`: with the reasons, see `make_readyz`)."""
+    router.add_get("/healthz", healthz)
+    router.add_get("/readyz", make_readyz(upstream, degraded, moved, detail=detail))

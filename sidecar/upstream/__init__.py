@@ -7,6 +7,7 @@ from sidecar.upstream.answers import Reply, UpstreamInfo
 from sidecar.upstream.base import NotificationListener, NotificationSource, Upstream
 from sidecar.upstream.bridge import UpstreamBridge
 from sidecar.upstream.http.client import UpstreamClient
+from sidecar.upstream.standing import announce_upstream
 from sidecar.upstream.stdio.client import StdioUpstream
 
 __all__ = [
@@ -18,4 +19,5 @@ __all__ = [
     "UpstreamBridge",
     "UpstreamClient",
     "UpstreamInfo",
+    "announce_upstream",
 ]

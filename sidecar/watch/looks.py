@@ -16,7 +16,7 @@ from sidecar.config import PollingConfig
 from sidecar.fair_share import FairShare
 from sidecar.identity import PUBLIC, Identity
 from sidecar.observability.metrics import Metrics
-from sidecar.protocol.errors import UpstreamError, UpstreamHTTPError
+from sidecar.protocol import UpstreamError, UpstreamHTTPError
 from sidecar.upstream.base import Look
 from sidecar.watch.clock import Clock
 from sidecar.watch.engine.events import PollDone, PollFailed, PollSkipped
@@ -40,17 +40,17 @@ class Looks:
         upstream: Look,
         config: PollingConfig,
         fair_share: FairShare,
-        rules: Rules,
         metrics: Metrics,
         clock: Clock,
-        tools: ToolCatalog | None = None,
     ) -> None:
         self._upstream = upstream
         self._config = config
         self._fair_share = fair_share
         """Where a client's first reads over its rate wait their turn, among its forwarded requests."""
-        self._rules = rules
-        self._tools = tools
+        self.rules = Rules(config.rules)
+        """The polling rules (`polling.rules`), which the engine applies too."""
+        self.tools = ToolCatalog()
+        """What the tools lists this reads show of each tool (which tool calls only read)."""
         self._metrics = metrics
         self._clock = clock
         self.gate = asyncio.Semaphore(config.max_concurrency)
@@ -70,7 +70,7 @@ class Looks:
         async with self._turn(identity, paced), self.gate:
             listed = self._listed(kind, identity)
             return await self.tickets.look(
-                lambda: observe(self._upstream, kind, uri, identity, self._rules, listed=listed)
+                lambda: observe(self._upstream, kind, uri, identity, self.rules, listed=listed)
             )
 
     async def poll(self, key: WatchKey, due: float, poller: Callable[[WatchKey], Identity | None]) -> PollOutcome:
@@ -91,7 +91,7 @@ class Looks:
             try:
                 ticket, seen = await self.tickets.look(
                     lambda: observe(
-                        self._upstream, key.kind, key.uri, identity, self._rules, errors_are_states=True, listed=listed
+                        self._upstream, key.kind, key.uri, identity, self.rules, errors_are_states=True, listed=listed
                     )
                 )
             except UpstreamError as exc:
@@ -106,9 +106,9 @@ class Looks:
     def _listed(self, kind: WatchKind, identity: Identity) -> Listed | None:
         """Where a look at the tools list as `identity` tells what it saw: that context's tools, or everyone's when
         the upstream marks the list public."""
-        tools = self._tools
-        if kind != "tools_list" or tools is None:
+        if kind != "tools_list":
             return None
+        tools = self.tools
 
         def listed(entries: list[Any], public: bool) -> None:
             tools.learn(PUBLIC if public else identity.context, entries, complete=True)

@@ -21,61 +21,53 @@ from sidecar.config import PollingConfig, ToolRule
 from sidecar.fair_share import FairShare
 from sidecar.identity import Identity
 from sidecar.observability.metrics import Metrics
-from sidecar.protocol.types import JsonObject
 from sidecar.tasks import TaskSet
 from sidecar.upstream.base import Watched
 from sidecar.watch.clock import LOOP_CLOCK, Clock, Timer
-from sidecar.watch.engine import Engine, Stage
-from sidecar.watch.engine.commands import (
+from sidecar.watch.engine import (
     BudgetShare,
     CancelTimer,
+    ChangeHeard,
     Command,
+    CoordinatorView,
     Cover,
+    Covered,
+    Engine,
+    Event,
     Fail,
+    Hinted,
     HintWrite,
     Interval,
+    Leave,
+    LookDone,
+    LookFailed,
     Observed,
     Publish,
+    Published,
     PublishFirst,
+    Recovered,
+    Release,
     Resolve,
     Revoke,
     SetTimer,
+    Stage,
     StartLook,
     StartPoll,
     StartWatch,
     StopWatch,
+    Subscribe,
+    TimerFired,
     Track,
     Uncover,
     Untrack,
     Waited,
+    WatchSummary,
 )
-from sidecar.watch.engine.events import (
-    ChangeHeard,
-    Covered,
-    Event,
-    Forwarded,
-    Hinted,
-    Leave,
-    LookDone,
-    LookFailed,
-    Published,
-    Recovered,
-    Refused,
-    Release,
-    Subscribe,
-    TimerFired,
-)
-from sidecar.watch.engine.evidence import teaches
 from sidecar.watch.handles import Handle
-from sidecar.watch.hint_routing import HintRouting
+from sidecar.watch.hearing import Hearing
 from sidecar.watch.looks import Looks
 from sidecar.watch.native import NativeNotifications
-from sidecar.watch.observation import Observation
 from sidecar.watch.poll_tasks import PollTasks
-from sidecar.watch.rules import Rules
-from sidecar.watch.source_hints import SourceHint
-from sidecar.watch.tool_calls import ToolCalls, ToolCatalog
-from sidecar.watch.views import CoordinatorView, WatchSummary
 from sidecar.watch.waiters import Waiters
 
 __all__ = ["AuthFailureListener", "Handle", "ObservationListener", "Stage", "WatchRegistry", "WatchSummary"]
@@ -111,16 +103,12 @@ class WatchRegistry:
         self._coordinator: PollCoordinator = coordinator or LocalCoordinator()
         self._bus = bus
         self._metrics = metrics
-        self._rules = Rules(config.rules)
-        catalog = ToolCatalog()
-        self._tool_calls = ToolCalls(tool_rules, catalog, metrics)
-        """Which tool calls may write (`revalidate.tools`, and the tools lists the looks and forwarded answers show)."""
-        self._looks = Looks(upstream, config, fair_share, self._rules, metrics, clock, tools=catalog)
+        self._looks = Looks(upstream, config, fair_share, metrics, clock)
         self._engine = Engine(
             linger_s=config.linger_ms / 1000,
             absent_ttl_s=config.default_interval_ms / 1000,
             rate_per_s=config.max_baselines_per_s,
-            rules=self._rules,
+            rules=self._looks.rules,
             polling=config,
             settle_ms=hint_settle_ms,
             may_poll=self._coordinator.may_poll,
@@ -141,23 +129,24 @@ class WatchRegistry:
         self._stop_hearing_recovery = upstream.add_recovery_listener(self._upstream_recovered)
         self._unsubscribe = bus.subscribe(self._on_change)
         self._stop_adopting = self._coordinator.on_adopt(self._on_change)
-        self._hints = HintRouting(
-            self._engine.keys,
-            self._hint,
-            self._coordinator,
-            metrics,
+        self.hearing = Hearing(
+            self._handle,
+            self._looks.tickets.take,
+            tool_rules=tool_rules,
+            tools=self._looks.tools,
+            keys=self._engine.keys,
+            hint=self._hint,
+            coordinator=self._coordinator,
+            metrics=metrics,
             debounce_ms=config.revalidate_debounce_ms,
             spawn=self._spawn,
             clock=self._clock,
         )
+        """What the watches hear besides their own looks: the handler's observer, the hint endpoint's target."""
         self._release_handle = self._release
         """One bound method for every Handle (each `self._release` would be a new object, kept per handle)."""
 
     # -- reading ---------------------------------------------------------------------------------------
-
-    def ticket(self) -> int:
-        """A ticket for a look at the upstream that starts now (see `sidecar.watch.tickets`)."""
-        return self._looks.tickets.take()
 
     def watches(self) -> list[WatchSummary]:
         """Every watch as the status page shows it."""
@@ -256,7 +245,7 @@ class WatchRegistry:
         elif isinstance(command, Uncover):
             self._native.drop(command.context, command.kind, command.uri)
         elif isinstance(command, StartWatch):
-            self._start_watch(command.key, command.observation, command.ticket)
+            self._start_watch(command)
         elif isinstance(command, PublishFirst):
             self._run(self._publish_first(command))
         elif isinstance(command, StopWatch):
@@ -265,7 +254,7 @@ class WatchRegistry:
             for listener in self._auth_listeners:
                 listener(command.key, command.context)
         elif isinstance(command, HintWrite):
-            self._hints.wrote(command.context)
+            self.hearing.wrote(command.context)
         elif isinstance(command, Waited):
             self._metrics.queue_wait.labels(command.limit).observe(command.seconds)
         elif isinstance(command, Interval):
@@ -299,8 +288,9 @@ class WatchRegistry:
         if self._timers.pop(timer, None) is not None:
             self._handle(TimerFired(timer))
 
-    def _start_watch(self, key: WatchKey, baseline: Observation, ticket: int) -> None:
-        self._observed(key, baseline.fingerprint, ticket)
+    def _start_watch(self, command: StartWatch) -> None:
+        key = command.key
+        self._observed(key, command.observation.fingerprint, command.ticket)
         self._native.update(key)
         self._metrics.watches.labels(key.kind).inc()
         self._refresh_contexts()
@@ -331,27 +321,7 @@ class WatchRegistry:
             self._metrics.native_watches.inc(1 if native else -1)
         self._handle(Covered(key, native))
 
-    # -- evidence and hints --------------------------------------------------------------------------------
-
-    def after_forward(
-        self, method: str, params: JsonObject, identity: Identity, answer: JsonObject, ticket: int
-    ) -> None:
-        """A forwarded request taught us something (see `sidecar.watch.engine.evidence`); a tools list shows which
-        tools only read, and a call of one of those writes nothing (see `sidecar.watch.tool_calls`)."""
-        if self._tool_calls.forwarded(method, params, identity.context, answer) and teaches(method):
-            self._handle(Forwarded(method, params, identity, answer, ticket))
-
-    def refused(self, method: str, params: JsonObject, identity: Identity) -> None:
-        """The upstream refused `identity` a forwarded request (401/403) (see `sidecar.watch.engine.evidence`)."""
-        self._handle(Refused(method, params, identity))
-
-    def revalidate(self, identity: Identity) -> None:
-        """Hint the public watches and this context's watches to poll soon (see `HintRouting`)."""
-        self._hints.wrote(identity.context)
-
-    def hint_source(self, hint: SourceHint) -> int:
-        """The source says what changed: the watches it names look soon (see `HintRouting`); how many here."""
-        return self._hints.source(hint)
+    # -- heard on the bus and from the upstream ---------------------------------------------------------------
 
     def _on_change(self, event: ChangeEvent) -> None:
         self._handle(ChangeHeard(event))
@@ -370,7 +340,7 @@ class WatchRegistry:
         self._stop_adopting()
         self._stop_hearing_recovery()
         await self._native.aclose()
-        self._hints.cancel()
+        self.hearing.cancel()
         inflight = list(self._inflight)
         for task in inflight:
             task.cancel()

@@ -116,7 +116,7 @@ async def test_a_refused_credential_ends_only_that_contexts_streams_on_that_key(
     bob_doc = hub.listen([DOC], 4, BOB)
     bob_other = hub.listen([OTHER], 3, BOB)
     await _acked(hub, alice, bob, bob_doc, bob_other)
-    hub.world.registry.refused("resources/read", {"uri": DOC}, BOB)
+    hub.world.registry.hearing.refused("resources/read", {"uri": DOC}, BOB)
     await bob.ended()
     await bob_doc.ended()
     assert bob.client.messages()[-1] == complete_result(2), "ended gracefully: its client re-authenticates"
@@ -142,7 +142,7 @@ async def test_a_refused_credential_drops_that_sessions_subscription_and_lets_go
     hub.publish(hub.key(DOC))
     assert len(list(session.outgoing(None, quiet=False))) == 1, "attached: the session hears its key"
     doc = hub.key(DOC)
-    hub.world.registry.refused("resources/read", {"uri": DOC}, BOB)
+    hub.world.registry.hearing.refused("resources/read", {"uri": DOC}, BOB)
     assert list(session.subscriptions) == [OTHER]
     assert hub.world.watches() == {doc: 0, hub.key(OTHER): 1}, "its handle released"
     hub.publish(doc)
@@ -159,7 +159,7 @@ async def test_a_refusal_of_a_key_no_stream_holds_any_more_ends_no_other_stream(
     await _acked(hub, gone, stays)
     gone.task.cancel()
     await asyncio.gather(gone.task, return_exceptions=True)
-    hub.world.registry.refused("resources/read", {"uri": DOC}, BOB)  # DOC's watch lingers, held by no stream
+    hub.world.registry.hearing.refused("resources/read", {"uri": DOC}, BOB)  # DOC's watch lingers, held by no stream
     assert hub.world.refusals == [(WatchKey("resource", DOC, PUBLIC), "bob")]
     hub.publish(WatchKey("resource", OTHER, PUBLIC))
     await stays.client.until(lambda: stays.client.updates() == [OTHER], "bob's other stream still hears")

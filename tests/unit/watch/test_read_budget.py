@@ -144,7 +144,7 @@ async def test_hinted_polls_count_against_the_budget(bench: Bench) -> None:
     await bench.watch(_uris()[:40])
     start, first = bench.clock.now(), len(bench.reads())
     for _ in range(200):
-        bench.registry.revalidate(ANONYMOUS_IDENTITY)  # a write every 50 ms hints every public watch
+        bench.registry.hearing.wrote(ANONYMOUS_IDENTITY.context)  # a write every 50 ms hints every public watch
         await bench.run(0.05)
     elapsed = bench.clock.now() - start
     assert elapsed == pytest.approx(10.0)

@@ -42,9 +42,9 @@ async def test_shutdown_stops_every_watch_finishes_what_it_started_and_cancels_f
     lingering = await world.registry.acquire("resource", OTHER, BOB)
     assert live is not None and lingering is not None
     lingering.release()
-    world.registry.after_forward("tools/call", {}, ALICE, {"result": {}}, world.registry.ticket())
-    world.registry.after_forward(
-        "resources/read", {"uri": DOC}, ALICE, {"result": contents(DOC, "v2")}, world.registry.ticket()
+    world.registry.hearing.after_forward("tools/call", {}, ALICE, {"result": {}}, world.registry.hearing.ticket())
+    world.registry.hearing.after_forward(
+        "resources/read", {"uri": DOC}, ALICE, {"result": contents(DOC, "v2")}, world.registry.hearing.ticket()
     )
     world.upstream.gate = asyncio.Event()
     starting = asyncio.create_task(world.registry.acquire("resource", "file:///new", ALICE))
@@ -84,8 +84,8 @@ async def test_shutdown_waits_for_a_publish_in_flight_and_does_not_fail_for_one_
     world.upstream.resources[DOC] = contents(DOC, "v1")
     assert await world.registry.acquire("resource", DOC, ALICE) is not None
     gate = bus.gate = asyncio.Event()
-    world.registry.after_forward(
-        "resources/read", {"uri": DOC}, ALICE, {"result": contents(DOC, "v2")}, world.registry.ticket()
+    world.registry.hearing.after_forward(
+        "resources/read", {"uri": DOC}, ALICE, {"result": contents(DOC, "v2")}, world.registry.hearing.ticket()
     )
 
     async def publish(event: ChangeEvent) -> None:
@@ -93,8 +93,8 @@ async def test_shutdown_waits_for_a_publish_in_flight_and_does_not_fail_for_one_
         raise RuntimeError("the bus is broken")
 
     world.bus.publish = publish  # type: ignore[method-assign]
-    world.registry.after_forward(
-        "resources/read", {"uri": DOC}, ALICE, {"result": contents(DOC, "v3")}, world.registry.ticket()
+    world.registry.hearing.after_forward(
+        "resources/read", {"uri": DOC}, ALICE, {"result": contents(DOC, "v3")}, world.registry.hearing.ticket()
     )
     closing = asyncio.create_task(world.registry.aclose())
     await eventually(lambda: world.clock.pending() == 0)  # every timer called off: it waits for what it started
@@ -155,9 +155,13 @@ async def test_a_hinted_poll_links_the_writes_that_may_concern_it(world: World, 
     writes = {}
     for identity in (ALICE, BOB):
         with tracing().request("tools/call", {}, None) as span:  # the server span of that client's write
-            world.registry.after_forward("tools/call", {}, identity, {"result": {}}, world.registry.ticket())
+            world.registry.hearing.after_forward(
+                "tools/call", {}, identity, {"result": {}}, world.registry.hearing.ticket()
+            )
             writes[identity.context] = span.get_span_context()
-    world.registry.after_forward("tools/call", {}, CAROL, {"result": {}}, world.registry.ticket())  # untraced
+    world.registry.hearing.after_forward(
+        "tools/call", {}, CAROL, {"result": {}}, world.registry.hearing.ticket()
+    )  # untraced
     await world.step(0.5, looks=4)
     links = {
         span.attributes["mcp_sidecar.watch"]: [link.context for link in span.links]
@@ -225,13 +229,13 @@ async def test_writes_here_and_on_other_replicas_hint_the_watches_they_concern_a
     coordinator.others_wrote(frozenset({"bob"}))
     await world.step(0.5, looks=1)
     assert world.upstream.calls == [("resources/read", DOC, "bob")], "another replica's write: bob's watch only"
-    world.registry.after_forward("tools/call", {}, ALICE, {"result": {}}, world.registry.ticket())
+    world.registry.hearing.after_forward("tools/call", {}, ALICE, {"result": {}}, world.registry.hearing.ticket())
     await world.step(0.5, looks=1)
     await eventually(lambda: coordinator.announced != [], what="the announcement of alice's write")
     assert coordinator.announced == [frozenset({"alice"})], "this replica's writes are told to the others"
     assert world.clock.advance(1.0) == 0
     world.upstream.calls.clear()
-    world.registry.revalidate(ALICE)
+    world.registry.hearing.wrote(ALICE.context)
     armed = world.clock.armed
     assert world.clock.advance(0) == 1, "alice's own watch looks at once, bob's does not"
     await eventually(lambda: world.clock.armed == armed + 1, what="the hinted look ended and armed the next")
@@ -240,7 +244,7 @@ async def test_writes_here_and_on_other_replicas_hint_the_watches_they_concern_a
     assert coordinator.announced == [frozenset({"alice"})] * 2
     world.upstream.calls.clear()
     for _ in range(2):
-        world.registry.after_forward("tools/call", {}, ALICE, {"result": {}}, world.registry.ticket())
+        world.registry.hearing.after_forward("tools/call", {}, ALICE, {"result": {}}, world.registry.hearing.ticket())
     assert world.clock.advance(0.09) == 0
     assert world.upstream.calls == [], "writes within the debounce wait for its end"
     await world.step(0.5, looks=1)

@@ -31,11 +31,11 @@ from tests.unit.watch.scripted_upstream import URL, contents
 async def test_a_forwarded_read_older_than_the_last_look_applied_changes_nothing(world: World) -> None:
     world.upstream.resources[DOC] = contents(DOC, "v1")
     assert await world.registry.acquire("resource", DOC, ALICE) is not None
-    stale = world.registry.ticket()
+    stale = world.registry.hearing.ticket()
     await world.step(5.0, looks=1)  # a poll that started later is applied first
-    world.registry.after_forward("resources/read", {"uri": DOC}, ALICE, {"result": contents(DOC, "old")}, stale)
-    fresh = world.registry.ticket()
-    world.registry.after_forward("resources/read", {"uri": DOC}, ALICE, {"result": contents(DOC, "v2")}, fresh)
+    world.registry.hearing.after_forward("resources/read", {"uri": DOC}, ALICE, {"result": contents(DOC, "old")}, stale)
+    fresh = world.registry.hearing.ticket()
+    world.registry.hearing.after_forward("resources/read", {"uri": DOC}, ALICE, {"result": contents(DOC, "v2")}, fresh)
     await eventually(lambda: world.changes() != [])
     key = WatchKey("resource", DOC, "alice")
     assert world.changes() == [(key, fp(DOC, "v2"))], "the stale read was not applied before the fresh one"
@@ -59,9 +59,9 @@ async def test_a_refused_poll_of_a_public_watch_concerns_only_the_context_it_was
     assert world.upstream.reads(DOC) == ["bob", "alice"], "bob proves access again; alice joins with a sync"
     # A forwarded read the upstream refused ends that context's subscriptions too; other refusals concern none.
     world.refusals.clear()
-    world.registry.refused("resources/read", {"uri": DOC}, BOB)
-    world.registry.refused("tools/call", {"uri": DOC}, BOB)
-    world.registry.refused("resources/read", {"uri": 7}, BOB)
+    world.registry.hearing.refused("resources/read", {"uri": DOC}, BOB)
+    world.registry.hearing.refused("tools/call", {"uri": DOC}, BOB)
+    world.registry.hearing.refused("resources/read", {"uri": 7}, BOB)
     assert world.refusals == [(WatchKey("resource", DOC, PUBLIC), "bob")]
 
 
@@ -112,7 +112,7 @@ async def test_the_cache_is_told_every_look_a_watch_applies_with_its_ticket_befo
     world.registry.on_observation(observed)
     world.bus.subscribe(lambda event: seen.append(("told", event.key, event.fingerprint)))
     world.upstream.resources[DOC] = contents(DOC, "v1")
-    before = world.registry.ticket()
+    before = world.registry.hearing.ticket()
     handle = await world.registry.acquire("resource", DOC, ALICE)
     assert handle is not None
     await world.step(5.0, looks=1)
@@ -126,7 +126,7 @@ async def test_the_cache_is_told_every_look_a_watch_applies_with_its_ticket_befo
         ("observed", handle.key, v2),  # the cache drops what the look contradicts before the change is told
         ("told", handle.key, v2),
     ]
-    assert before < tickets[0] < tickets[1] < tickets[2] < world.registry.ticket()
+    assert before < tickets[0] < tickets[1] < tickets[2] < world.registry.hearing.ticket()
 
 
 async def test_a_failing_publish_fails_a_first_looks_callers_is_logged_for_a_change_and_fails_no_shutdown(
@@ -144,8 +144,8 @@ async def test_a_failing_publish_fails_a_first_looks_callers_is_logged_for_a_cha
     with pytest.raises(RuntimeError, match="the bus is broken"):
         await world.registry.acquire("resource", OTHER, ALICE)  # its first look's callers get the bus's error
     assert world.registry.waiting == 0
-    world.registry.after_forward(
-        "resources/read", {"uri": DOC}, ALICE, {"result": contents(DOC, "v2")}, world.registry.ticket()
+    world.registry.hearing.after_forward(
+        "resources/read", {"uri": DOC}, ALICE, {"result": contents(DOC, "v2")}, world.registry.hearing.ticket()
     )
     with caplog.at_level(logging.ERROR, logger="sidecar.watch.registry"):
         await eventually(lambda: any(r.name == "sidecar.watch.registry" for r in caplog.records))

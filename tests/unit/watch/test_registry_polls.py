@@ -23,7 +23,6 @@ from sidecar.upstream.base import Upstream
 from sidecar.watch import poll_tasks
 from sidecar.watch.engine.polls import LogLimiter
 from sidecar.watch.looks import Looks
-from sidecar.watch.rules import Rules
 from tests.kit import eventually
 from tests.unit.watch.manual_clock import run_polls
 from tests.unit.watch.registry_world import (
@@ -73,7 +72,7 @@ async def test_a_poll_counts_its_outcome_times_its_read_and_its_lag_and_reports_
     assert world.gauge("mcp_sidecar_queue_wait_seconds_sum", limit="poll_concurrency") == pytest.approx(0.5)
     assert all(watch.last_poll_at == pytest.approx(time.time(), abs=5) for watch in world.registry.watches())
     # A poll that starts before it was due (a loop may run a timer a hair early) reports no negative lag.
-    looks = Looks(cast(Upstream, world.upstream), CONFIG, world.fair_share, Rules([]), world.metrics, world.clock)
+    looks = Looks(cast(Upstream, world.upstream), CONFIG, world.fair_share, world.metrics, world.clock)
     await looks.poll(ALICES_DOC, world.clock.now() + 3.0, lambda key: ALICE)
     assert world.gauge("mcp_sidecar_poll_schedule_lag_seconds_sum") == pytest.approx(0.5)
     assert world.gauge("mcp_sidecar_poll_schedule_lag_seconds_count") == 3
@@ -124,7 +123,9 @@ async def test_a_poll_span_links_the_writes_that_hinted_it_and_names_the_uri_onl
     writes = []
     for identity in [ALICE] * 5 + [BOB] * 5:  # one round of hints at once, the rest at the debounce's end
         with tracing().request("tools/call", {}, None) as span:
-            world.registry.after_forward("tools/call", {}, identity, {"result": {}}, world.registry.ticket())
+            world.registry.hearing.after_forward(
+                "tools/call", {}, identity, {"result": {}}, world.registry.hearing.ticket()
+            )
             writes.append(span.get_span_context())
     world.upstream.resources[DOC] = contents(DOC, "v2", cacheScope="public")
     world.upstream.private[(OTHER, "carol")] = contents(OTHER, "carol's v2")
@@ -245,7 +246,7 @@ async def test_a_slow_poll_that_started_before_a_fresher_look_does_not_overwrite
     assert world.clock.advance(5.0) == 1
     await asked.wait()
     fresh = {"result": contents(DOC, "fresh")}
-    world.registry.after_forward("resources/read", {"uri": DOC}, ALICE, fresh, world.registry.ticket())
+    world.registry.hearing.after_forward("resources/read", {"uri": DOC}, ALICE, fresh, world.registry.hearing.ticket())
     world.upstream.resources[DOC] = contents(DOC, "stale")  # what the slow poll's answer shows
     world.upstream.gate.set()
     await world.clock.until(lambda: world.registry.polls_in_flight == 0, "the slow poll ended")

@@ -104,7 +104,7 @@ async def test_a_hint_makes_each_contexts_watch_look_with_its_own_credential_and
         assert await world.registry.acquire("resource", uri, identity) is not None
     assert world.clock.advance(1.0) == 0
     world.upstream.calls.clear()
-    assert world.registry.hint_source(SourceHint(("file:///d*",))) == 2
+    assert world.registry.hearing.source(SourceHint(("file:///d*",))) == 2
     armed = world.clock.armed
     assert world.clock.advance(0) == 2, "each hinted watch's look is due at once"
     await eventually(lambda: world.clock.armed == armed + 2, what="both hinted looks ended and armed their next")
@@ -123,14 +123,14 @@ async def test_a_hint_notifies_only_what_its_look_finds_changed() -> None:
     for uri in (DOC, OTHER):
         assert await world.registry.acquire("resource", uri, ALICE) is not None
     assert world.clock.advance(1.0) == 0
-    world.registry.hint_source(SourceHint(("file:///*",)))
+    world.registry.hearing.source(SourceHint(("file:///*",)))
     armed = world.clock.armed
     assert world.clock.advance(0) == 2, "each hinted watch's look is due at once"
     await eventually(lambda: world.clock.armed == armed + 2, what="both hinted looks ended and armed their next")
     assert world.changes() == [], "both looked, neither changed"
     world.upstream.resources[OTHER] = contents(OTHER, "v2", cacheScope="public")
     world.clock.advance(0.5)  # past min_interval_ms since those looks
-    world.registry.hint_source(SourceHint(("file:///*",)))
+    world.registry.hearing.source(SourceHint(("file:///*",)))
     armed = world.clock.armed
     assert world.clock.advance(0) == 2, "each hinted watch's look is due at once"
     await eventually(lambda: world.clock.armed == armed + 2, what="both hinted looks ended and armed their next")

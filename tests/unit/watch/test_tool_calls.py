@@ -133,26 +133,38 @@ async def test_a_read_only_tools_call_makes_no_watch_look_and_a_writing_one_does
     assert await world.registry.acquire("tools_list", None, ALICE) is not None
     world.upstream.calls.clear()
     assert world.clock.advance(1.0) == 0
-    world.registry.after_forward("tools/call", {"name": "lookup"}, ALICE, {"result": {}}, world.registry.ticket())
+    world.registry.hearing.after_forward(
+        "tools/call", {"name": "lookup"}, ALICE, {"result": {}}, world.registry.hearing.ticket()
+    )
     assert world.clock.advance(0) == 0 and world.upstream.calls == [], "a read-only tool: no watch looks"
     # The tools list now marks `plain` read-only: the poll the next call asks for learns it, as a first read did.
     world.upstream.pages["tools/list"] = [{"tools": [LOOKUP, tool("plain", readOnlyHint=True)]}]
-    world.registry.after_forward("tools/call", {"name": "plain"}, ALICE, {"result": {}}, world.registry.ticket())
+    world.registry.hearing.after_forward(
+        "tools/call", {"name": "plain"}, ALICE, {"result": {}}, world.registry.hearing.ticket()
+    )
     await world.step(0, looks=2)  # the control: a tool without the annotation makes both watches look
     assert sorted(world.upstream.calls) == [("resources/read", DOC, "alice"), ("tools/list", None, "alice")]
     world.clock.advance(1.0)  # the write's debounce window ends (nothing was written within it)
     world.upstream.calls.clear()
-    world.registry.after_forward("tools/call", {"name": "plain"}, ALICE, {"result": {}}, world.registry.ticket())
+    world.registry.hearing.after_forward(
+        "tools/call", {"name": "plain"}, ALICE, {"result": {}}, world.registry.hearing.ticket()
+    )
     assert world.clock.advance(0) == 0 and world.upstream.calls == [], "what the poll saw decides: it only reads now"
 
 
 async def test_a_forwarded_tools_list_decides_its_contexts_calls_only(world: World) -> None:
     await _watching_doc(world)
     assert world.clock.advance(1.0) == 0
-    world.registry.after_forward("tools/list", {}, ALICE, {"result": {"tools": [LOOKUP]}}, world.registry.ticket())
-    world.registry.after_forward("tools/call", {"name": "lookup"}, ALICE, {"result": {}}, world.registry.ticket())
+    world.registry.hearing.after_forward(
+        "tools/list", {}, ALICE, {"result": {"tools": [LOOKUP]}}, world.registry.hearing.ticket()
+    )
+    world.registry.hearing.after_forward(
+        "tools/call", {"name": "lookup"}, ALICE, {"result": {}}, world.registry.hearing.ticket()
+    )
     assert world.clock.advance(0) == 0 and world.upstream.reads(DOC) == ["alice"], "only the first read"
-    world.registry.after_forward("tools/call", {"name": "lookup"}, BOB, {"result": {}}, world.registry.ticket())
+    world.registry.hearing.after_forward(
+        "tools/call", {"name": "lookup"}, BOB, {"result": {}}, world.registry.hearing.ticket()
+    )
     await world.step(0, looks=1)  # bob was never shown the list: his call of the same tool may write
     assert world.upstream.reads(DOC) == ["alice", "alice"]
 
@@ -162,9 +174,13 @@ async def test_a_rule_makes_a_tool_without_the_annotation_read_only() -> None:
     try:
         await _watching_doc(world)
         assert world.clock.advance(1.0) == 0
-        world.registry.after_forward("tools/call", {"name": "plain"}, ALICE, {"result": {}}, world.registry.ticket())
+        world.registry.hearing.after_forward(
+            "tools/call", {"name": "plain"}, ALICE, {"result": {}}, world.registry.hearing.ticket()
+        )
         assert world.clock.advance(0) == 0 and world.upstream.reads(DOC) == ["alice"]
-        world.registry.after_forward("tools/call", {"name": "other"}, ALICE, {"result": {}}, world.registry.ticket())
+        world.registry.hearing.after_forward(
+            "tools/call", {"name": "other"}, ALICE, {"result": {}}, world.registry.hearing.ticket()
+        )
         await world.step(0, looks=1)
         assert world.upstream.reads(DOC) == ["alice", "alice"]
     finally:

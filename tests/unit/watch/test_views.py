@@ -1,4 +1,4 @@
-"""What others see of a watch (`sidecar.watch.views`): the status page's summary and its coordinator's view, both
+"""What others see of a watch (`sidecar.watch.engine.views`): the status page's summary and its coordinator's view, both
 read from the engine's record as it is when they look."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from sidecar.changes import WatchKey
 from sidecar.identity import PUBLIC
 from sidecar.watch.engine import Record
-from sidecar.watch.views import CoordinatorView, WatchSummary
+from sidecar.watch.engine.views import CoordinatorView, WatchSummary
 
 KEY = WatchKey("resource", "file:///doc", PUBLIC)
 

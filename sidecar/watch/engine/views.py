@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sidecar.changes import WatchKey
-from sidecar.watch.engine import Record
+from sidecar.watch.engine.record import Record
 
 __all__ = ["CoordinatorView", "WatchSummary"]
 

@@ -1,0 +1,73 @@
+"""What the watches hear besides their own looks: forwarded requests and their answers, the upstream's refusals of
+them, writes through the sidecar, and the source's hints. Each becomes an event for the engine (a forwarded
+answer or refusal, see `sidecar.watch.engine.evidence`) or a hint for the watches it concerns (see
+`HintRouting`); a call of a tool the upstream lists as read-only teaches nothing (see `sidecar.watch.tool_calls`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine, Iterable, Sequence
+from typing import Any
+
+from sidecar.changes import PollCoordinator, WatchKey
+from sidecar.config import ToolRule
+from sidecar.identity import Identity
+from sidecar.observability.metrics import Metrics
+from sidecar.protocol import JsonObject
+from sidecar.watch.clock import Clock
+from sidecar.watch.engine import Event, Forwarded, Refused, teaches
+from sidecar.watch.hint_routing import HintRouting, HintWithLinks
+from sidecar.watch.source_hints import SourceHint
+from sidecar.watch.tool_calls import ToolCalls, ToolCatalog
+
+__all__ = ["Hearing"]
+
+
+class Hearing:
+    """The handler's observer of forwarded requests, the hint endpoint's target, and where the engine's writes go."""
+
+    def __init__(
+        self,
+        feed: Callable[[Event], None],
+        ticket: Callable[[], int],
+        *,
+        tool_rules: Sequence[ToolRule],
+        tools: ToolCatalog,
+        keys: Callable[[], Iterable[WatchKey]],
+        hint: HintWithLinks,
+        coordinator: PollCoordinator,
+        metrics: Metrics,
+        debounce_ms: int,
+        spawn: Callable[[Coroutine[Any, Any, None]], None],
+        clock: Clock,
+    ) -> None:
+        self._feed = feed
+        self.ticket = ticket
+        """A ticket for a look at the upstream that starts now, taken before forwarding (`sidecar.watch.tickets`)."""
+        self._tool_calls = ToolCalls(tool_rules, tools, metrics)
+        """Which tool calls may write (`revalidate.tools`, and the tools lists the looks and forwarded answers show)."""
+        self._routing = HintRouting(keys, hint, coordinator, metrics, debounce_ms=debounce_ms, spawn=spawn, clock=clock)
+
+    def after_forward(
+        self, method: str, params: JsonObject, identity: Identity, answer: JsonObject, ticket: int
+    ) -> None:
+        """A forwarded request taught us something (see `sidecar.watch.engine.evidence`); a tools list shows which
+        tools only read, and a call of one of those writes nothing (see `sidecar.watch.tool_calls`)."""
+        if self._tool_calls.forwarded(method, params, identity.context, answer) and teaches(method):
+            self._feed(Forwarded(method, params, identity, answer, ticket))
+
+    def refused(self, method: str, params: JsonObject, identity: Identity) -> None:
+        """The upstream refused `identity` a forwarded request (401/403) (see `sidecar.watch.engine.evidence`)."""
+        self._feed(Refused(method, params, identity))
+
+    def wrote(self, context: str) -> None:
+        """A request of `context` that may have written went through: the public watches and this context's look
+        soon (see `HintRouting`)."""
+        self._routing.wrote(context)
+
+    def source(self, hint: SourceHint) -> int:
+        """The source says what changed: the watches it names look soon (see `HintRouting`); how many here."""
+        return self._routing.source(hint)
+
+    def cancel(self) -> None:
+        self._routing.cancel()
