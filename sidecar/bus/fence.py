@@ -9,13 +9,11 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from sidecar.bus.commands import Adopt, BusCommand, Poll, Republish
 from sidecar.bus.connect import REDIS_FAILURES, Op
-from sidecar.bus.events import Fenced, FenceRefused, StoredRead
 from sidecar.bus.keys import TrackedKeys
 from sidecar.bus.layout import encode_event, key_hash, stored_generation, text
 from sidecar.bus.link import Link
-from sidecar.bus.machine import BusMachine, Decide
+from sidecar.bus.machine import Adopt, BusCommand, BusMachine, Decide, Fenced, FenceRefused, Poll, Republish, StoredRead
 from sidecar.bus.memory import MemoryBus
 from sidecar.changes import ChangeEvent, ChangeListener, WatchKey, WatchState
 from sidecar.listeners import Listeners

@@ -10,11 +10,9 @@ from collections.abc import Callable
 
 import orjson
 
-from sidecar.bus.commands import Deliver
-from sidecar.bus.events import ChangeHeard, InterestHeard, ReplicaLeft
 from sidecar.bus.keys import TrackedKeys
 from sidecar.bus.layout import HINTS_CHANNEL, Interest, decode
-from sidecar.bus.machine import Decide
+from sidecar.bus.machine import ChangeHeard, Decide, Deliver, InterestHeard, ReplicaLeft
 from sidecar.bus.memory import MemoryBus
 from sidecar.bus.reach import Reach
 from sidecar.observability.metrics import Metrics

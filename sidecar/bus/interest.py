@@ -12,12 +12,11 @@ from typing import Any
 from sidecar.backoff import Backoff
 from sidecar.bus.channels import Channels
 from sidecar.bus.connect import REDIS_FAILURES, Op, stop_if_cancelled
-from sidecar.bus.events import OursQueued, OursWritten
 from sidecar.bus.fence import Fence
 from sidecar.bus.keys import TrackedKeys
 from sidecar.bus.layout import Interest, encode_interest, key_hash, text
 from sidecar.bus.link import Link
-from sidecar.bus.machine import BusMachine, Decide
+from sidecar.bus.machine import BusMachine, Decide, OursQueued, OursWritten
 from sidecar.changes import WatchKey
 
 __all__ = ["InterestWriter"]

@@ -8,7 +8,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sidecar.bus.channels import Channels
+from sidecar.bus.channels import ChannelHooks, Channels
 from sidecar.bus.connect import SLOTS_MOVING, TIMEOUTS, Op, RedisClient
 from sidecar.bus.layout import Layout
 from sidecar.bus.scripts import Scripts
@@ -24,20 +24,29 @@ class RedisUnavailable(Exception):
 
 
 class Link:
-    """One replica's connection to the cluster's Redis, named `instance` among the replicas, in `layout`."""
+    """One replica's connection to the cluster's Redis, named `instance` among the replicas, in `layout`, with its
+    bucket channels (`channels`: their reader tells `message`, `connected` and `confirmed` to the bus, and a lost
+    connection to the link itself)."""
 
     def __init__(
         self,
         conn: RedisClient,
-        channels: Channels,
         *,
         layout: Layout,
         instance: str,
         metrics: Metrics,
         fallback: bool,
+        message: Callable[[bytes, bytes], None],
+        connected: Callable[[], None],
+        confirmed: Callable[[int], None],
     ) -> None:
         self._conn = conn
-        self._channels = channels
+        self._channels = self.channels = Channels(
+            conn.pubsub,
+            layout,
+            sharded=conn.sharded,
+            hooks=ChannelHooks(message=message, connected=connected, confirmed=confirmed, lost=self.lost),
+        )
         self._metrics = metrics
         self._fallback = fallback
         self._listeners: list[Callable[[bool], None]] = []

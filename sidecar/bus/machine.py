@@ -7,7 +7,8 @@ The bus's parts make the Redis calls and feed what they read here (`BusMachine.h
 written and heard, changes heard, a key's stored state read, a fenced publish answered. What comes back is what to
 do: keys gained and lost, replicas to clean up, interest to write again, changes to deliver, adopt or publish again.
 `RedisBus` carries the commands out. The time given with each event stamps the changes the machine makes up.
-The events are `sidecar.bus.events`, the commands `sidecar.bus.commands`.
+The events are `sidecar.bus.events`, the commands `sidecar.bus.commands`; both are exported here, with the
+machine, as its face: the parts import this module, not those two.
 """
 
 from __future__ import annotations
@@ -47,7 +48,35 @@ from sidecar.bus.layout import key_hash
 from sidecar.bus.ownership import Ownership
 from sidecar.changes import ChangeEvent, WatchKey
 
-__all__ = ["BusMachine", "Decide"]
+__all__ = [
+    "Adopt",
+    "Beat",
+    "BusCommand",
+    "BusEvent",
+    "BusMachine",
+    "ChangeHeard",
+    "CleanUp",
+    "CleanUpEnded",
+    "CutChanged",
+    "Decide",
+    "Deliver",
+    "FenceRefused",
+    "Fenced",
+    "Forgotten",
+    "GaveUp",
+    "InterestHeard",
+    "InterestRemoved",
+    "Moved",
+    "OursQueued",
+    "OursWritten",
+    "Poll",
+    "RegisterAgain",
+    "ReplicaLeft",
+    "Republish",
+    "StoredRead",
+    "TakenOver",
+    "Untracked",
+]
 
 
 Decide = Callable[[BusEvent], list[BusCommand]]

@@ -7,10 +7,9 @@ from __future__ import annotations
 import orjson
 
 from sidecar.bus.connect import REDIS_FAILURES, Op
-from sidecar.bus.events import Beat, CleanUpEnded, InterestRemoved
 from sidecar.bus.layout import HINTS_CHANNEL, READERS, REPLICAS, Interest, encode_interest, text
 from sidecar.bus.link import Link
-from sidecar.bus.machine import Decide
+from sidecar.bus.machine import Beat, CleanUpEnded, Decide, InterestRemoved
 from sidecar.tasks import TaskSet
 
 __all__ = ["DEFAULT_LEASE_MS", "Membership"]

@@ -20,10 +20,9 @@ from typing import Any, Protocol
 import orjson
 
 from sidecar.bus.connect import REDIS_FAILURES
-from sidecar.bus.events import CutChanged
 from sidecar.bus.layout import HINTS_CHANNEL, READERS, text
 from sidecar.bus.link import Link
-from sidecar.bus.machine import BusMachine, Decide
+from sidecar.bus.machine import BusMachine, CutChanged, Decide
 from sidecar.bus.readers import ReaderBoard, ReadSignal, confirmed_value, declared_value
 from sidecar.observability.metrics import Metrics
 from sidecar.tasks import TaskSet

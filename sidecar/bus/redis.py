@@ -8,7 +8,7 @@ replica polls its own keys (degraded) and local streams keep getting changes; co
 answers and the bus is heard again.
 
 `RedisBus` is the one thing the app sees. It wires its parts once, here, each owning its state:
-the link (`link.py`: client, scripts, batches, coordinated or degraded), the bucket channels (`channels.py`),
+the link (`link.py`: client, scripts, batches, coordinated or degraded, and its bucket channels, `channels.py`),
 the tracked keys (`keys.py`, written here alone), the fence (`fence.py`: fenced publish, republish, catch-up),
 ownership and take-over (`takeover.py`), membership (`membership.py`: heartbeats, dead replicas, leaving), the
 interest writer (`interest.py`) and the inbox (`inbox.py`: the bus's messages routed). Here: lifecycle, the
@@ -26,17 +26,24 @@ from collections.abc import Callable
 
 import orjson
 
-from sidecar.bus.channels import ChannelHooks, Channels
-from sidecar.bus.commands import BusCommand, CleanUp, Forgotten, GaveUp, Moved, RegisterAgain
 from sidecar.bus.connect import REDIS_FAILURES, connect, stop_if_cancelled
-from sidecar.bus.events import BusEvent, Untracked
 from sidecar.bus.fence import Fence
 from sidecar.bus.inbox import Inbox
 from sidecar.bus.interest import InterestWriter
 from sidecar.bus.keys import TrackedKeys
 from sidecar.bus.layout import CONTEXT_NAMING_KEY, DEFAULT_BUCKETS, HINTS_CHANNEL, Layout, key_hash
 from sidecar.bus.link import Link, RedisUnavailable
-from sidecar.bus.machine import BusMachine
+from sidecar.bus.machine import (
+    BusCommand,
+    BusEvent,
+    BusMachine,
+    CleanUp,
+    Forgotten,
+    GaveUp,
+    Moved,
+    RegisterAgain,
+    Untracked,
+)
 from sidecar.bus.membership import DEFAULT_LEASE_MS, Membership
 from sidecar.bus.memory import MemoryBus
 from sidecar.bus.reach import Reach, Readable
@@ -70,18 +77,17 @@ class RedisBus:
     ) -> None:
         conn = connect(url)
         layout = Layout(buckets)
-        self._channels = Channels(
-            conn.pubsub,
-            layout,
-            sharded=conn.sharded,
-            hooks=ChannelHooks(
-                message=self._read,
-                connected=self._hints_heard,
-                confirmed=self._heard_again,
-                lost=lambda exc: self._link.lost(exc),
-            ),
+        self._link = Link(
+            conn,
+            layout=layout,
+            instance=instance,
+            metrics=metrics,
+            fallback=fallback,
+            message=self._read,
+            connected=self._hints_heard,
+            confirmed=self._heard_again,
         )
-        self._link = Link(conn, self._channels, layout=layout, instance=instance, metrics=metrics, fallback=fallback)
+        self._channels = self._link.channels
         self._tasks = TaskSet("a redis coordination task failed", logger)
         """Its loops (the bus reader, the heartbeat, the interest writer) and one-off tasks (resyncs, take-overs,
         clean-ups of dead replicas): closing cancels them all, and the handover follows whatever they ended with."""

@@ -10,11 +10,10 @@ import logging
 from collections.abc import Set
 
 from sidecar.bus.connect import REDIS_FAILURES, Op
-from sidecar.bus.events import StoredRead, TakenOver
 from sidecar.bus.fence import Fence
 from sidecar.bus.keys import TrackedKeys
 from sidecar.bus.link import Link
-from sidecar.bus.machine import BusMachine, Decide
+from sidecar.bus.machine import BusMachine, Decide, StoredRead, TakenOver
 from sidecar.changes import WatchKey
 from sidecar.observability.metrics import Metrics
 from sidecar.tasks import TaskSet
