@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from sidecar.changes import WatchKey
+from sidecar.changes import WatchKey, WatchKind
 from sidecar.identity import Identity
 from sidecar.protocol.errors import UpstreamError
 from sidecar.watch.clock import Timer
@@ -109,14 +109,14 @@ class Polled:
             self._poll(poll)
         return commands
 
-    def watch(self, who: Identity, uri: str, first: Observation) -> WatchKey:
-        """`who` subscribes to `uri` and its first read sees `first`, now: the watch it holds from then on."""
-        [look] = [
-            command for command in self.feed(Subscribe(0, "resource", uri, who)) if isinstance(command, StartLook)
-        ]
+    def watch(self, who: Identity, uri: str | None, first: Observation, kind: WatchKind = "resource") -> WatchKey:
+        """`who` subscribes to `uri` (or a list `kind`) and its first read sees `first`, now: the new watch it holds
+        from then on."""
+        before = set(self.engine.keys())
+        [look] = [command for command in self.feed(Subscribe(0, kind, uri, who)) if isinstance(command, StartLook)]
         self.feed(LookDone(look.look, next(self._tickets), first))
         self.feed(Published(look.look))
-        [key] = self.engine.keys()
+        [key] = [key for key in self.engine.keys() if key not in before]
         return key
 
     def record(self, key: WatchKey) -> Record:
