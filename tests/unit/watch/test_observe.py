@@ -54,6 +54,7 @@ def test_any_other_error_of_a_first_read_is_the_looks_to_raise() -> None:
     assert read_failed(_error(-32603, "Internal error"), errors_are_states=False) is None
 
 
+@pytest.mark.invariant(24)
 def test_an_error_a_poll_reads_is_the_resources_state_by_code_and_message() -> None:
     def poll(error: UpstreamRpcError) -> Observation | None:
         return read_failed(error, errors_are_states=True)
