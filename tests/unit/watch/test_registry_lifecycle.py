@@ -1,7 +1,7 @@
-"""The registry driven through its own surface, a watch's life after its first read: its linger on the clock, the
-tickets of forwarded reads, refusals reaching their listeners, the upstream's recovery, the cache's listener, a bus
-that fails, and the logs. A real `WatchRegistry` on the in-memory bus and the hand-moved clock, reading a scripted
-upstream (the rules these carry out are the engine's playbooks: test_engine_*.py)."""
+"""The registry driven through its own surface, a watch's life after its first read: its linger on the clock,
+refusals reaching their listeners, the upstream's recovery, the cache's listener, a bus that fails, and the logs.
+A real `WatchRegistry` on the in-memory bus and the hand-moved clock, reading a scripted upstream (the rules these
+carry out are the engine's playbooks: test_engine_*.py)."""
 
 from __future__ import annotations
 
