@@ -14,7 +14,7 @@ from sidecar.protocol.errors import UpstreamRpcError
 from sidecar.watch.fingerprint import ABSENT, fingerprint_contents, fingerprint_error, is_error_state
 from sidecar.watch.rules import Rule
 
-__all__ = ["Observation", "error_state", "is_not_found", "observation_from_read", "ttl_hint"]
+__all__ = ["Observation", "error_state", "is_not_found", "observation_from_read", "read_failed", "ttl_hint"]
 
 _NOT_FOUND_CODES = (-32602, -32002)
 _FAULT_STATUSES = (408, 429)
@@ -49,6 +49,15 @@ def error_state(error: UpstreamRpcError) -> Observation | None:
     if error.upstream_status >= 500 or error.upstream_status in _FAULT_STATUSES:
         return None
     return Observation(fingerprint_error(error.code, error.error.get("message")), None, False)
+
+
+def read_failed(error: UpstreamRpcError, *, errors_are_states: bool) -> Observation | None:
+    """What a `resources/read` answered with `error` saw: absent when the upstream does not find the resource; with
+    `errors_are_states` (a watch's poll), the error as the resource's state; None when the error is the look's to
+    raise (any other error of a first read, which has nothing to subscribe to yet, or a fault of the upstream)."""
+    if is_not_found(error):
+        return Observation(ABSENT, None, False)
+    return error_state(error) if errors_are_states else None
 
 
 def ttl_hint(result: dict[str, Any]) -> int | None:

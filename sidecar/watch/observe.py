@@ -1,5 +1,8 @@
 """One look at the upstream for a watch: read a resource, or walk every page of a list, and fingerprint it.
 
+Only the requests are made here: what an answer or an error means is decided with no I/O (`read_failed` and
+`observation_from_read` for a read, `ListWalk` for a list's pages).
+
 What a look learns is about the resource or about the upstream (invariant 24): content, a not-found and (for a
 watch's poll) a JSON-RPC error the upstream answered are the resource's state; a transport failure, a timeout, an
 HTTP 5xx or a refusal (401/403) is a fault, raised as an UpstreamError.
@@ -13,16 +16,12 @@ from typing import Any
 from sidecar.changes import WatchKind
 from sidecar.identity import Identity
 from sidecar.protocol.errors import UpstreamBadResponse, UpstreamRpcError
-from sidecar.protocol.lists import LIST_KINDS
 from sidecar.upstream.base import Look
-from sidecar.watch.fingerprint import ABSENT, fingerprint_items
-from sidecar.watch.observation import Observation, error_state, is_not_found, observation_from_read, ttl_hint
+from sidecar.watch.list_walk import ListWalk
+from sidecar.watch.observation import Observation, observation_from_read, read_failed
 from sidecar.watch.rules import NO_RULES, Rules
 
-__all__ = ["MAX_LIST_PAGES", "Listed", "observe"]
-
-MAX_LIST_PAGES = 100
-"""A list longer than this many pages is treated as an upstream fault (a cursor that never ends)."""
+__all__ = ["Listed", "observe"]
 
 Listed = Callable[[list[Any], bool], None]
 """Told a list's entries, every page of it, and whether every page was public, once a look has walked it."""
@@ -43,7 +42,7 @@ async def observe(
     look's entries go to `listed`, if given."""
     try:
         return await _observe(upstream, kind, uri, identity, rules, errors_are_states, listed)
-    except ValueError as exc:  # an answer that cannot be fingerprinted is a bad answer for this key
+    except ValueError as exc:  # an answer that cannot be fingerprinted, or a list too long, is a bad answer
         raise UpstreamBadResponse(upstream.url, str(exc)) from exc
 
 
@@ -60,40 +59,21 @@ async def _observe(
         try:
             result = await upstream.call("resources/read", {"uri": uri}, identity)
         except UpstreamRpcError as exc:
-            if is_not_found(exc):
-                return Observation(ABSENT, None, False)
-            # A first read that fails still fails its caller (nothing to subscribe to yet); a watch's poll sees
-            # the resource turn into the error.
-            if errors_are_states and (state := error_state(exc)) is not None:
-                return state
-            raise
-        return observation_from_read(result, rules.for_uri(uri))
-    items: list[Any] = []
-    ttls: list[int] = []
-    public = True
-    for method, field in LIST_KINDS[kind].methods:
-        cursor: str | None = None
-        for _ in range(MAX_LIST_PAGES):
-            params: dict[str, Any] = {} if cursor is None else {"cursor": cursor}
-            try:
-                result = await upstream.call(method, params, identity)
-            except UpstreamRpcError as exc:
-                if method == "resources/templates/list" and exc.code == -32601:
-                    break  # an upstream without templates
+            if (state := read_failed(exc, errors_are_states=errors_are_states)) is None:
                 raise
-            page = result.get(field)
-            items.extend((method, item) for item in (page if isinstance(page, list) else []))
-            ttl = ttl_hint(result)
-            if ttl is not None:
-                ttls.append(ttl)
-            public = public and result.get("cacheScope") == "public"
-            next_cursor = result.get("nextCursor")
-            if not isinstance(next_cursor, str):
-                break
-            cursor = next_cursor
-        else:
-            raise UpstreamBadResponse(upstream.url, f"{method} has more than {MAX_LIST_PAGES} pages")
-    observation = Observation(fingerprint_items(items), min(ttls) if ttls else None, public)  # raises if unreadable
+            return state
+        return observation_from_read(result, rules.for_uri(uri))
+    walk = ListWalk(kind)
+    while (request := walk.next_request()) is not None:
+        method, params = request
+        try:
+            result = await upstream.call(method, params, identity)
+        except UpstreamRpcError as exc:
+            if not walk.failed(exc):
+                raise
+            continue
+        walk.answered(result)
+    observation = walk.observation()  # raises if unreadable
     if listed is not None:
-        listed([item for _, item in items], public)
+        listed(walk.entries(), walk.public)
     return observation

@@ -1,9 +1,10 @@
 """The engine's polls driven with no event loop: its timers armed on a hand-moved clock, and each poll it asks for
 answered by the test in the same step (or held open until the test answers it).
 
-The registry's part (run each `StartPoll`, feed back `PollDone`/`PollFailed` and `PollFinished`, arm each
-`SetTimer`) reduced to what a playbook of one watch's polls needs: the test says what each look sees, and reads
-back when the polls started, which were hinted, and what was applied, published and waited for.
+The registry's part (run each `StartPoll`, feed back `PollDone`/`PollFailed`, or `PollSkipped` for a watch nobody
+holds, then `PollFinished`; arm each `SetTimer`) reduced to what a playbook of one watch's polls needs: the test
+says what each look sees, and reads back when the polls started, which were hinted, and what was applied,
+published and waited for.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from sidecar.changes import WatchKey
+from sidecar.changes import WatchKey, WatchKind
 from sidecar.identity import Identity
 from sidecar.protocol.errors import UpstreamError
 from sidecar.watch.clock import Timer
@@ -35,6 +36,7 @@ from sidecar.watch.engine.events import (
     PollDone,
     PollFailed,
     PollFinished,
+    PollSkipped,
     Published,
     Subscribe,
     TimerFired,
@@ -109,14 +111,14 @@ class Polled:
             self._poll(poll)
         return commands
 
-    def watch(self, who: Identity, uri: str, first: Observation) -> WatchKey:
-        """`who` subscribes to `uri` and its first read sees `first`, now: the watch it holds from then on."""
-        [look] = [
-            command for command in self.feed(Subscribe(0, "resource", uri, who)) if isinstance(command, StartLook)
-        ]
+    def watch(self, who: Identity, uri: str | None, first: Observation, kind: WatchKind = "resource") -> WatchKey:
+        """`who` subscribes to `uri` (or a list `kind`) and its first read sees `first`, now: the new watch it holds
+        from then on."""
+        before = set(self.engine.keys())
+        [look] = [command for command in self.feed(Subscribe(0, kind, uri, who)) if isinstance(command, StartLook)]
         self.feed(LookDone(look.look, next(self._tickets), first))
         self.feed(Published(look.look))
-        [key] = self.engine.keys()
+        [key] = [key for key in self.engine.keys() if key not in before]
         return key
 
     def record(self, key: WatchKey) -> Record:
@@ -130,6 +132,10 @@ class Polled:
 
     def _poll(self, poll: StartPoll) -> None:
         now = self.clock.now()
+        if self.engine.poller(poll.key) is None:  # lingering, held by no stream: no credential, so no look
+            self.feed(PollSkipped(poll.key, now))
+            self.feed(PollFinished(poll.key))
+            return
         self.polls.append(Started(now, poll.hinted))
         seen = self._answer(poll.key, now)
         if isinstance(seen, _Held):
@@ -143,8 +149,6 @@ class Polled:
 
     def _answered(self, key: WatchKey, started: float, seen: Observation | UpstreamError) -> None:
         if isinstance(seen, Observation):
-            poller = self.engine.poller(key)
-            assert poller is not None, "polled with nobody's credential"
             self.feed(PollDone(key, started, next(self._tickets), seen))
         else:
             self.feed(PollFailed(key, started))

@@ -32,6 +32,7 @@ from sidecar.watch.engine.commands import (
 from sidecar.watch.engine.events import (
     ChangeHeard,
     Covered,
+    Forwarded,
     Hinted,
     LookDone,
     PollCrashed,
@@ -44,7 +45,7 @@ from sidecar.watch.engine.events import (
     TimerFired,
 )
 from sidecar.watch.engine.record import Record
-from sidecar.watch.observation import Observation
+from sidecar.watch.observation import Observation, observation_from_read
 from sidecar.watch.rules import Rules
 from tests.unit.watch.engine_cast import ALICE, ALICE_PHONE, DOC, LINGER_S, OTHER, POLL_S, V1, V2, Book, key, started
 from tests.unit.watch.engine_cast import SCHEDULE_CONFIG as CONFIG
@@ -143,6 +144,25 @@ def test_a_poll_that_started_before_a_fresher_look_does_not_overwrite_it() -> No
     play.step(PollFinished(watched), Interval(POLL_S), SetTimer(-2, 10.0))
     record = _record(play, watched)
     assert (record.fingerprint, record.generation) == (V2.fingerprint, 1)
+
+
+@pytest.mark.invariant(7)
+def test_a_forwarded_read_older_than_the_last_look_applied_changes_nothing() -> None:
+    play = _book()
+    watched = started(play, 1, 1, ALICE, V1, 1)
+    stale = 2  # a forwarded read's ticket, taken before the poll below started
+    play.at(5.0)
+    _polls(play, -1, watched, 3, V1)  # a poll that started later is applied first
+    play.step(PollFinished(watched), Interval(POLL_S), SetTimer(-2, 10.0))
+    old = {"result": {"contents": [{"uri": DOC, "text": "old"}]}}
+    play.step(Forwarded("resources/read", {"uri": DOC}, ALICE, old, stale))  # neither applied nor told
+    fresh = {"result": {"contents": [{"uri": DOC, "text": "v2"}]}}
+    v2 = observation_from_read(fresh["result"]).fingerprint
+    play.step(
+        Forwarded("resources/read", {"uri": DOC}, ALICE, fresh, 4), Observed(watched, v2, 4), Publish(watched, v2, 1)
+    )
+    record = _record(play, watched)
+    assert (record.fingerprint, record.generation) == (v2, 1)
 
 
 @pytest.mark.invariant(6)

@@ -18,7 +18,7 @@ from sidecar.protocol.errors import UpstreamError, UpstreamRpcError, UpstreamUna
 from sidecar.watch.engine import Engine
 from sidecar.watch.engine.confirm import ErrorConfirmation, LookAgain, Seen, Take
 from sidecar.watch.fingerprint import ABSENT, fingerprint_contents, fingerprint_error
-from sidecar.watch.observation import Observation
+from sidecar.watch.observation import Observation, read_failed
 from sidecar.watch.rules import Rules
 from tests.kit.playbook import Playbook
 from tests.unit.watch.engine_cast import ALICE
@@ -154,6 +154,28 @@ def test_a_fault_is_not_a_state_it_backs_off_and_tells_nobody() -> None:
     assert note.polled.told() == [] and note.observed() == [], "no look was applied: the cache keeps what it holds"
 
 
+@pytest.mark.parametrize(
+    "fault",
+    [
+        UpstreamRpcError(URL, {"code": -32603, "message": "bad gateway"}, http_status=502),
+        UpstreamRpcError(URL, {"code": -32603, "message": "down"}, http_status=500),
+        UpstreamRpcError(URL, {"code": -32000, "message": "slow down"}, http_status=429),
+        UpstreamRpcError(URL, {"code": -32000, "message": "too slow"}, http_status=408),
+    ],
+    ids=["http-5xx", "http-500", "http-429", "http-408"],
+)
+def test_an_error_answered_with_an_http_5xx_429_or_408_is_a_fault_a_poll_raises_not_a_state(
+    fault: UpstreamRpcError,
+) -> None:
+    # Raised, the poll fails: it backs off and tells nobody, as the playbook above shows (a transport failure is
+    # raised as it is: no JSON-RPC error to read).
+    assert read_failed(fault, errors_are_states=True) is None
+    answered = UpstreamRpcError(URL, {"code": fault.code, "message": "bad gateway"})  # the same error, without it
+    assert read_failed(answered, errors_are_states=True) == Observation(
+        fingerprint_error(fault.code, "bad gateway"), None, False
+    )
+
+
 # -- through the registry: the upstream's answers, as a poll reads them ------------------------------------------
 
 KEY = WatchKey("resource", NOTE, "alice")
@@ -190,32 +212,3 @@ async def test_an_error_the_upstream_answers_for_the_note_is_its_state_told_once
     assert (_polls(world, "error_state"), _polls(world, "error"), _polls(world, "ok")) == (3, 0, 1)
     [summary] = world.registry.watches()
     assert summary.consecutive_errors == 0
-
-
-@pytest.mark.parametrize(
-    "fault",
-    [
-        UpstreamUnavailable(URL, "connection refused"),
-        UpstreamRpcError(URL, {"code": -32603, "message": "bad gateway"}, http_status=502),
-        UpstreamRpcError(URL, {"code": -32000, "message": "slow down"}, http_status=429),
-    ],
-    ids=["transport", "http-5xx", "http-429"],
-)
-async def test_a_fault_the_upstream_answers_is_not_a_state_it_backs_off_and_tells_nobody(
-    world: World, fault: UpstreamError
-) -> None:
-    observed = await _watched(world)
-    world.upstream.failure = fault
-    polled_at: list[float] = []
-    for _ in range(3):
-        [due] = world.clock.due()
-        await world.step(due - world.clock.now(), looks=1)
-        polled_at.append(due)
-    # Its interval, then backoff: 1 s, then 2 s (each jittered by a tenth at most; exact in the playbook above).
-    assert polled_at[0] == TTL_S
-    assert [b - a for a, b in itertools.pairwise(polled_at)] == pytest.approx([1.0, 2.0], rel=0.1)
-    assert len(world.upstream.reads(NOTE)) == 4
-    [summary] = world.registry.watches()
-    assert summary.consecutive_errors == 3
-    assert world.changes() == [] and observed == [V1], "no look was applied: the cache keeps what it holds"
-    assert (_polls(world, "error"), _polls(world, "error_state")) == (3, 0)

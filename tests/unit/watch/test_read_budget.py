@@ -1,29 +1,25 @@
-"""`polling.max_reads_per_s` and `polling.rules` in the engine: a real `WatchRegistry` on the hand-moved clock,
-reading a scripted upstream that counts its reads. Figures here are engine time, not machine speed."""
+"""`polling.max_reads_per_s` and `polling.rules` in the engine: the engine on the hand-moved clock with no event
+loop (`budget_bench`), its polls reading resources the test changes, every read counted; a rule through a real
+`WatchRegistry` (its engine and its looks are given the rules); then the budget on its own. Figures here are
+engine time, not machine speed."""
 
 from __future__ import annotations
 
-import itertools
 import math
 import statistics
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import pytest
 
-from sidecar.bus.memory import MemoryBus
-from sidecar.changes import ChangeEvent, WatchKey
+from sidecar.changes import WatchKey
 from sidecar.config import PollingConfig
 from sidecar.config.polling_rules import PollingRule
-from sidecar.fair_share import FairShare
-from sidecar.identity import ANONYMOUS_IDENTITY, PUBLIC, Identity
-from sidecar.observability.metrics import Metrics
-from sidecar.upstream.base import Upstream
+from sidecar.identity import ANONYMOUS_IDENTITY, PUBLIC
 from sidecar.watch.budget import ReadBudget
-from tests.unit.watch.bounded_registry import BoundedRegistry
-from tests.unit.watch.manual_clock import ManualClock, run_polls
-from tests.unit.watch.scripted_upstream import ScriptedUpstream, contents
+from tests.unit.watch.budget_bench import Bench
+from tests.unit.watch.registry_world import make_world
+from tests.unit.watch.scripted_upstream import contents
 
 BUDGET = PollingConfig(
     default_interval_ms=200,
@@ -38,90 +34,18 @@ BUDGET = PollingConfig(
 HOT, KEYS = 30, 300
 
 
-class CountingUpstream(ScriptedUpstream):
-    """The scripted upstream, noting when (on the engine's clock) each URI was read."""
-
-    def __init__(self, clock: ManualClock) -> None:
-        super().__init__()
-        self.clock = clock
-        self.read_at: dict[str, list[float]] = {}
-
-    async def call(self, method: str, params: dict[str, object], identity: Identity) -> dict[str, object]:
-        if method == "resources/read":
-            self.read_at.setdefault(str(params["uri"]), []).append(self.clock.now())
-        return await super().call(method, params, identity)
-
-    def longest_unread(self, since: float, until: float) -> float:
-        """The longest any URI went without a read between `since` and `until`."""
-        gaps = []
-        for times in self.read_at.values():
-            edges = [since, *(t for t in times if since < t < until), until]
-            gaps.append(max(b - a for a, b in itertools.pairwise(edges)))
-        return max(gaps)
-
-
-class Bench:
-    """A real registry over the counting upstream, on the hand-moved clock."""
-
-    def __init__(self, config: PollingConfig) -> None:
-        self.clock = ManualClock()
-        self.upstream = CountingUpstream(self.clock)
-        self.bus = MemoryBus()
-        self.metrics = Metrics()
-        fair = FairShare(capacity=64, per_client=64, max_queued_per_client=10_000, metrics=self.metrics)
-        self.registry = BoundedRegistry(
-            cast(Upstream, self.upstream), config, self.bus, self.metrics, fair, clock=self.clock
-        )
-        self.told: list[tuple[float, ChangeEvent]] = []
-        self.bus.subscribe(lambda event: self.told.append((self.clock.now(), event)))
-
-    async def run(self, seconds: float) -> None:
-        """Move the clock on by `seconds`, each poll starting at its own time and ending before time moves on."""
-        await run_polls(self.clock, seconds, lambda: self.registry.polls_in_flight)
-
-    def watched(self) -> set[str | None]:
-        return {watch.key.uri for watch in self.registry.watches()}
-
-    def only_polls_armed(self) -> bool:
-        """No poll in flight, and on the clock only each watch's next poll: one timer a watch, none of a watch
-        that has stopped (its next poll, its linger) left armed."""
-        return self.registry.polls_in_flight == 0 and self.clock.pending() == len(self.registry.watches())
-
-    def gauge(self, name: str, **labels: str) -> float | None:
-        return self.metrics.registry.get_sample_value(name, labels)
-
-    def poll_gaps(self, since: float) -> list[float]:
-        """The time between each two reads after `since` (of any keys), in order."""
-        times = sorted(at for reads in self.upstream.read_at.values() for at in reads if at > since)
-        return [later - earlier for earlier, later in itertools.pairwise(times)]
-
-    def reads(self) -> list[str]:
-        return [uri for method, uri, _ in self.upstream.calls if method == "resources/read"]
-
-    async def watch(self, uris: list[str]) -> None:
-        for uri in uris:
-            self.upstream.resources[uri] = contents(uri, "0")
-            assert await self.registry.acquire("resource", uri, ANONYMOUS_IDENTITY) is not None
-
-
-@pytest.fixture
-async def bench() -> AsyncIterator[Bench]:
-    bench = Bench(BUDGET)
-    yield bench
-    await bench.registry.aclose()
-
-
 def _uris() -> list[str]:
     return [f"bench://hot/{n}" for n in range(HOT)] + [f"bench://cold/{n}" for n in range(KEYS - HOT)]
 
 
 @pytest.mark.invariant(21)
-async def test_polls_never_exceed_the_budget_and_every_key_is_read_within_its_maximum_interval(bench: Bench) -> None:
+def test_polls_never_exceed_the_budget_and_every_key_is_read_within_its_maximum_interval() -> None:
+    bench = Bench(BUDGET)
     uris = _uris()
-    await bench.watch(uris)
+    bench.watch(uris)
     start, first = bench.clock.now(), len(bench.reads())
     for _ in range(300):
-        await bench.run(0.1)
+        bench.run(0.1)
     polls = bench.reads()[first:]
     # The rule, over the time that actually elapsed on the engine's clock (not a count over wall time): at most the
     # budget's reads a second (plus the one on the window's edge), and the budget spent, not left idle: the wanted
@@ -132,57 +56,55 @@ async def test_polls_never_exceed_the_budget_and_every_key_is_read_within_its_ma
     assert len(polls) >= 0.8 * BUDGET.max_reads_per_s * elapsed, "the budget is spent, not left idle"
     assert set(polls) == set(uris), "no key went unread for its maximum interval"
     # Its slots are what keeps it: no two polls closer than one over the budget, so no second, wherever it starts,
-    # holds more; the polls that came due over it waited for theirs, as the metrics tell.
+    # holds more; the polls that came due over it waited for theirs, as the engine reports (the registry's metrics).
     assert min(bench.poll_gaps(start)) >= 1 / BUDGET.max_reads_per_s - 1e-9
-    assert bench.gauge("mcp_sidecar_read_budget_per_second") == BUDGET.max_reads_per_s
-    assert (bench.gauge("mcp_sidecar_queue_wait_seconds_count", limit="read_budget") or 0) > 0
-    assert bench.upstream.longest_unread(start, bench.clock.now()) <= BUDGET.max_interval_ms / 1000, "nor for longer"
+    assert bench.budget_shares() == {BUDGET.max_reads_per_s}
+    assert len(bench.waits("read_budget")) > 0
+    assert bench.longest_unread(start, bench.clock.now()) <= BUDGET.max_interval_ms / 1000, "nor for longer"
 
 
 @pytest.mark.invariant(21)
-async def test_hinted_polls_count_against_the_budget(bench: Bench) -> None:
-    await bench.watch(_uris()[:40])
+def test_hinted_polls_count_against_the_budget() -> None:
+    bench = Bench(BUDGET)
+    bench.watch(_uris()[:40])
     start, first = bench.clock.now(), len(bench.reads())
     for _ in range(200):
-        bench.registry.hearing.wrote(ANONYMOUS_IDENTITY.context)  # a write every 50 ms hints every public watch
-        await bench.run(0.05)
+        bench.wrote()  # a write every 50 ms hints every watch of the writer's (anonymous) context
+        bench.run(0.05)
     elapsed = bench.clock.now() - start
     assert elapsed == pytest.approx(10.0)
     assert len(bench.reads()) - first <= BUDGET.max_reads_per_s * elapsed + 1
     assert min(bench.poll_gaps(start)) >= 1 / BUDGET.max_reads_per_s - 1e-9, "a hinted poll takes a slot too"
+    assert any(poll.hinted for poll in bench.polled.polls), "the writes' hints were polled"
 
 
-async def _staleness(policy: str) -> tuple[list[float], float]:
+def _staleness(policy: str) -> tuple[list[float], float]:
     """Every hot key changes each second for a minute: each change's wait until it is told, and the longest any
     key went unread."""
-    config = BUDGET.model_copy(update={"allocation": policy})
-    bench = Bench(config)
-    try:
-        uris = _uris()
-        await bench.watch(uris)
-        changed: dict[str, list[float]] = {uri: [] for uri in uris[:HOT]}
-        for second in range(60):
-            for uri in uris[:HOT]:
-                bench.upstream.resources[uri] = contents(uri, str(second + 1))
-                changed[uri].append(bench.clock.now())
-            for _ in range(10):
-                await bench.run(0.1)
-        waits = []
-        for uri, times in changed.items():
-            told = sorted(at for at, event in bench.told if event.key.uri == uri and not event.baseline)
-            for at in times[10:]:  # after the first ten seconds, once rates are known
-                later = [t for t in told if t >= at]
-                if later:
-                    waits.append(later[0] - at)
-        return waits, bench.upstream.longest_unread(10.0, bench.clock.now())
-    finally:
-        await bench.registry.aclose()
+    bench = Bench(BUDGET.model_copy(update={"allocation": policy}))
+    uris = _uris()
+    bench.watch(uris)
+    changed: dict[str, list[float]] = {uri: [] for uri in uris[:HOT]}
+    for second in range(60):
+        for uri in uris[:HOT]:
+            bench.set(uri, str(second + 1))
+            changed[uri].append(bench.clock.now())
+        for _ in range(10):
+            bench.run(0.1)
+    waits = []
+    for uri, times in changed.items():
+        told = sorted(at for at, change in bench.told() if change.key.uri == uri)
+        for at in times[10:]:  # after the first ten seconds, once rates are known
+            later = [t for t in told if t >= at]
+            if later:
+                waits.append(later[0] - at)
+    return waits, bench.longest_unread(10.0, bench.clock.now())
 
 
 @pytest.mark.invariant(21)
-async def test_adaptive_spends_the_budget_where_changes_are() -> None:
-    adaptive, adaptive_unread = await _staleness("adaptive")
-    uniform, uniform_unread = await _staleness("uniform")
+def test_adaptive_spends_the_budget_where_changes_are() -> None:
+    adaptive, adaptive_unread = _staleness("adaptive")
+    uniform, uniform_unread = _staleness("uniform")
     assert statistics.mean(adaptive) <= 0.6 * statistics.mean(uniform), (
         statistics.mean(adaptive),
         statistics.mean(uniform),
@@ -192,87 +114,70 @@ async def test_adaptive_spends_the_budget_where_changes_are() -> None:
 
 
 async def test_a_rule_sets_a_keys_interval_and_ignores_its_noise() -> None:
+    # Through the registry: its engine is given the rules (the interval) and so are its looks (the fingerprint).
     rule = PollingRule.model_validate(
         {"match": "report://*", "interval_ms": 1000, "ignore": {"json_pointers": ["/generatedAt"]}}
     )
-    bench = Bench(PollingConfig(default_interval_ms=5000, jitter=0.0, rules=[rule]))
+    world = make_world(PollingConfig(default_interval_ms=5000, jitter=0.0, rules=[rule]))
     try:
         uri = "report://daily"
-        bench.upstream.resources[uri] = contents(uri, '{"total": 1, "generatedAt": 0}')
-        await bench.watch([])
-        assert await bench.registry.acquire("resource", uri, ANONYMOUS_IDENTITY) is not None
+        world.upstream.resources[uri] = contents(uri, '{"total": 1, "generatedAt": 0}')
+        assert await world.registry.acquire("resource", uri, ANONYMOUS_IDENTITY) is not None
         for stamp in range(1, 6):
-            bench.upstream.resources[uri] = contents(uri, f'{{"total": 1, "generatedAt": {stamp}}}')
-            await bench.run(1.0)
-        assert len(bench.reads()) == 6, "read every second (its rule), not every 5 s (the default)"
-        assert [event for _, event in bench.told if not event.baseline] == [], "a new stamp is no change"
-        bench.upstream.resources[uri] = contents(uri, '{"total": 2, "generatedAt": 9}')
-        await bench.run(1.0)
-        assert len([event for _, event in bench.told if not event.baseline]) == 1
+            world.upstream.resources[uri] = contents(uri, f'{{"total": 1, "generatedAt": {stamp}}}')
+            await world.step(1.0, looks=1)
+        assert len(world.upstream.reads(uri)) == 6, "read every second (its rule), not every 5 s (the default)"
+        assert world.changes() == [], "a new stamp is no change"
+        world.upstream.resources[uri] = contents(uri, '{"total": 2, "generatedAt": 9}')
+        await world.step(1.0, looks=1)
+        assert len(world.changes()) == 1
     finally:
-        await bench.registry.aclose()
+        await world.registry.aclose()
 
 
-async def test_a_watch_stopped_and_started_again_starts_from_a_fresh_change_rate() -> None:
+def test_a_watch_stopped_and_started_again_starts_from_a_fresh_change_rate() -> None:
     """A key's change rate is learnt by its watch: once the watch ends, a watch of the same key started later is
     allocated like a key never seen (as a brand-new key started with it is), not at the pace its old one earned."""
-    config = BUDGET.model_copy(update={"max_reads_per_s": 10, "jitter": 0.0, "linger_ms": 1000})
-    bench = Bench(config)
-    try:
-        hot, new = "bench://hot/0", "bench://new/0"
-        cold = [f"bench://cold/{n}" for n in range(38)]
-        bench.upstream.resources[hot] = contents(hot, "0")
-        bench.upstream.resources[new] = contents(new, "0")
-        await bench.watch(cold)
-        handle = await bench.registry.acquire("resource", hot, ANONYMOUS_IDENTITY)
-        assert handle is not None
-        for tick in range(200):  # 20 s of a key changing at every look: the budget goes to it
-            bench.upstream.resources[hot] = contents(hot, str(tick))
-            await bench.run(0.1)
-        learnt = bench.reads().count(hot)
-        assert learnt >= 20, f"a key seen changing is polled far more often than every 10 s: {learnt} reads in 20 s"
-        handle.release()
-        await bench.run(1.0)  # its linger runs out at the end: the watch stops
-        assert hot not in bench.watched()
-        assert bench.only_polls_armed(), "the stopped watch's next poll called off"
-        for uri in (hot, new):
-            assert await bench.registry.acquire("resource", uri, ANONYMOUS_IDENTITY) is not None
-        before = bench.reads()
-        await bench.run(10.0)
-        after = bench.reads()[len(before) :]
-        assert after.count(hot) <= after.count(new) + 1, (after.count(hot), after.count(new))
-    finally:
-        await bench.registry.aclose()
+    bench = Bench(BUDGET.model_copy(update={"max_reads_per_s": 10, "jitter": 0.0, "linger_ms": 1000}))
+    hot, new = "bench://hot/0", "bench://new/0"
+    cold = [f"bench://cold/{n}" for n in range(38)]
+    bench.watch(cold)
+    [held] = bench.watch([hot])
+    for tick in range(200):  # 20 s of a key changing at every look: the budget goes to it
+        bench.set(hot, str(tick))
+        bench.run(0.1)
+    learnt = bench.reads().count(hot)
+    assert learnt >= 20, f"a key seen changing is polled far more often than every 10 s: {learnt} reads in 20 s"
+    bench.release(held)
+    bench.run(1.0)  # its linger runs out at the end: the watch stops
+    assert hot not in bench.watched()
+    assert bench.only_polls_armed(), "the stopped watch's next poll called off"
+    bench.watch([hot, new])
+    before = bench.reads()
+    bench.run(10.0)
+    after = bench.reads()[len(before) :]
+    assert after.count(hot) <= after.count(new) + 1, (after.count(hot), after.count(new))
 
 
-async def test_keys_left_by_others_that_stopped_are_read_sooner_than_their_armed_polls() -> None:
+def test_keys_left_by_others_that_stopped_are_read_sooner_than_their_armed_polls() -> None:
     """Fifty keys share 9 reads a second (one every 5.6 s each); when forty stop, the next allocation gives the ten
     left one every 1.1 s, and each is re-armed for that at once, not only after the poll it was armed for."""
-    config = BUDGET.model_copy(update={"max_reads_per_s": 10, "jitter": 0.0, "linger_ms": 0})
-    bench = Bench(config)
-    try:
-        uris = [f"bench://key/{n}" for n in range(50)]
-        kept = uris[::5]  # their next polls spread over the whole 5.6 s
-        handles = []
-        for uri in uris:
-            bench.upstream.resources[uri] = contents(uri, "0")
-            handle = await bench.registry.acquire("resource", uri, ANONYMOUS_IDENTITY)
-            assert handle is not None
-            handles.append(handle)
-        await bench.run(20.0)
-        assert bench.poll_gaps(15.0)[0] == pytest.approx(0.1), "the budget spent: a poll every slot"
-        stopped = bench.clock.now()
-        for uri, handle in zip(uris, handles, strict=True):
-            if uri not in kept:
-                handle.release()
-        await bench.run(0.0)  # no linger: they stop now
-        assert bench.watched() == set(kept)
-        await bench.run(6.0)
-        waited = {uri: min(at for at in bench.upstream.read_at[uri] if at > stopped) - stopped for uri in kept}
-        # Within the allocation's second, plus the new interval, plus the slots of the others re-armed with it.
-        assert max(waited.values()) < 2.0, waited
-    finally:
-        await bench.registry.aclose()
+    bench = Bench(BUDGET.model_copy(update={"max_reads_per_s": 10, "jitter": 0.0, "linger_ms": 0}))
+    uris = [f"bench://key/{n}" for n in range(50)]
+    kept = uris[::5]  # their next polls spread over the whole 5.6 s
+    keys = bench.watch(uris)
+    bench.run(20.0)
+    assert bench.poll_gaps(15.0)[0] == pytest.approx(0.1), "the budget spent: a poll every slot"
+    stopped = bench.clock.now()
+    for uri, key in zip(uris, keys, strict=True):
+        if uri not in kept:
+            bench.release(key)
+    bench.run(0.0)  # no linger: they stop now
+    assert bench.watched() == set(kept)
+    bench.run(6.0)
+    waited = {uri: min(at for at in bench.read_at[uri] if at > stopped) - stopped for uri in kept}
+    # Within the allocation's second, plus the new interval, plus the slots of the others re-armed with it.
+    assert max(waited.values()) < 2.0, waited
 
 
 # -- the budget on its own: watches, polls and a clock set by hand in, slots and intervals out -------------------

@@ -71,10 +71,15 @@ async def test_shutdown_stops_every_watch_finishes_what_it_started_and_cancels_f
 @pytest.mark.invariant(21)
 async def test_a_replica_spends_its_share_of_the_fleets_read_budget() -> None:
     world = make_world(CONFIG.model_copy(update={"max_reads_per_s": 60}), replicas=lambda: 3)
-    world.upstream.resources[DOC] = contents(DOC, "v1")
-    assert await world.registry.acquire("resource", DOC, ALICE) is not None
-    await world.step(5.0, looks=1)
+    for uri in (DOC, OTHER):
+        world.upstream.resources[uri] = contents(uri, "v1")
+        assert await world.registry.acquire("resource", uri, ALICE) is not None
+    await world.step(5.0, looks=1)  # both due now: the second waits for its slot of the budget, 1/20 s on
     assert world.gauge("mcp_sidecar_read_budget_per_second") == 20, "60 a second over 3 live replicas"
+    await world.step(0.05, looks=1)
+    assert world.upstream.reads(OTHER) == ["alice", "alice"]
+    assert world.gauge("mcp_sidecar_queue_wait_seconds_count", limit="read_budget") == 1, "the wait it reports"
+    assert world.gauge("mcp_sidecar_queue_wait_seconds_sum", limit="read_budget") == pytest.approx(0.05)
     await world.registry.aclose()
 
 

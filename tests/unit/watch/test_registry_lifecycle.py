@@ -1,7 +1,7 @@
-"""The registry driven through its own surface, a watch's life after its first read: its linger on the clock, the
-tickets of forwarded reads, refusals reaching their listeners, the upstream's recovery, the cache's listener, a bus
-that fails, and the logs. A real `WatchRegistry` on the in-memory bus and the hand-moved clock, reading a scripted
-upstream (the rules these carry out are the engine's playbooks: test_engine_*.py)."""
+"""The registry driven through its own surface, a watch's life after its first read: its linger on the clock,
+refusals reaching their listeners, the upstream's recovery, the cache's listener, a bus that fails, and the logs.
+A real `WatchRegistry` on the in-memory bus and the hand-moved clock, reading a scripted upstream (the rules these
+carry out are the engine's playbooks: test_engine_*.py)."""
 
 from __future__ import annotations
 
@@ -25,20 +25,6 @@ from tests.unit.watch.registry_world import (
     make_world,
 )
 from tests.unit.watch.scripted_upstream import URL, contents
-
-
-@pytest.mark.invariant(7)
-async def test_a_forwarded_read_older_than_the_last_look_applied_changes_nothing(world: World) -> None:
-    world.upstream.resources[DOC] = contents(DOC, "v1")
-    assert await world.registry.acquire("resource", DOC, ALICE) is not None
-    stale = world.registry.hearing.ticket()
-    await world.step(5.0, looks=1)  # a poll that started later is applied first
-    world.registry.hearing.after_forward("resources/read", {"uri": DOC}, ALICE, {"result": contents(DOC, "old")}, stale)
-    fresh = world.registry.hearing.ticket()
-    world.registry.hearing.after_forward("resources/read", {"uri": DOC}, ALICE, {"result": contents(DOC, "v2")}, fresh)
-    await eventually(lambda: world.changes() != [])
-    key = WatchKey("resource", DOC, "alice")
-    assert world.changes() == [(key, fp(DOC, "v2"))], "the stale read was not applied before the fresh one"
 
 
 async def test_a_refused_poll_of_a_public_watch_concerns_only_the_context_it_was_polled_as(world: World) -> None:

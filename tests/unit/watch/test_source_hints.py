@@ -1,16 +1,28 @@
-"""Hints from the source: the glob, which watches a hint names, its form on the bus, and what the registry does
-with one (every context's matching watch looks, with its own credential; only a look that differs is a change).
+"""Hints from the source: the glob, which watches a hint names, its form on the bus, what the engine makes of one
+reaching it by the registry's route (every context's matching watch looks, with its own credential; only a look
+that differs is a change), and the registry carrying that out against a scripted upstream.
 """
 
 from __future__ import annotations
 
+from collections.abc import Coroutine, Sequence
+from typing import Any
+
 import pytest
 
-from sidecar.changes import WatchKey
+from sidecar.changes import WatchKey, WatchKind
 from sidecar.identity import Identity
+from sidecar.observability.metrics import Metrics
+from sidecar.watch.engine import Engine
+from sidecar.watch.engine.events import Hinted
+from sidecar.watch.fingerprint import fingerprint_contents, fingerprint_items
+from sidecar.watch.hint_routing import HintRouting
+from sidecar.watch.observation import Observation
+from sidecar.watch.rules import Rules
 from sidecar.watch.source_hints import SourceHint, UriGlob, from_bus, matching
 from tests.kit import eventually
-from tests.unit.watch.registry_world import ALICE, BOB, DOC, OTHER, Coordinator, make_world
+from tests.unit.watch.engine_polls import Polled
+from tests.unit.watch.registry_world import ALICE, BOB, CAROL, CONFIG, DOC, OTHER, Coordinator, make_world
 from tests.unit.watch.scripted_upstream import contents
 
 # -- the glob ------------------------------------------------------------------------------------------------
@@ -89,9 +101,85 @@ def test_an_entry_this_release_cannot_read_hides_nothing_after_it_in_the_announc
     assert written == {"ctx-alice"} and hints == [hint]
 
 
-# -- the registry ---------------------------------------------------------------------------------------------
+# -- a hint through the registry's route (`HintRouting`) to the engine, polled on a hand-moved clock -------------
 
-CAROL = Identity("carol", (("authorization", "Bearer c"),), client="carol-laptop")
+
+def _run(coro: Coroutine[Any, Any, None]) -> None:
+    """Run a spawned announcement to its end with no loop: the coordinator here awaits nothing."""
+    try:
+        coro.send(None)
+    except StopIteration:
+        return
+    coro.close()
+    raise AssertionError("a spawned coroutine waited for something")
+
+
+class _Hinted:
+    """Watches on an engine whose polls see `seen` (by URI, or the list's pages) at once, hinted as the registry
+    hints them: through hint routing, announcing to the other replicas through `coordinator`."""
+
+    def __init__(self) -> None:
+        engine = Engine(linger_s=8.0, absent_ttl_s=5.0, rate_per_s=1000.0, rules=Rules([]), polling=CONFIG,
+                        rand=lambda: 0.5)  # fmt: skip
+        self.seen: dict[str | None, Observation] = {}
+        self.looked: list[WatchKey] = []
+        self.polled = Polled(engine, self._look)
+        self.clock = self.polled.clock
+        self.coordinator = Coordinator()
+        self.metrics = Metrics()
+        self.routing = HintRouting(engine.keys, self._hint, self.coordinator, self.metrics, debounce_ms=100,
+                                   spawn=_run, clock=self.clock)  # fmt: skip
+
+    def _look(self, key: WatchKey, started: float) -> Observation:
+        self.looked.append(key)
+        return self.seen[key.uri]
+
+    def _hint(self, key: WatchKey, links: Sequence[Any] = (), *, warm: bool = False) -> None:
+        self.polled.feed(Hinted(key, warm))
+
+    def watch(self, who: Identity, uri: str | None, seen: Observation, kind: WatchKind = "resource") -> WatchKey:
+        self.seen[uri] = seen
+        return self.polled.watch(who, uri, seen, kind)
+
+
+def _public(uri: str, text: str) -> Observation:
+    return Observation(fingerprint_contents(contents(uri, text)["contents"]), None, True)
+
+
+@pytest.mark.invariant(22)
+def test_a_hint_notifies_only_what_its_look_finds_changed() -> None:
+    hinted = _Hinted()
+    for uri in (DOC, OTHER):
+        hinted.watch(ALICE, uri, _public(uri, "v1"))
+    assert hinted.clock.advance(1.0) == 0
+    assert hinted.routing.source(SourceHint(("file:///*",))) == 2
+    assert hinted.clock.advance(0) == 2, "each hinted watch's look is due at once"
+    assert [poll.hinted for poll in hinted.polled.polls] == [True, True]
+    assert hinted.polled.told() == [], "both looked, neither changed"
+    hinted.seen[OTHER] = _public(OTHER, "v2")
+    hinted.clock.advance(0.5)  # past min_interval_ms since those looks
+    hinted.routing.source(SourceHint(("file:///*",)))
+    assert hinted.clock.advance(0) == 2, "each hinted watch's look is due at once"
+    assert [(told.key.uri, told.fingerprint) for told in hinted.polled.published] == [
+        (OTHER, _public(OTHER, "v2").fingerprint)
+    ], "the look that differs, and only it"
+
+
+def test_a_hint_heard_from_another_replica_hints_the_matching_watches_here_and_no_others() -> None:
+    hinted = _Hinted()
+    doc, other = (hinted.watch(CAROL, uri, _public(uri, "v1")) for uri in (DOC, OTHER))
+    tools = hinted.watch(CAROL, None, Observation(fingerprint_items([]), None, False), "tools_list")
+    assert hinted.clock.advance(1.0) == 0
+    assert hinted.coordinator.others_wrote is not None
+    hinted.coordinator.others_wrote(frozenset({SourceHint((OTHER,), ("tools",)).to_bus()}))
+    assert hinted.clock.advance(0) == 2, "each hinted watch's look is due at once"
+    assert sorted(hinted.looked, key=str) == sorted([other, tools], key=str) and doc not in hinted.looked
+    assert hinted.polled.engine.poller(tools) == CAROL, "a private list: looked at with its own context's credential"
+    assert hinted.coordinator.announced == [], "heard, not announced again"
+    assert hinted.metrics.registry.get_sample_value("mcp_sidecar_watches_hinted_total") == 2
+
+
+# -- the registry ---------------------------------------------------------------------------------------------
 
 
 async def test_a_hint_makes_each_contexts_watch_look_with_its_own_credential_and_tells_the_other_replicas() -> None:
@@ -112,48 +200,4 @@ async def test_a_hint_makes_each_contexts_watch_look_with_its_own_credential_and
     assert coordinator.announced == [frozenset({SourceHint(("file:///d*",)).to_bus()})]
     assert world.changes() == [], "a hint is not a change: the looks saw what was there"
     assert world.gauge("mcp_sidecar_watches_hinted_total") == 2
-    await world.registry.aclose()
-
-
-@pytest.mark.invariant(22)
-async def test_a_hint_notifies_only_what_its_look_finds_changed() -> None:
-    world = make_world()
-    world.upstream.resources[DOC] = contents(DOC, "v1", cacheScope="public")
-    world.upstream.resources[OTHER] = contents(OTHER, "v1", cacheScope="public")
-    for uri in (DOC, OTHER):
-        assert await world.registry.acquire("resource", uri, ALICE) is not None
-    assert world.clock.advance(1.0) == 0
-    world.registry.hearing.source(SourceHint(("file:///*",)))
-    armed = world.clock.armed
-    assert world.clock.advance(0) == 2, "each hinted watch's look is due at once"
-    await eventually(lambda: world.clock.armed == armed + 2, what="both hinted looks ended and armed their next")
-    assert world.changes() == [], "both looked, neither changed"
-    world.upstream.resources[OTHER] = contents(OTHER, "v2", cacheScope="public")
-    world.clock.advance(0.5)  # past min_interval_ms since those looks
-    world.registry.hearing.source(SourceHint(("file:///*",)))
-    armed = world.clock.armed
-    assert world.clock.advance(0) == 2, "each hinted watch's look is due at once"
-    await eventually(lambda: world.clock.armed == armed + 2, what="both hinted looks ended and armed their next")
-    assert [key.uri for key, _ in world.changes()] == [OTHER], "the look that differs, and only it"
-    await world.registry.aclose()
-
-
-async def test_a_hint_heard_from_another_replica_hints_the_matching_watches_here_and_no_others() -> None:
-    coordinator = Coordinator()
-    world = make_world(coordinator=coordinator)
-    world.upstream.resources[DOC] = contents(DOC, "v1", cacheScope="public")
-    world.upstream.resources[OTHER] = contents(OTHER, "v1", cacheScope="public")
-    world.upstream.pages["tools/list"] = [{"tools": []}]
-    for uri in (DOC, OTHER):
-        assert await world.registry.acquire("resource", uri, CAROL) is not None
-    assert await world.registry.acquire("tools_list", None, CAROL) is not None
-    assert world.clock.advance(1.0) == 0
-    world.upstream.calls.clear()
-    assert coordinator.others_wrote is not None
-    coordinator.others_wrote(frozenset({SourceHint((OTHER,), ("tools",)).to_bus()}))
-    armed = world.clock.armed
-    assert world.clock.advance(0) == 2, "each hinted watch's look is due at once"
-    await eventually(lambda: world.clock.armed == armed + 2, what="both hinted looks ended and armed their next")
-    assert sorted(call[:2] for call in world.upstream.calls) == [("resources/read", OTHER), ("tools/list", None)]
-    assert coordinator.announced == [], "heard, not announced again"
     await world.registry.aclose()

@@ -1,15 +1,18 @@
 """Which tool calls make the watches look: the decision over the tools lists and `revalidate.tools`, then the
-registry acting on it (a real `WatchRegistry` on the hand-moved clock, reading a scripted upstream)."""
+registry acting on it (a real `WatchRegistry` on the hand-moved clock, reading a scripted upstream): the tools
+lists its polls read and its rules reach the decision, and a call decided read-only hints no watch."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from sidecar.config import ToolRule
 from sidecar.identity import PUBLIC
 from sidecar.observability.metrics import Metrics
 from sidecar.watch.tool_calls import ToolCalls, ToolCatalog
-from tests.unit.watch.registry_world import ALICE, BOB, DOC, World, make_world
+from tests.unit.watch.registry_world import ALICE, DOC, failures, make_world
 from tests.unit.watch.scripted_upstream import contents
 
 Tool = dict[str, Any]
@@ -121,15 +124,34 @@ def test_each_call_is_counted_by_decision_and_reason() -> None:
     assert counted("revalidate", "rule") == 0, "each known series is there from the start"
 
 
-async def _watching_doc(world: World) -> None:
-    world.upstream.resources[DOC] = contents(DOC, "v1", cacheScope="public")
-    assert await world.registry.acquire("resource", DOC, ALICE) is not None
+def test_a_forwarded_tools_list_decides_its_contexts_calls_only() -> None:
+    calls, _, _ = decisions()
+    assert calls.forwarded("tools/list", {}, "alice", {"result": {"tools": [LOOKUP]}}), "a list is no write to hold"
+    assert not calls.forwarded("tools/call", {"name": "lookup"}, "alice", {"result": {}}), "alice was shown it"
+    assert calls.forwarded("tools/call", {"name": "lookup"}, "bob", {"result": {}}), "bob never was: it may write"
+    assert calls.forwarded("resources/read", {"uri": DOC}, "alice", {"result": {}}), "not a call: as ever"
 
 
-async def test_a_read_only_tools_call_makes_no_watch_look_and_a_writing_one_does(world: World) -> None:
+def test_a_rule_makes_a_tool_without_the_annotation_read_only() -> None:
+    calls, catalog, _ = decisions([ToolRule(match="pl*", revalidate=False)])
+    catalog.learn("alice", [PLAIN], complete=True)
+    assert not calls.forwarded("tools/call", {"name": "plain"}, "alice", {"result": {}})
+    assert calls.decide("plain", "alice") == ("read_only", "rule")
+    assert calls.forwarded("tools/call", {"name": "other"}, "alice", {"result": {}})
+    assert calls.decide("other", "alice") == ("revalidate", "unknown")
+
+
+# -- the registry: the tools lists its polls read, and `revalidate.tools`, decide which forwarded calls hint ------
+
+
+async def test_a_read_only_tools_call_makes_no_watch_look_and_a_writing_one_does(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    world = make_world(tool_rules=[ToolRule(match="get_*", revalidate=False)])
     # The tools list the registry polls (a client listens for its changes) says which tools only read.
     world.upstream.pages["tools/list"] = [{"tools": [LOOKUP, PLAIN]}]
-    await _watching_doc(world)
+    world.upstream.resources[DOC] = contents(DOC, "v1", cacheScope="public")
+    assert await world.registry.acquire("resource", DOC, ALICE) is not None
     assert await world.registry.acquire("tools_list", None, ALICE) is not None
     world.upstream.calls.clear()
     assert world.clock.advance(1.0) == 0
@@ -137,6 +159,10 @@ async def test_a_read_only_tools_call_makes_no_watch_look_and_a_writing_one_does
         "tools/call", {"name": "lookup"}, ALICE, {"result": {}}, world.registry.hearing.ticket()
     )
     assert world.clock.advance(0) == 0 and world.upstream.calls == [], "a read-only tool: no watch looks"
+    world.registry.hearing.after_forward(
+        "tools/call", {"name": "get_user"}, ALICE, {"result": {}}, world.registry.hearing.ticket()
+    )
+    assert world.clock.advance(0) == 0 and world.upstream.calls == [], "read-only by its revalidate.tools rule"
     # The tools list now marks `plain` read-only: the poll the next call asks for learns it, as a first read did.
     world.upstream.pages["tools/list"] = [{"tools": [LOOKUP, tool("plain", readOnlyHint=True)]}]
     world.registry.hearing.after_forward(
@@ -150,38 +176,5 @@ async def test_a_read_only_tools_call_makes_no_watch_look_and_a_writing_one_does
         "tools/call", {"name": "plain"}, ALICE, {"result": {}}, world.registry.hearing.ticket()
     )
     assert world.clock.advance(0) == 0 and world.upstream.calls == [], "what the poll saw decides: it only reads now"
-
-
-async def test_a_forwarded_tools_list_decides_its_contexts_calls_only(world: World) -> None:
-    await _watching_doc(world)
-    assert world.clock.advance(1.0) == 0
-    world.registry.hearing.after_forward(
-        "tools/list", {}, ALICE, {"result": {"tools": [LOOKUP]}}, world.registry.hearing.ticket()
-    )
-    world.registry.hearing.after_forward(
-        "tools/call", {"name": "lookup"}, ALICE, {"result": {}}, world.registry.hearing.ticket()
-    )
-    assert world.clock.advance(0) == 0 and world.upstream.reads(DOC) == ["alice"], "only the first read"
-    world.registry.hearing.after_forward(
-        "tools/call", {"name": "lookup"}, BOB, {"result": {}}, world.registry.hearing.ticket()
-    )
-    await world.step(0, looks=1)  # bob was never shown the list: his call of the same tool may write
-    assert world.upstream.reads(DOC) == ["alice", "alice"]
-
-
-async def test_a_rule_makes_a_tool_without_the_annotation_read_only() -> None:
-    world = make_world(tool_rules=[ToolRule(match="pl*", revalidate=False)])
-    try:
-        await _watching_doc(world)
-        assert world.clock.advance(1.0) == 0
-        world.registry.hearing.after_forward(
-            "tools/call", {"name": "plain"}, ALICE, {"result": {}}, world.registry.hearing.ticket()
-        )
-        assert world.clock.advance(0) == 0 and world.upstream.reads(DOC) == ["alice"]
-        world.registry.hearing.after_forward(
-            "tools/call", {"name": "other"}, ALICE, {"result": {}}, world.registry.hearing.ticket()
-        )
-        await world.step(0, looks=1)
-        assert world.upstream.reads(DOC) == ["alice", "alice"]
-    finally:
-        await world.registry.aclose()
+    await world.registry.aclose()
+    assert failures(caplog) == []
