@@ -12,7 +12,7 @@ import contextlib
 import itertools
 import logging
 import ssl
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
 import orjson
 
@@ -37,17 +37,16 @@ from sidecar.protocol import (
     UpstreamRpcError,
     encode_header_value,
 )
-from sidecar.upstream.answers import ReleasingStream, Reply, UpstreamInfo, json_object, whole
+from sidecar.upstream.answers import Reply, UpstreamInfo, whole
 from sidecar.upstream.base import Headers
 from sidecar.upstream.era import checked, own_request_params, response, result_of
 from sidecar.upstream.http.auth import OAuthProtection
-from sidecar.upstream.http.endpoint import UpstreamHTTP, iter_messages, raise_for_status, read_limited
-from sidecar.upstream.http.relay import relay_answer, relay_events, request_id_of
+from sidecar.upstream.http.endpoint import UpstreamHTTP, iter_messages, raise_for_status
+from sidecar.upstream.http.passthrough import pass_request
+from sidecar.upstream.http.relay import request_id_of
 from sidecar.upstream.http.sessions import UpstreamSessions
-from sidecar.upstream.http.wire import Answer
 from sidecar.upstream.probe import learn_era
 from sidecar.upstream.reachability import Exchanging, Reachability
-from sidecar.upstream.sse import SSE_CONTENT_TYPE
 from sidecar.upstream.transport import AnswerShaper
 
 __all__ = ["HTTPTransport"]
@@ -55,7 +54,6 @@ __all__ = ["HTTPTransport"]
 logger = logging.getLogger(__name__)
 
 
-_PASSTHROUGH_RESPONSE_HEADERS = ("Content-Type", "WWW-Authenticate")
 _MCP_REQUEST_HEADERS = frozenset(name.lower() for name in (HEADER_PROTOCOL_VERSION, HEADER_METHOD, HEADER_NAME))
 """The client's 2026-07-28 headers that go upstream as they came (validated equal to the body's values), and
 its `Mcp-Param-*` headers."""
@@ -212,7 +210,10 @@ class HTTPTransport:
                 if lower in _MCP_REQUEST_HEADERS or lower.startswith("mcp-param-"):
                     headers[name] = value
         idempotent = message.method in READ_ONLY_METHODS
-        return await self._relay_post(orjson.dumps(message.raw), headers, request_id=message.id, idempotent=idempotent)
+        body = orjson.dumps(message.raw)
+        return await pass_request(
+            self._http, self.protection, self._config, body, headers, request_id=message.id, idempotent=idempotent
+        )
 
     async def relay(
         self,
@@ -234,61 +235,16 @@ class HTTPTransport:
         with self._reach.observe("legacy-session"):
             # The upstream's session id is handed back only when a session is being opened (to the caller,
             # which names it anew); on a session's later answers it must never reach the client.
-            return await self._relay_post(
+            return await pass_request(
+                self._http,
+                self.protection,
+                self._config,
                 body,
                 headers,
                 pass_session=session_id is None,
                 http_method=http_method,
                 request_id=request_id_of(body) if http_method == "POST" else None,
             )
-
-    async def _relay_post(
-        self,
-        body: bytes | None,
-        headers: dict[str, str],
-        *,
-        pass_session: bool = False,
-        http_method: str = "POST",
-        request_id: RequestId | None = None,
-        idempotent: bool = False,
-    ) -> Reply:
-        if body is not None:
-            headers["Content-Type"] = "application/json"
-        headers["Accept"] = "application/json, text/event-stream" if http_method == "POST" else SSE_CONTENT_TYPE
-        names = (*_PASSTHROUGH_RESPONSE_HEADERS, HEADER_SESSION_ID) if pass_session else _PASSTHROUGH_RESPONSE_HEADERS
-        # The whole answer within timeout_s (a body dripping a byte at a time must not hold a client and a
-        # pooled connection for ever); an SSE answer, once it starts, is bounded by silence and max_stream_s.
-        response = await self._http.open(http_method, body, headers, idempotent=idempotent)
-        try:
-            passthrough = self.protection.public_headers(
-                {name: response.headers[name] for name in names if name in response.headers}
-            )
-            if response.headers.get("Content-Type", "").startswith(SSE_CONTENT_TYPE) and response.status < 300:
-                response.unbounded(self._config.timeout_s)
-                stream = ReleasingStream(self._relay(response, request_id), response.release)
-                return Reply(response.status, passthrough, stream=stream)
-            body = await read_limited(response, self._http.max_response_bytes, self.url)
-        except BaseException:
-            response.release()
-            raise
-        response.release()
-        decoded = json_object(body)
-        if http_method != "POST" and response.status < 500:
-            return Reply(response.status, passthrough, message=decoded, body=body)
-        if response.status in (401, 403) or isinstance(decoded, dict) or (response.status < 300 and not body):
-            return Reply(response.status, passthrough, message=decoded, body=body)
-        if 200 <= response.status < 300:
-            raise UpstreamBadResponse(self.url, "answer is not JSON")
-        raise UpstreamHTTPError(self.url, response.status, response.reason or "")
-
-    def _relay(self, response: Answer, request_id: RequestId | None) -> AsyncGenerator[bytes, None]:
-        # Relayed as it arrives (buffering would hold back progress); a stream that breaks off ends with a
-        # JSON-RPC error event for its request rather than as a cut stream (see upstream/relay.py).
-        limit = self._http.max_response_bytes
-        if request_id is None:
-            return relay_events(response, upstream=self.url, limit=limit)
-        max_s = self._config.max_stream_s
-        return relay_answer(response, request_id, upstream=self.url, limit=limit, max_s=max_s)
 
     # -- the upstream's notifications -------------------------------------------------------------------------
 
