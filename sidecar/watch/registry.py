@@ -267,13 +267,13 @@ class WatchRegistry:
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
 
-    async def _look(self, look: StartLook) -> None:
+    async def _look(self, command: StartLook) -> None:
         try:
-            ticket, observation = await self._looks.look(look.kind, look.uri, look.identity, look.paced)
+            ticket, observation = await self._looks.look(command.kind, command.uri, command.identity, command.paced)
         except Exception as exc:  # every waiter on it is told (an UpstreamError, TooManyRequests, or a bug)
-            self._handle(LookFailed(look.look, exc))
+            self._handle(LookFailed(command.look, exc))
         else:
-            self._handle(LookDone(look.look, ticket, observation))
+            self._handle(LookDone(command.look, ticket, observation))
 
     async def _publish_first(self, command: PublishFirst) -> None:
         # Awaited before the callers' acks: other replicas drop a cached answer older than this first look.
