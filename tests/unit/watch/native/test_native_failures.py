@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from sidecar.protocol.errors import UpstreamError, UpstreamHTTPError, UpstreamRpcError, UpstreamUnavailable
-from sidecar.watch import native_stream
+from sidecar.watch import native_rules
 from tests.unit.watch.native.native_harness import (
     ALICE,
     BOB,
@@ -125,7 +125,7 @@ async def test_repeated_failures_back_off_doubling_to_half_a_minute_and_log_once
 async def test_the_backoff_is_jittered_between_half_and_one_and_a_half_times(
     legacy: Bench, monkeypatch: pytest.MonkeyPatch, jitter: float, first_wait: float
 ) -> None:
-    monkeypatch.setattr(native_stream, "RETRY", replace(native_stream.RETRY, rand=FixedJitter(jitter).random))
+    monkeypatch.setattr(native_rules, "RETRY", replace(native_rules.RETRY, rand=FixedJitter(jitter).random))
     legacy.upstream.refusals = [UpstreamUnavailable(URL, "connection refused")]
     legacy.watch("resource", DOC, ALICE)
     await legacy.until(lambda: len(legacy.clock.due()) == 1)
