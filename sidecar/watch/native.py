@@ -36,9 +36,9 @@ from sidecar.tasks import TaskSet
 from sidecar.upstream.base import NotificationSource, OpenNotifications
 from sidecar.watch.clock import LOOP_CLOCK, Clock
 from sidecar.watch.native_events import (
-    Command,
     CoverKey,
     Dropped,
+    Effect,
     Event,
     Held,
     HintKey,
@@ -48,7 +48,6 @@ from sidecar.watch.native_events import (
     Received,
     Start,
     Step,
-    Stop,
     StreamsOpen,
     Unsolicited,
     Wake,
@@ -135,12 +134,13 @@ class NativeNotifications:
         """Feed `event` to the rules and carry out its effects; the stream's next step, if it asks for one."""
         step: Step | None = None
         for command in self.rules.handle(event, self.clock.now()):
-            if not self._carry_out(command):
-                step = command  # type: ignore[assignment]  # the one step, last in its batch
+            if isinstance(command, Step):
+                step = command  # the one step, last in its batch: its stream's driver awaits it
+            else:
+                self._carry_out(command)
         return step
 
-    def _carry_out(self, command: Command) -> bool:
-        """Carry out an effect; False for a stream's step (its driver's)."""
+    def _carry_out(self, command: Effect) -> None:
         if isinstance(command, HintKey):
             self._hint(command.key, warm=command.warm)
         elif isinstance(command, CoverKey):
@@ -163,20 +163,18 @@ class NativeNotifications:
             self._streams[command.stream] = (stream, task)
         elif isinstance(command, Wake):
             self._streams[command.stream][0].changed.set()
-        elif isinstance(command, Stop):
-            # Shutdown still waits for it to close (`_closing`).
+        else:
+            # Stop: shutdown still waits for it to close (`_closing`).
             task = self._streams[command.stream][1]
             self._closing.hold(task)
             task.cancel()
-        else:
-            return False
-        return True
 
     async def _run(self, stream: NativeStream) -> None:
         try:
             await stream.run()
         finally:
-            del self._streams[stream.id]  # nothing keeps its credential
+            if self._streams.get(stream.id, (None,))[0] is stream:
+                del self._streams[stream.id]  # nothing keeps its credential
 
     def _unsolicited(self, message: JsonObject) -> None:
         """A notification a child process sent on its own (see the module docstring)."""

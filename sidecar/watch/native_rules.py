@@ -185,6 +185,11 @@ class NativeRules:
             stream = self._table[context] = self._running[self._next] = _Stream(self._next, event.identity)
             self._next += 1
             commands.append(Start(stream.id, event.identity))
+        elif stream.id not in self._running:
+            # Its task ended while the context holds keys (only a bug outside its steps ends it so): started again.
+            self._running[stream.id] = stream
+            stream.failures = 0
+            commands.append(Start(stream.id, stream.identity))
         else:
             commands.append(Wake(stream.id))
         if event.kind == "resource" and event.uri is not None:
@@ -243,7 +248,7 @@ class NativeRules:
             stream.modern, stream.capabilities = event.modern, event.capabilities
             if not stream.wanted:
                 return self._ended_well(stream)
-            return self._listen(stream, now) if event.modern else [OpenSession(stream.id)]
+            return self._listen(stream) if event.modern else [OpenSession(stream.id)]
         if isinstance(event, Acknowledged):
             commands = self._opened(stream, now)
             return commands + self._cover(stream, honoured(event.ack), hint_new=True) + self._wait(stream)
@@ -263,13 +268,13 @@ class NativeRules:
                 return self._ended_well(stream)
             if stream.modern:
                 stream.capabilities = event.capabilities
-                return self._listen(stream, now)
+                return self._listen(stream)
             return self._subscribe(stream)
         if isinstance(event, StreamEnded | StreamFailed | StreamCrashed):
             return self._failed(stream, event, now)
         raise AssertionError(f"not a stream's event: {event!r}")
 
-    def _listen(self, stream: _Stream, now: float) -> list[Command]:
+    def _listen(self, stream: _Stream) -> list[Command]:
         """2026-07-28: a listen with the context's filter; the driver opens the new one before the old one closes,
         so no notification falls between the two."""
         stream.changed = False

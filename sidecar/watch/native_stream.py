@@ -43,10 +43,9 @@ from sidecar.watch.native_events import (
     Wait,
     Woken,
 )
-from sidecar.watch.native_messages import FILTER_FIELDS, capability
 from sidecar.watch.native_rules import ACK_TIMEOUT_S
 
-__all__ = ["FILTER_FIELDS", "NativeStream", "StreamOwner", "capability"]
+__all__ = ["NativeStream", "StreamOwner"]
 
 logger = logging.getLogger("sidecar.watch.native")  # the feature's name, which its log lines are filtered by
 
@@ -93,17 +92,18 @@ class NativeStream:
             self.owner.handle(Stopped(self.id))
 
     async def _attempt(self, step: Step) -> Event:
-        """What `step` came to; a failure closes everything open first."""
+        """What `step` came to; a failure closes everything open first (a failure to close counts as one too)."""
         try:
-            return await self._perform(step)
+            try:
+                return await self._perform(step)
+            except BaseException:
+                await self._close_all()
+                raise
         except _Ended:
-            await self._close_all()
             return StreamEnded(self.id)
         except UpstreamError as exc:
-            await self._close_all()
             return StreamFailed(self.id, exc)
         except Exception:  # boundary: a bug here must leave polling working, never stop it
-            await self._close_all()
             logger.exception("upstream notification stream crashed")
             return StreamCrashed(self.id)
 
