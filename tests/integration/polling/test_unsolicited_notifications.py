@@ -18,7 +18,7 @@ from mcp import Client
 from mcp.client.subscriptions import ResourceUpdated, Subscription
 
 from sidecar.app import METRICS, UPSTREAM
-from sidecar.watch.native_stream import capability
+from sidecar.watch.native_messages import capability
 from tests.peers.stdio_notes_server import NOTE_URI
 from tests.peers.stdio_peers import notes_command, serve_stdio_sidecar
 

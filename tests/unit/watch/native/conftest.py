@@ -8,14 +8,14 @@ from dataclasses import replace
 
 import pytest
 
-from sidecar.watch import native_stream
+from sidecar.watch import native_rules
 from tests.unit.watch.native.native_harness import Bench, FixedJitter, make_bench, warnings_of
 
 
 @pytest.fixture(autouse=True)
 def _middle_jitter(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Backoff is its base exactly (the jitter's factor 0.5 + 0.5); tests that need another set their own."""
-    monkeypatch.setattr(native_stream, "RETRY", replace(native_stream.RETRY, rand=FixedJitter(0.5).random))
+    monkeypatch.setattr(native_rules, "RETRY", replace(native_rules.RETRY, rand=FixedJitter(0.5).random))
     yield
 
 

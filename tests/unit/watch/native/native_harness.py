@@ -28,6 +28,7 @@ from sidecar.protocol.types import JsonObject
 from sidecar.upstream.answers import UpstreamInfo
 from sidecar.upstream.base import Upstream
 from sidecar.watch.native import NativeNotifications
+from sidecar.watch.native_events import Event, Step
 from tests.kit import ACK
 from tests.unit.watch.manual_clock import ManualClock
 from tests.unit.watch.scripted_upstream import URL, ScriptedUpstream
@@ -250,28 +251,17 @@ class FixedJitter:
 
 
 class _ReportingNotifications(NativeNotifications):
-    """The real NativeNotifications, reporting what moves its gauges and its `unsupported` flag as changes."""
+    """The real NativeNotifications, reporting each event its rules handled (a gauge moved, a key covered, the
+    upstream found to serve no stream) as a change."""
 
     def __init__(self, changed: Signal, *args: Any, **kwargs: Any) -> None:
         self._changed = changed
         super().__init__(*args, **kwargs)
 
-    @property  # type: ignore[override]
-    def unsupported(self) -> bool:
-        return self.__dict__.get("_unsupported", False)  # type: ignore[no-any-return]
-
-    @unsupported.setter
-    def unsupported(self, value: bool) -> None:
-        self.__dict__["_unsupported"] = value
+    def handle(self, event: Event) -> Step | None:
+        step = super().handle(event)
         self._changed()
-
-    def streams_open(self, delta: int) -> None:
-        super().streams_open(delta)
-        self._changed()
-
-    def received(self, method: str) -> None:
-        super().received(method)
-        self._changed()
+        return step
 
 
 @dataclass

@@ -1,50 +1,70 @@
 """The upstream's own notifications as hints (`sidecar.watch.native`) when the stream breaks: its keys uncovered,
 reopened with a backoff that doubles to half a minute (jittered, logged once a streak), crashes treated like
-failures, and an upstream that serves no stream asked once and then only polled. A scripted upstream that can
-push, a clock moved by hand, and waits on what the fakes report (`tests/unit/watch/native/native_harness.py`).
+failures, and an upstream that serves no stream asked once and then only polled. The rules as playbooks
+(`native_book.py`: a 2025-11-25 upstream unless a test says otherwise); the era probed afresh after an outage and a
+crash caught by a stream's task, on the scripted upstream that can push with a clock moved by hand
+(`native_harness.py`).
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import replace
+from itertools import pairwise
 
 import pytest
 
 from sidecar.protocol.errors import UpstreamError, UpstreamHTTPError, UpstreamRpcError, UpstreamUnavailable
-from sidecar.watch import native_stream
-from tests.unit.watch.native.native_harness import (
-    ALICE,
-    BOB,
-    DOC,
-    OTHER,
-    Bench,
-    FixedJitter,
-    ended,
-    stream_tasks,
+from sidecar.watch import native_rules
+from sidecar.watch.native_events import (
+    Began,
+    Finish,
+    Held,
+    Log,
+    OpenSession,
+    Probe,
+    Probed,
+    Retry,
+    RetryDue,
+    Start,
+    Stopped,
+    StreamCrashed,
+    StreamEnded,
+    StreamFailed,
+    StreamsOpen,
 )
+from sidecar.watch.native_rules import ENDED, FAILED, UNSUPPORTED
+from tests.unit.watch.native.native_book import (
+    Book,
+    book,
+    cover,
+    rules,
+    subscribed,
+)
+from tests.unit.watch.native.native_harness import ALICE, BOB, DOC, EVERYTHING, OTHER, Bench, FixedJitter
 from tests.unit.watch.scripted_upstream import URL
 
+RESET = UpstreamUnavailable(URL, "connection reset")
+REFUSED = UpstreamUnavailable(URL, "connection refused")
 
-async def test_a_broken_stream_uncovers_its_keys_and_reopens_after_half_a_second(
-    legacy: Bench, caplog: pytest.LogCaptureFixture
-) -> None:
-    caplog.set_level(logging.INFO, logger="sidecar.watch.native")
-    doc = legacy.watch("resource", DOC, ALICE)
-    await legacy.until(lambda: doc.native)
-    legacy.upstream.opened[0].fail(UpstreamUnavailable(URL, "connection reset"))
-    await legacy.timer_at(0.5)
-    assert not doc.native, "uncovered: polled at its usual pace until the stream is back"
-    assert len(legacy.covered()) == 0
-    assert legacy.gauge("mcp_sidecar_native_streams") == 0
-    assert legacy.clock.advance(0.49) == 0
-    assert len(legacy.upstream.opened) == 1
-    doc.hints = 0
-    legacy.clock.advance(0.01)
-    await legacy.until(lambda: len(legacy.upstream.opened) == 2 and doc.native)
-    assert legacy.gauge("mcp_sidecar_native_streams") == 1
-    assert doc.hints == 1, "covered again: polled once for what changed while it was not"
-    assert [record.getMessage() for record in caplog.records] == ["upstream notification stream failed"]
+
+def _broken(play: Book, *, logged: bool = True, wait: float = 0.5) -> None:
+    """Alice's covered stream fails: DOC uncovered (polled at its usual pace until the stream is back), the gauge
+    down, logged if the streak starts, and tried again after `wait`."""
+    play.step(
+        StreamFailed(1, RESET),
+        *([Log(FAILED, "connection reset")] if logged else []),
+        StreamsOpen(-1),
+        *cover("resource", DOC, "alice", own=False, public=False),
+        Retry(1, wait),
+    )
+
+
+def test_a_broken_stream_uncovers_its_keys_and_reopens_after_half_a_second() -> None:
+    play = book()
+    subscribed(play, 1, ALICE, DOC)
+    _broken(play)
+    subscribed(play.at(0.5), 1, ALICE, DOC, again=True)  # covered again: polled once for what changed meanwhile
 
 
 async def test_after_an_outage_the_era_is_learned_again_before_the_stream_reopens_and_its_keys_are_covered(
@@ -69,70 +89,62 @@ async def _reopens_in_the_era_learned_again(pushing: Bench) -> None:
     assert pushing.upstream.opened[1].wanted == pushing.upstream.opened[0].wanted, "the same era's stream again"
 
 
-async def test_a_stream_the_upstream_ends_is_opened_again(legacy: Bench, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="sidecar.watch.native")
-    doc = legacy.watch("resource", DOC, ALICE)
-    await legacy.until(lambda: doc.native)
-    legacy.upstream.opened[0].end()
-    await legacy.timer_at(0.5)
-    assert [(r.getMessage(), getattr(r, "reason", None)) for r in caplog.records] == [
-        ("upstream notification stream failed", "the notification stream ended")
-    ]
-    assert not doc.native and legacy.upstream.open == []
-    legacy.clock.advance(0.5)
-    await legacy.until(lambda: len(legacy.upstream.open) == 1 and doc.native)
+def test_a_stream_the_upstream_ends_is_opened_again() -> None:
+    play = book()
+    subscribed(play, 1, ALICE, DOC)
+    play.step(
+        StreamEnded(1),
+        Log(FAILED, ENDED),
+        StreamsOpen(-1),
+        *cover("resource", DOC, "alice", own=False, public=False),
+        Retry(1, 0.5),
+    )
+    subscribed(play.at(0.5), 1, ALICE, DOC, again=True)
 
 
-async def _next_attempt(bench: Bench) -> float:
-    """Fire the retry the stream waits on; how long it waited (on the hand-moved clock)."""
-    attempts = bench.upstream.attempts
-    await bench.until(lambda: len(bench.clock.due()) == 1)
-    before = bench.clock.now()
-    bench.clock.fire_next()
-    await bench.until(lambda: bench.upstream.attempts == attempts + 1)
-    return bench.clock.now() - before
+def _refused(play: Book, error: Exception, *expected: Log | Retry | Finish, again: bool = True) -> None:
+    """Alice's stream tries again (`again`) or for the first time, and opening it fails with `error`."""
+    if again:
+        play.step(RetryDue(1), Probe(1))
+    else:
+        play.step(Held(ALICE, "resource", DOC, EVERYTHING), Start(1, ALICE))
+        play.step(Began(1), Probe(1))
+    play.step(Probed(1, False, EVERYTHING), OpenSession(1))
+    failed = StreamFailed(1, error) if isinstance(error, UpstreamError) else StreamCrashed(1)
+    play.step(failed, *expected)
 
 
-async def test_repeated_failures_back_off_doubling_to_half_a_minute_and_log_once_a_streak(
-    legacy: Bench, caplog: pytest.LogCaptureFixture
-) -> None:
-    caplog.set_level(logging.INFO, logger="sidecar.watch.native")
-    refusal = UpstreamUnavailable(URL, "connection refused")
-    legacy.upstream.refusals = [refusal] * 10
-    legacy.watch("resource", DOC, ALICE)
-    await legacy.until(lambda: legacy.upstream.attempts == 1)
-    waits = [await _next_attempt(legacy) for _ in range(9)]
-    assert waits == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0]
-    assert [record.getMessage() for record in caplog.records] == ["upstream notification stream failed"]
-    await legacy.timer_at(legacy.clock.now() + 30.0)
-    legacy.clock.advance(30.0)
-    await legacy.until(lambda: len(legacy.upstream.open) == 1)
-    legacy.upstream.open[0].fail(refusal)  # at once: an upstream that accepts the stream, then drops it
-    await legacy.timer_at(legacy.clock.now() + 30.0)
-    assert legacy.clock.advance(29.99) == 0
-    assert legacy.upstream.open == [], "a stream up a moment goes on with its streak's backoff"
-    legacy.clock.advance(0.01)
-    await legacy.until(lambda: len(legacy.upstream.open) == 1)
-    legacy.clock.advance(30.0)
-    legacy.upstream.open[0].fail(refusal)  # after half a minute up
-    await legacy.timer_at(legacy.clock.now() + 0.5)
-    legacy.clock.advance(0.5)
-    await legacy.until(lambda: len(legacy.upstream.open) == 1)  # a stream that stayed up starts a new streak
-    assert [record.getMessage() for record in caplog.records] == ["upstream notification stream failed"] * 2
+def test_repeated_failures_back_off_doubling_to_half_a_minute_and_log_once_a_streak() -> None:
+    play = book()
+    _refused(play, REFUSED, Log(FAILED, "connection refused"), Retry(1, 0.5), again=False)
+    waits = [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0, 30.0]  # after each of ten refusals in a row
+    for wait, next_wait in pairwise(waits):
+        _refused(play.at(play.now + wait), REFUSED, Retry(1, next_wait))
+    subscribed(play.at(play.now + 30.0), 1, ALICE, DOC, again=True)
+    play.step(  # at once: an upstream that accepts the stream, then drops it, goes on with its streak's backoff
+        StreamFailed(1, REFUSED),
+        StreamsOpen(-1),
+        *cover("resource", DOC, "alice", own=False, public=False),
+        Retry(1, 30.0),
+    )
+    subscribed(play.at(play.now + 30.0), 1, ALICE, DOC, again=True)
+    play.at(play.now + 30.0).step(  # after half a minute up: a new streak, logged again
+        StreamFailed(1, REFUSED),
+        Log(FAILED, "connection refused"),
+        StreamsOpen(-1),
+        *cover("resource", DOC, "alice", own=False, public=False),
+        Retry(1, 0.5),
+    )
+    subscribed(play.at(play.now + 0.5), 1, ALICE, DOC, again=True)
 
 
 @pytest.mark.parametrize(("jitter", "first_wait"), [(0.0, 0.25), (0.999, 0.7495)])
-async def test_the_backoff_is_jittered_between_half_and_one_and_a_half_times(
-    legacy: Bench, monkeypatch: pytest.MonkeyPatch, jitter: float, first_wait: float
+def test_the_backoff_is_jittered_between_half_and_one_and_a_half_times(
+    monkeypatch: pytest.MonkeyPatch, jitter: float, first_wait: float
 ) -> None:
-    monkeypatch.setattr(native_stream, "RETRY", replace(native_stream.RETRY, rand=FixedJitter(jitter).random))
-    legacy.upstream.refusals = [UpstreamUnavailable(URL, "connection refused")]
-    legacy.watch("resource", DOC, ALICE)
-    await legacy.until(lambda: len(legacy.clock.due()) == 1)
-    assert legacy.upstream.opened == []
-    legacy.clock.fire_next()
-    await legacy.until(lambda: len(legacy.upstream.opened) == 1)
-    assert legacy.clock.now() == pytest.approx(first_wait)
+    monkeypatch.setattr(native_rules, "RETRY", replace(native_rules.RETRY, rand=FixedJitter(jitter).random))
+    wait = pytest.approx(first_wait)
+    _refused(book(), REFUSED, Log(FAILED, "connection refused"), Retry(1, wait), again=False)  # type: ignore[arg-type]
 
 
 async def test_a_crash_in_the_stream_is_logged_and_polling_goes_on(
@@ -151,25 +163,19 @@ async def test_a_crash_in_the_stream_is_logged_and_polling_goes_on(
     caplog.clear()
 
 
-async def test_crashes_back_off_like_failures_and_a_stream_that_stayed_up_starts_a_new_streak(
-    legacy: Bench, caplog: pytest.LogCaptureFixture
-) -> None:
-    legacy.upstream.refusals = [RuntimeError("a bug"), RuntimeError("a bug")]
-    doc = legacy.watch("resource", DOC, ALICE)
-    await legacy.timer_at(0.5)
-    legacy.clock.advance(0.5)
-    await legacy.timer_at(1.5)
-    assert legacy.upstream.opened == [], "the second crash"
-    assert legacy.clock.advance(0.99) == 0, "waits twice as long after the second"
-    legacy.clock.advance(0.01)
-    await legacy.until(lambda: doc.native)
-    legacy.clock.advance(30.0)
-    legacy.upstream.opened[0].fail(RuntimeError("a bug"))
-    await legacy.timer_at(legacy.clock.now() + 0.5)  # back after half a second: the stream had stayed up
-    legacy.clock.advance(0.5)
-    await legacy.until(lambda: doc.native)
-    assert [r.getMessage() for r in caplog.records] == ["upstream notification stream crashed"] * 3
-    caplog.clear()
+def test_crashes_back_off_like_failures_and_a_stream_that_stayed_up_starts_a_new_streak() -> None:
+    """Logged where it was caught, with its traceback, each time (the test above): the rules log nothing more."""
+    play = book()
+    _refused(play, RuntimeError("a bug"), Retry(1, 0.5), again=False)
+    _refused(play.at(0.5), RuntimeError("a bug"), Retry(1, 1.0))  # twice as long after the second
+    subscribed(play.at(1.5), 1, ALICE, DOC, again=True)
+    play.at(31.5).step(  # back after half a second: the stream had stayed up
+        StreamCrashed(1),
+        StreamsOpen(-1),
+        *cover("resource", DOC, "alice", own=False, public=False),
+        Retry(1, 0.5),
+    )
+    subscribed(play.at(32.0), 1, ALICE, DOC, again=True)
 
 
 @pytest.mark.parametrize(
@@ -181,24 +187,15 @@ async def test_crashes_back_off_like_failures_and_a_stream_that_stayed_up_starts
     ],
     ids=["no-get-stream-405", "no-listen-404", "no-listen-method"],
 )
-async def test_an_upstream_that_serves_no_stream_is_asked_once_and_then_only_polled(
-    legacy: Bench, refusal: UpstreamError, caplog: pytest.LogCaptureFixture
-) -> None:
-    caplog.set_level(logging.INFO, logger="sidecar.watch.native")
-    legacy.upstream.refusals = [refusal]
-    doc = legacy.watch("resource", DOC, ALICE)
-    await legacy.until(lambda: legacy.native.unsupported)
-    await ended(stream_tasks())  # the refused stream's task ends
-    assert not doc.native
-    assert [(r.getMessage(), getattr(r, "reason", None)) for r in caplog.records][-1] == (
-        "the upstream serves no notification stream; polling only",
-        refusal.reason,
-    )
-    legacy.watch("resource", OTHER, BOB)
-    legacy.watch("tools_list", None, ALICE)
-    assert stream_tasks() == set(), "never asked again: no stream is started"
-    assert legacy.clock.due() == [] and legacy.upstream.attempts == 1
-    assert legacy.covered() == set()
+def test_an_upstream_that_serves_no_stream_is_asked_once_and_then_only_polled(refusal: UpstreamError) -> None:
+    play = book()
+    _refused(play, refusal, Log(FAILED, refusal.reason), Log(UNSUPPORTED, refusal.reason), Finish(1), again=False)
+    assert rules(play).unsupported
+    play.step(Stopped(1))  # the refused stream's task ends, and lets go of its credential
+    assert rules(play).streams() == 0
+    play.step(Held(BOB, "resource", OTHER, EVERYTHING))  # never asked again: no stream is started
+    play.step(Held(ALICE, "tools_list", None, EVERYTHING))
+    assert not rules(play).covers("resource", DOC, "alice")
 
 
 @pytest.mark.parametrize(
@@ -210,10 +207,8 @@ async def test_an_upstream_that_serves_no_stream_is_asked_once_and_then_only_pol
     ],
     ids=["500", "403", "internal-error"],
 )
-async def test_other_refusals_are_tried_again(legacy: Bench, refusal: UpstreamError) -> None:
-    legacy.upstream.refusals = [refusal]
-    doc = legacy.watch("resource", DOC, ALICE)
-    await legacy.timer_at(0.5)
-    assert not legacy.native.unsupported
-    legacy.clock.advance(0.5)
-    await legacy.until(lambda: doc.native)
+def test_other_refusals_are_tried_again(refusal: UpstreamError) -> None:
+    play = book()
+    _refused(play, refusal, Log(FAILED, refusal.reason), Retry(1, 0.5), again=False)
+    assert not rules(play).unsupported
+    subscribed(play.at(0.5), 1, ALICE, DOC, again=True)

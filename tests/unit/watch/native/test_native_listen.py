@@ -1,8 +1,9 @@
 """The upstream's own notifications as hints (`sidecar.watch.native`) from a 2026-07-28 upstream: a listen per
 context with the context's filter, covering only what the upstream acknowledged, refiltered without a gap (the
-new listen acknowledged before the old one closes), and given up when no acknowledgment comes. A scripted
-upstream that can push, a clock moved by hand, and waits on what the fakes report
-(`tests/unit/watch/native/native_harness.py`).
+new listen acknowledged before the old one closes), and given up when no acknowledgment comes. The rules as
+playbooks (`native_book.py`); the listens themselves (one opened before the other closes, the acknowledgment waited
+for on the clock, a listen ending before it) on a scripted upstream that can push, with a clock moved by hand
+(`native_harness.py`).
 """
 
 from __future__ import annotations
@@ -11,13 +12,40 @@ import logging
 
 import pytest
 
-from sidecar.changes import WatchKey
+from sidecar.changes import WatchKey, WatchKind
 from sidecar.protocol.types import JsonObject
+from sidecar.watch.native_events import (
+    Acknowledged,
+    Began,
+    Debounce,
+    Debounced,
+    Dropped,
+    Heard,
+    Held,
+    Listen,
+    Log,
+    Probe,
+    Probed,
+    Received,
+    Retry,
+    RetryDue,
+    Start,
+    Stop,
+    Stopped,
+    StreamEnded,
+    StreamsOpen,
+    Wait,
+    Wake,
+    Woken,
+)
+from sidecar.watch.native_rules import ENDED, FAILED
 from tests.kit import ACK, UPDATED
+from tests.unit.watch.native.native_book import acked, book, cover, hint, listening
 from tests.unit.watch.native.native_harness import (
     ALICE,
     DEBOUNCE_S,
     DOC,
+    EVERYTHING,
     OTHER,
     Bench,
     acknowledge_all,
@@ -25,54 +53,77 @@ from tests.unit.watch.native.native_harness import (
     warnings_of,
 )
 
+TOOLS = "notifications/tools/list_changed"
 
-async def test_a_modern_upstream_gets_a_listen_with_the_contexts_filter(modern: Bench) -> None:
-    modern.watch("resource", OTHER, ALICE)
-    modern.watch("resource", DOC, ALICE)
-    modern.watch("tools_list", None, ALICE)
-    modern.watch("prompts_list", None, ALICE)
-    modern.watch("resources_list", None, ALICE)
-    await modern.until(lambda: len(modern.covered()) == 5)
-    assert modern.upstream.opened[0].identity == ALICE
-    assert modern.upstream.opened[0].wanted == {
+
+def test_a_modern_upstream_gets_a_listen_with_the_contexts_filter() -> None:
+    play = book()
+    play.step(Held(ALICE, "resource", OTHER, EVERYTHING), Start(1, ALICE))  # opened with alice's credential
+    more: list[tuple[WatchKind, str | None]] = [("resource", DOC), ("tools_list", None), ("prompts_list", None)]
+    for kind, uri in [*more, ("resources_list", None)]:
+        play.step(Held(ALICE, kind, uri, EVERYTHING), Wake(1))
+    play.step(Began(1), Probe(1))
+    wanted = {
         "resourceSubscriptions": [DOC, OTHER],
         "toolsListChanged": True,
         "promptsListChanged": True,
         "resourcesListChanged": True,
     }
-    assert modern.upstream.calls == [], "a listen subscribes through its filter, not with resources/subscribe"
-
-
-async def test_the_filter_asks_only_for_what_the_upstream_declares() -> None:
-    bench = make_bench("modern", {"resources": {"subscribe": True}, "tools": {"listChanged": True}})
-    doc = bench.watch("resource", DOC, ALICE)
-    tools = bench.watch("tools_list", None, ALICE)
-    prompts = bench.watch("prompts_list", None, ALICE)  # the upstream has no prompts: never asked for
-    await bench.until(lambda: doc.native and tools.native)
-    bench.native.hold(ALICE, "prompts_list", None)  # the registry holds what the upstream cannot push: no effect
-    listen = bench.upstream.opened[0]
-    listen.push("notifications/tools/list_changed")
-    await bench.idle_after(listen)
-    assert bench.clock.due() == [], "nothing to ask the upstream again"
-    assert [opened.wanted for opened in bench.upstream.opened] == [
-        {"resourceSubscriptions": [DOC], "toolsListChanged": True}
+    play.step(Probed(1, True, EVERYTHING), Listen(1, wanted))
+    keys = [
+        ("prompts_list", None),
+        ("resource", DOC),
+        ("resource", OTHER),
+        ("resources_list", None),
+        ("tools_list", None),
     ]
-    assert not prompts.native
-    await bench.native.aclose()
+    play.step(  # a listen subscribes through its filter, not with resources/subscribe
+        Acknowledged(1, acked(wanted)),
+        StreamsOpen(1),
+        *[command for kind, uri in keys for command in cover(kind, uri, "alice", own=True, public=True)],
+        *[command for kind, uri in keys for command in hint(kind, uri, "alice", warm=False)],
+        Wait(1),
+    )
 
 
-async def test_only_what_the_upstream_acknowledged_is_covered(modern: Bench) -> None:
-    modern.upstream.honour = lambda wanted: {
-        "method": ACK,
-        "params": {"notifications": {"resourceSubscriptions": [DOC, 7], "toolsListChanged": "yes"}},
-    }
-    doc = modern.watch("resource", DOC, ALICE)
-    other = modern.watch("resource", OTHER, ALICE)
-    tools = modern.watch("tools_list", None, ALICE)
-    await modern.until(lambda: doc.native)  # what the ack covers is decided at once
-    assert modern.covered() == {doc.key}
-    assert modern.hints() == {doc.key: 1}
-    assert not other.native and not tools.native
+def test_the_filter_asks_only_for_what_the_upstream_declares() -> None:
+    declared = {"resources": {"subscribe": True}, "tools": {"listChanged": True}}
+    play = book()
+    play.step(Held(ALICE, "resource", DOC, declared), Start(1, ALICE))
+    play.step(Held(ALICE, "tools_list", None, declared), Wake(1))
+    play.step(Held(ALICE, "prompts_list", None, declared))  # the upstream has no prompts: never asked for
+    play.step(Began(1), Probe(1))
+    wanted = {"resourceSubscriptions": [DOC], "toolsListChanged": True}
+    play.step(Probed(1, True, declared), Listen(1, wanted))
+    play.step(
+        Acknowledged(1, acked(wanted)),
+        StreamsOpen(1),
+        *cover("resource", DOC, "alice", own=True, public=True),
+        *cover("tools_list", None, "alice", own=True, public=True),
+        *hint("resource", DOC, "alice", warm=False),
+        *hint("tools_list", None, "alice", warm=False),
+        Wait(1),
+    )
+    play.step(Held(ALICE, "prompts_list", None, declared))  # the registry holds what the upstream cannot push
+    play.step(Heard(1, {"method": TOOLS}), Received(TOOLS), *hint("tools_list", None, "alice", warm=True))
+
+
+def test_only_what_the_upstream_acknowledged_is_covered() -> None:
+    play = book()
+    play.step(Held(ALICE, "resource", DOC, EVERYTHING), Start(1, ALICE))
+    play.step(Held(ALICE, "resource", OTHER, EVERYTHING), Wake(1))
+    play.step(Held(ALICE, "tools_list", None, EVERYTHING), Wake(1))
+    play.step(Began(1), Probe(1))
+    wanted = {"resourceSubscriptions": [DOC, OTHER], "toolsListChanged": True}
+    play.step(Probed(1, True, EVERYTHING), Listen(1, wanted))
+    ack = {"method": ACK, "params": {"notifications": {"resourceSubscriptions": [DOC, 7], "toolsListChanged": "yes"}}}
+    play.step(
+        Acknowledged(1, ack),  # what the ack covers is decided at once
+        StreamsOpen(1),
+        *cover("resource", DOC, "alice", own=True, public=True),
+        *hint("resource", DOC, "alice", warm=False),
+        Wait(1),
+    )
 
 
 @pytest.mark.parametrize(
@@ -85,12 +136,10 @@ async def test_only_what_the_upstream_acknowledged_is_covered(modern: Bench) -> 
     ],
     ids=["not-an-ack", "no-params", "params-not-an-object", "notifications-not-an-object"],
 )
-async def test_a_first_message_that_is_no_acknowledgment_covers_nothing(modern: Bench, first: JsonObject) -> None:
-    modern.upstream.honour = lambda wanted: first
-    tools = modern.watch("tools_list", None, ALICE)
-    await modern.until(lambda: modern.gauge("mcp_sidecar_native_streams") == 1)  # open, and what it covers decided
-    assert modern.upstream.open, "the listen stays open (its notifications still hint)"
-    assert modern.covered() == set() and not tools.native
+def test_a_first_message_that_is_no_acknowledgment_covers_nothing(first: JsonObject) -> None:
+    play = book()
+    listening(play, 1, ALICE, "tools_list", None)
+    play.step(Acknowledged(1, first), StreamsOpen(1), Wait(1))  # the listen stays open (its notifications still hint)
 
 
 async def test_a_new_interest_opens_a_new_listen_before_the_old_one_closes(modern: Bench) -> None:
@@ -169,48 +218,76 @@ async def test_a_listen_that_ends_before_its_acknowledgment_is_opened_again(mode
     await modern.until(lambda: len(modern.upstream.open) == 1 and len(modern.covered()) == 1)
 
 
-async def test_a_context_that_stops_watching_what_the_upstream_can_push_closes_its_listen(modern: Bench) -> None:
-    doc = modern.watch("resource", DOC, ALICE)
-    tools = modern.watch("tools_list", None, ALICE)
-    await modern.until(lambda: doc.native and tools.native)
-    modern.native.drop("alice", "resource", DOC)
-    await modern.timer_at(DEBOUNCE_S)
-    modern.clock.advance(DEBOUNCE_S)
-    await modern.until(lambda: [opened.wanted for opened in modern.upstream.open] == [{"toolsListChanged": True}])
-    modern.native.drop("alice", "tools_list", None)
-    await modern.until(lambda: modern.upstream.open == [] and modern.covered() == set())
-    await modern.until(lambda: modern.gauge("mcp_sidecar_native_streams") == 0)
-
-
-async def test_a_listen_acknowledged_then_ended_again_and_again_backs_off(modern: Bench) -> None:
-    doc = modern.watch("resource", DOC, ALICE)
-    await modern.until(lambda: doc.native)
-    waits = []
-    for _ in range(4):
-        modern.upstream.open[0].end()
-        await modern.until(lambda: modern.upstream.open == [] and len(modern.clock.due()) == 1)
-        before = modern.clock.now()
-        modern.clock.fire_next()
-        await modern.until(lambda: len(modern.upstream.open) == 1 and doc.native)
-        waits.append(modern.clock.now() - before)
-    assert waits == [0.5, 1.0, 2.0, 4.0], "not a reconnect every half second"
-
-
-async def test_a_context_watching_again_while_its_last_stream_closes_gets_a_stream_of_its_own(
-    modern: Bench,
-) -> None:
-    doc = modern.watch("resource", DOC, ALICE)
-    await modern.until(lambda: doc.native)
-    modern.native.drop("alice", "resource", DOC)
-    modern.native.hold(ALICE, "resource", DOC)  # before the closing stream's task has run
-    await modern.until(
-        lambda: (
-            [opened.closed.is_set() for opened in modern.upstream.opened] == [True, False]
-            and doc.native
-            and modern.gauge("mcp_sidecar_native_streams") == 1
-        )
+def test_a_context_that_stops_watching_what_the_upstream_can_push_closes_its_listen() -> None:
+    play = book()
+    play.step(Held(ALICE, "resource", DOC, EVERYTHING), Start(1, ALICE))
+    play.step(Held(ALICE, "tools_list", None, EVERYTHING), Wake(1))
+    play.step(Began(1), Probe(1))
+    wanted = {"resourceSubscriptions": [DOC], "toolsListChanged": True}
+    play.step(Probed(1, True, EVERYTHING), Listen(1, wanted))
+    play.step(
+        Acknowledged(1, acked(wanted)),
+        StreamsOpen(1),
+        *cover("resource", DOC, "alice", own=True, public=True),
+        *cover("tools_list", None, "alice", own=True, public=True),
+        *hint("resource", DOC, "alice", warm=False),
+        *hint("tools_list", None, "alice", warm=False),
+        Wait(1),
     )
-    doc.hints = 0
-    modern.upstream.open[0].push(UPDATED, {"uri": DOC})
-    await modern.idle_after(modern.upstream.open[0])
-    assert doc.hints == 1
+    play.step(Dropped("alice", "resource", DOC), Wake(1))
+    play.step(Woken(1), Debounce(1, DEBOUNCE_S))
+    play.at(DEBOUNCE_S).step(Debounced(1, EVERYTHING), Listen(1, {"toolsListChanged": True}))
+    play.step(
+        Acknowledged(1, acked({"toolsListChanged": True})),
+        *cover("resource", DOC, "alice", own=False, public=False),
+        Wait(1),
+    )
+    play.step(Dropped("alice", "tools_list", None), Stop(1))
+    play.step(Stopped(1), StreamsOpen(-1), *cover("tools_list", None, "alice", own=False, public=False))
+
+
+def test_a_listen_acknowledged_then_ended_again_and_again_backs_off() -> None:
+    play = book()
+    wanted = listening(play, 1, ALICE, "resource", DOC)
+    opened = [Acknowledged(1, acked(wanted)), StreamsOpen(1), *cover("resource", DOC, "alice", own=True, public=True)]
+    play.step(*opened, *hint("resource", DOC, "alice", warm=False), Wait(1))
+    for streak, wait in enumerate([0.5, 1.0, 2.0, 4.0]):  # not a reconnect every half second
+        play.step(
+            StreamEnded(1),
+            *([Log(FAILED, ENDED)] if streak == 0 else []),
+            StreamsOpen(-1),
+            *cover("resource", DOC, "alice", own=False, public=False),
+            Retry(1, wait),
+        )
+        play.at(play.now + wait).step(RetryDue(1), Probe(1))
+        play.step(Probed(1, True, EVERYTHING), Listen(1, wanted))
+        play.step(*opened, *hint("resource", DOC, "alice", warm=False), Wait(1))
+
+
+def test_a_context_watching_again_while_its_last_stream_closes_gets_a_stream_of_its_own() -> None:
+    play = book()
+    wanted = listening(play, 1, ALICE, "resource", DOC)
+    play.step(
+        Acknowledged(1, acked(wanted)),
+        StreamsOpen(1),
+        *cover("resource", DOC, "alice", own=True, public=True),
+        *hint("resource", DOC, "alice", warm=False),
+        Wait(1),
+    )
+    play.step(Dropped("alice", "resource", DOC), Stop(1))
+    play.step(Held(ALICE, "resource", DOC, EVERYTHING), Start(2, ALICE))  # before the closing stream's task has run
+    play.step(Stopped(1), StreamsOpen(-1), *cover("resource", DOC, "alice", own=False, public=False))
+    play.step(Began(2), Probe(2))
+    play.step(Probed(2, True, EVERYTHING), Listen(2, wanted))
+    play.step(
+        Acknowledged(2, acked(wanted)),
+        StreamsOpen(1),
+        *cover("resource", DOC, "alice", own=True, public=True),
+        *hint("resource", DOC, "alice", warm=False),
+        Wait(2),
+    )
+    play.step(
+        Heard(2, {"method": UPDATED, "params": {"uri": DOC}}),
+        Received(UPDATED),
+        *hint("resource", DOC, "alice", warm=True),
+    )

@@ -1,7 +1,7 @@
 """The upstream's own notifications as hints (`sidecar.watch.native`) from a 2025-11-25 upstream: the context's
 session stream with one subscription per URI, what it covers (only what the upstream honoured), and the hints its
-notifications give. A scripted upstream that can push, a clock moved by hand, and waits on what the fakes report
-(`tests/unit/watch/native/native_harness.py`).
+notifications give. The rules as playbooks (`native_book.py`); the subscriptions the upstream refuses or fails, on
+a scripted upstream that can push, with a clock moved by hand (`native_harness.py`).
 """
 
 from __future__ import annotations
@@ -12,63 +12,107 @@ import pytest
 
 from sidecar.changes import WatchKind
 from sidecar.protocol.types import JsonObject
+from sidecar.watch.native_events import (
+    Began,
+    Debounce,
+    Debounced,
+    Dropped,
+    Heard,
+    Held,
+    OpenSession,
+    Probe,
+    Probed,
+    Received,
+    SessionOpened,
+    Start,
+    StreamsOpen,
+    Subscribe,
+    SubscribeAnswered,
+    Unsubscribe,
+    Unsubscribed,
+    Wait,
+    Wake,
+    Woken,
+)
 from tests.kit import UPDATED
-from tests.unit.watch.native.native_harness import ALICE, BOB, DEBOUNCE_S, DOC, OTHER, Bench, make_bench
+from tests.unit.watch.native.native_book import Book, book, cover, hint, subscribed
+from tests.unit.watch.native.native_harness import ALICE, BOB, DEBOUNCE_S, DOC, EVERYTHING, OTHER, Bench
 
 # -- 2025-11-25: the context's session stream, URIs subscribed one by one ----------------------------------------
 
 
-async def test_a_legacy_upstream_gets_a_session_stream_and_one_subscription_per_uri_as_the_context(
-    legacy: Bench,
-) -> None:
-    doc = legacy.watch("resource", DOC, ALICE)
-    await legacy.until(lambda: doc.native)
-    assert [(opened.identity, opened.wanted) for opened in legacy.upstream.opened] == [(ALICE, {})]
-    assert legacy.upstream.calls == [("resources/subscribe", DOC, "alice")]
-    assert len(legacy.covered()) == 1
-    assert legacy.gauge("mcp_sidecar_native_streams") == 1
-    assert doc.hints == 1, "a newly covered key is polled once (a change before the subscription would wait)"
+def test_a_legacy_upstream_gets_a_session_stream_and_one_subscription_per_uri_as_the_context() -> None:
+    subscribed(
+        book(), 1, ALICE, DOC
+    )  # a newly covered key is polled once (a change before the subscription would wait)
 
 
-async def test_a_uri_the_upstream_refuses_to_subscribe_stays_polled_and_the_others_are_covered(
-    legacy: Bench,
-) -> None:
-    legacy.upstream.errors["resources/subscribe"] = {"code": -32602, "message": "no such resource"}
-    doc = legacy.watch("resource", DOC, ALICE)
-    await legacy.until(lambda: len(legacy.upstream.calls) == 1)  # refused: what it covers is decided with it
-    assert not doc.native and doc.hints == 0
-    del legacy.upstream.errors["resources/subscribe"]
-    other = legacy.watch("resource", OTHER, ALICE)
-    await legacy.timer_at(DEBOUNCE_S)
-    legacy.clock.advance(DEBOUNCE_S)
-    await legacy.until(lambda: other.native and doc.native)
-    assert [call for call in legacy.upstream.calls if call[1] == OTHER] == [("resources/subscribe", OTHER, "alice")]
-    assert len(legacy.upstream.opened) == 1, "one session stream throughout"
+def test_a_uri_the_upstream_refuses_to_subscribe_stays_polled_and_the_others_are_covered() -> None:
+    play = book()
+    play.step(Held(ALICE, "resource", DOC, EVERYTHING), Start(1, ALICE))
+    play.step(Began(1), Probe(1))
+    play.step(Probed(1, False, EVERYTHING), OpenSession(1))
+    play.step(SessionOpened(1), StreamsOpen(1), Subscribe(1, DOC))
+    play.step(SubscribeAnswered(1, DOC, ok=False), Wait(1))  # refused: what it covers is decided with it
+    play.step(Held(ALICE, "resource", OTHER, EVERYTHING), Wake(1))
+    play.step(Woken(1), Debounce(1, DEBOUNCE_S))
+    play.at(DEBOUNCE_S).step(Debounced(1, EVERYTHING), Subscribe(1, DOC))  # one session stream throughout
+    play.step(SubscribeAnswered(1, DOC, ok=True), Subscribe(1, OTHER))
+    play.step(
+        SubscribeAnswered(1, OTHER, ok=True),
+        *cover("resource", DOC, "alice", own=True, public=True),
+        *cover("resource", OTHER, "alice", own=True, public=True),
+        *hint("resource", DOC, "alice", warm=False),
+        *hint("resource", OTHER, "alice", warm=False),
+        Wait(1),
+    )
 
 
-async def test_a_legacy_upstream_without_subscribe_covers_only_the_lists_it_announces() -> None:
-    bench = make_bench("legacy", {"resources": {"listChanged": True}, "tools": {"listChanged": True}, "prompts": {}})
-    tools = bench.watch("tools_list", None, ALICE)
-    prompts = bench.watch("prompts_list", None, ALICE)
-    resources = bench.watch("resources_list", None, ALICE)
-    doc = bench.watch("resource", DOC, ALICE)
-    await bench.until(lambda: bench.covered() == {tools.key, resources.key})  # one look at what is held, all at once
-    assert not prompts.native and not doc.native
-    assert bench.upstream.calls == [], "no subscription where the upstream declares none"
-    await bench.native.aclose()
+def test_a_legacy_upstream_without_subscribe_covers_only_the_lists_it_announces() -> None:
+    declared = {"resources": {"listChanged": True}, "tools": {"listChanged": True}, "prompts": {}}
+    play = book()
+    play.step(Held(ALICE, "tools_list", None, declared), Start(1, ALICE))
+    play.step(Held(ALICE, "prompts_list", None, declared))
+    play.step(Held(ALICE, "resources_list", None, declared), Wake(1))
+    play.step(Held(ALICE, "resource", DOC, declared))  # no subscription where the upstream declares none
+    play.step(Began(1), Probe(1))
+    play.step(Probed(1, False, declared), OpenSession(1))
+    play.step(  # one look at what is held, all at once
+        SessionOpened(1),
+        StreamsOpen(1),
+        *cover("resources_list", None, "alice", own=True, public=True),
+        *cover("tools_list", None, "alice", own=True, public=True),
+        *hint("resources_list", None, "alice", warm=False),
+        *hint("tools_list", None, "alice", warm=False),
+        Wait(1),
+    )
 
 
-async def test_dropping_a_uri_unsubscribes_it_upstream_and_uncovers_it(legacy: Bench) -> None:
-    doc = legacy.watch("resource", DOC, ALICE)
-    other = legacy.watch("resource", OTHER, ALICE)
-    await legacy.until(lambda: legacy.covered() == {doc.key, other.key})
-    legacy.upstream.calls.clear()
-    legacy.native.drop("alice", "resource", DOC)
-    await legacy.timer_at(DEBOUNCE_S)
-    legacy.clock.advance(DEBOUNCE_S)
-    await legacy.until(lambda: legacy.covered() == {other.key})
-    assert legacy.upstream.calls == [("resources/unsubscribe", DOC, "alice")]
-    assert len(legacy.covered()) == 1
+def _both_subscribed(play: Book) -> None:
+    """Alice holds DOC and OTHER: both subscribed to on her session stream, and covered."""
+    play.step(Held(ALICE, "resource", DOC, EVERYTHING), Start(1, ALICE))
+    play.step(Held(ALICE, "resource", OTHER, EVERYTHING), Wake(1))
+    play.step(Began(1), Probe(1))
+    play.step(Probed(1, False, EVERYTHING), OpenSession(1))
+    play.step(SessionOpened(1), StreamsOpen(1), Subscribe(1, DOC))
+    play.step(SubscribeAnswered(1, DOC, ok=True), Subscribe(1, OTHER))
+    play.step(
+        SubscribeAnswered(1, OTHER, ok=True),
+        *cover("resource", DOC, "alice", own=True, public=True),
+        *cover("resource", OTHER, "alice", own=True, public=True),
+        *hint("resource", DOC, "alice", warm=False),
+        *hint("resource", OTHER, "alice", warm=False),
+        Wait(1),
+    )
+
+
+def test_dropping_a_uri_unsubscribes_it_upstream_and_uncovers_it() -> None:
+    play = book()
+    _both_subscribed(play)
+    play.step(Dropped("alice", "resource", DOC), Wake(1))
+    play.step(Woken(1), Debounce(1, DEBOUNCE_S))
+    play.at(DEBOUNCE_S).step(Debounced(1, EVERYTHING), Unsubscribe(1, DOC))
+    play.step(Unsubscribed(1, DOC), *cover("resource", DOC, "alice", own=False, public=False), Wait(1))
 
 
 async def test_one_uri_refused_does_not_keep_the_others_from_being_subscribed(legacy: Bench) -> None:
@@ -95,33 +139,39 @@ async def test_an_unsubscribe_the_upstream_fails_still_uncovers_the_uri(legacy: 
 # -- what the notifications hint ------------------------------------------------------------------------------
 
 
-async def test_a_resource_update_hints_that_contexts_watch_and_the_public_one(legacy: Bench) -> None:
-    own = legacy.watch("resource", DOC, ALICE)
-    public = legacy.watch("resource", DOC, ALICE, public=True)
-    bobs = legacy.watch("resource", DOC, BOB)
-    await legacy.until(lambda: own.native and public.native and bobs.native)
-    legacy.clear_hints()
-    alices = next(opened for opened in legacy.upstream.opened if opened.identity == ALICE)
-    alices.push(UPDATED, {"uri": DOC})
-    await legacy.idle_after(alices)
-    assert legacy.hints() == {own.key: 1, public.key: 1}, "not bob's: his stream says what he sees"
-    assert bobs.hints == 0
-    assert legacy.gauge("mcp_sidecar_upstream_notifications_total", method=UPDATED) == 1
+def test_a_resource_update_hints_that_contexts_watch_and_the_public_one() -> None:
+    play = book()
+    subscribed(play, 1, ALICE, DOC)
+    play.step(Held(ALICE, "resource", DOC, EVERYTHING), Wake(1))  # alice's watch of the public key
+    subscribed(play, 2, BOB, DOC)
+    play.step(  # not bob's: his stream says what he sees
+        Heard(1, {"method": UPDATED, "params": {"uri": DOC}}),
+        Received(UPDATED),
+        *hint("resource", DOC, "alice", warm=True),
+    )
 
 
 @pytest.mark.parametrize(
     "method",
     ["notifications/tools/list_changed", "notifications/prompts/list_changed", "notifications/resources/list_changed"],
 )
-async def test_a_list_changed_hints_that_list(legacy: Bench, method: str) -> None:
-    lists = {kind: legacy.watch(kind, None, ALICE) for kind in ("tools_list", "prompts_list", "resources_list")}
-    await legacy.until(lambda: all(watch.native for watch in lists.values()))
-    legacy.clear_hints()
-    legacy.upstream.opened[0].push(method)
-    await legacy.idle_after(legacy.upstream.opened[0])
+def test_a_list_changed_hints_that_list(method: str) -> None:
+    play = book()
+    play.step(Held(ALICE, "tools_list", None, EVERYTHING), Start(1, ALICE))
+    play.step(Held(ALICE, "prompts_list", None, EVERYTHING), Wake(1))
+    play.step(Held(ALICE, "resources_list", None, EVERYTHING), Wake(1))
+    play.step(Began(1), Probe(1))
+    play.step(Probed(1, False, EVERYTHING), OpenSession(1))
+    lists: list[WatchKind] = ["prompts_list", "resources_list", "tools_list"]
+    play.step(
+        SessionOpened(1),
+        StreamsOpen(1),
+        *[command for kind in lists for command in cover(kind, None, "alice", own=True, public=True)],
+        *[command for kind in lists for command in hint(kind, None, "alice", warm=False)],
+        Wait(1),
+    )
     kind = cast(WatchKind, method.split("/")[1] + "_list")
-    assert legacy.hints() == {lists[kind].key: 1}
-    assert legacy.gauge("mcp_sidecar_upstream_notifications_total", method=method) == 1
+    play.step(Heard(1, {"method": method}), Received(method), *hint(kind, None, "alice", warm=True))
 
 
 @pytest.mark.parametrize(
@@ -136,15 +186,12 @@ async def test_a_list_changed_hints_that_list(legacy: Bench, method: str) -> Non
     ],
     ids=["uri-not-a-string", "no-uri", "params-not-an-object", "no-params", "another-method", "no-method"],
 )
-async def test_a_notification_that_names_no_change_hints_nothing(legacy: Bench, message: JsonObject) -> None:
-    doc = legacy.watch("resource", DOC, ALICE)
-    await legacy.until(lambda: doc.native)
-    doc.hints = 0
-    stream = legacy.upstream.opened[0]
-    stream.queue.put_nowait(message)
-    stream.push(UPDATED, {"uri": OTHER})  # an update of a key nobody here watches
-    await legacy.idle_after(stream)  # both read, and each acted on as it was read
-    assert doc.hints == 0
-    assert legacy.upstream.open, "the stream goes on"
-    counted = legacy.gauge("mcp_sidecar_upstream_notifications_total", method=UPDATED)
-    assert counted == 1, "only the well-formed update is counted"
+def test_a_notification_that_names_no_change_hints_nothing(message: JsonObject) -> None:
+    play = book()
+    subscribed(play, 1, ALICE, DOC)
+    play.step(Heard(1, message))  # not counted, and the stream goes on
+    play.step(  # an update of a key nobody here watches: counted, its hints reach no watch
+        Heard(1, {"method": UPDATED, "params": {"uri": OTHER}}),
+        Received(UPDATED),
+        *hint("resource", OTHER, "alice", warm=True),
+    )

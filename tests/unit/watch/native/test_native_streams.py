@@ -1,8 +1,8 @@
 """The upstream's own notifications as hints (`sidecar.watch.native`): one stream per context up to the limit,
 kept while any stream of the context holds a key, a public key covered by any context's stream, nothing held
 when the feature is off or the upstream unknown, the credential leaving memory with the context's last hold,
-and shutdown closing every stream. A scripted upstream that can push, a clock moved by hand, and waits on what
-the fakes report (`tests/unit/watch/native/native_harness.py`).
+and shutdown closing every stream. The rules as playbooks (`native_book.py`); the streams' tasks and what they
+keep in memory on a scripted upstream that can push, with a clock moved by hand (`native_harness.py`).
 """
 
 from __future__ import annotations
@@ -12,14 +12,39 @@ import gc
 from typing import Any
 
 from sidecar.config import PollingConfig
-from sidecar.identity import ANONYMOUS_IDENTITY, PUBLIC, Identity
+from sidecar.identity import ANONYMOUS, ANONYMOUS_IDENTITY, PUBLIC, Identity
 from sidecar.protocol.errors import UpstreamHTTPError
+from sidecar.watch.native_events import (
+    Began,
+    Debounce,
+    Debounced,
+    Dropped,
+    Held,
+    LimitHit,
+    OpenSession,
+    Probe,
+    Probed,
+    SessionOpened,
+    Start,
+    Stop,
+    Stopped,
+    StreamsOpen,
+    Subscribe,
+    SubscribeAnswered,
+    Unsubscribe,
+    Unsubscribed,
+    Wait,
+    Wake,
+    Woken,
+)
 from sidecar.watch.native_stream import NativeStream
+from tests.unit.watch.native.native_book import book, cover, hint, rules, subscribed
 from tests.unit.watch.native.native_harness import (
     ALICE,
     BOB,
     DEBOUNCE_S,
     DOC,
+    EVERYTHING,
     OTHER,
     Bench,
     ended,
@@ -28,78 +53,99 @@ from tests.unit.watch.native.native_harness import (
 )
 from tests.unit.watch.scripted_upstream import URL
 
-
-async def test_each_context_has_its_own_stream_up_to_the_limit(legacy: Bench) -> None:
-    carol = Identity("carol", (("authorization", "Bearer c"),), client="carol-laptop")
-    alices = legacy.watch("resource", DOC, ALICE)
-    bobs = legacy.watch("resource", DOC, BOB)
-    over = legacy.watch("resource", DOC, carol)
-    assert legacy.gauge("mcp_sidecar_limit_rejections_total", limit="native_streams") == 1
-    await legacy.until(lambda: alices.native and bobs.native)
-    assert [opened.identity.context for opened in legacy.upstream.opened] == ["alice", "bob"]
-    assert not over.native, "over max_native_streams: polled only"
-    legacy.native.drop("carol", "resource", DOC)  # what was never held is not dropped
-    legacy.native.drop("bob", "resource", DOC)
-    again = legacy.watch("resource", OTHER, carol)
-    await legacy.until(lambda: again.native and len(legacy.upstream.open) == 2)
-    assert [opened.identity.context for opened in legacy.upstream.open] == ["alice", "carol"]
+CAROL = Identity("carol", (("authorization", "Bearer c"),), client="carol-laptop")
 
 
-async def test_a_stream_lasts_while_any_stream_of_its_context_holds_a_key(legacy: Bench) -> None:
-    doc = legacy.watch("resource", DOC, ALICE)
-    legacy.watch("resource", DOC, ALICE)  # a second client stream of the same context, same URI
-    tools = legacy.watch("tools_list", None, ALICE)
-    legacy.watch("tools_list", None, ALICE)
-    await legacy.until(lambda: doc.native and tools.native)
-    legacy.native.drop("alice", "resource", DOC)
-    legacy.native.drop("alice", "tools_list", None)
-    other = legacy.watch("resource", OTHER, ALICE)  # a change the stream does act on, after the two drops
-    await legacy.timer_at(DEBOUNCE_S)
-    legacy.clock.advance(DEBOUNCE_S)
-    await legacy.until(lambda: other.native)
-    assert legacy.covered() == {doc.key, tools.key, other.key}, "each still held by the other client stream"
-    assert legacy.upstream.calls == [("resources/subscribe", uri, "alice") for uri in (DOC, OTHER)]
-    legacy.native.drop("alice", "resource", DOC)
-    legacy.native.drop("alice", "resource", OTHER)
-    await legacy.timer_at(2 * DEBOUNCE_S)
-    legacy.clock.advance(DEBOUNCE_S)
-    await legacy.until(lambda: not doc.native and not other.native)
-    assert [call[0] for call in legacy.upstream.calls[2:]] == ["resources/unsubscribe"] * 2
-    assert legacy.upstream.open and tools.native, "the tool list still held"
-    legacy.native.drop("alice", "resource", OTHER)  # no longer held
-    legacy.native.drop("bob", "tools_list", None)  # no stream
-    legacy.native.drop("alice", "tools_list", None)
-    await legacy.until(lambda: legacy.upstream.open == [] and legacy.gauge("mcp_sidecar_native_streams") == 0)
-    legacy.watch("resource", DOC, ALICE)
-    await legacy.until(lambda: len(legacy.upstream.open) == 1)  # a context back later gets a new stream
+def test_each_context_has_its_own_stream_up_to_the_limit() -> None:
+    play = book()  # two streams at most
+    subscribed(play, 1, ALICE, DOC)
+    subscribed(play, 2, BOB, DOC)
+    play.step(Held(CAROL, "resource", DOC, EVERYTHING), LimitHit())  # over max_native_streams: polled only
+    play.step(Dropped("carol", "resource", DOC))  # what was never held is not dropped
+    play.step(Dropped("bob", "resource", DOC), Stop(2))
+    subscribed(play, 3, CAROL, OTHER)  # bob's stream out of the table at once, still closing
+    play.step(
+        Stopped(2),
+        StreamsOpen(-1),
+        *cover("resource", DOC, "bob", own=False, public=True),  # alice's stream still covers the public key
+    )
 
 
-async def test_a_public_key_is_covered_by_any_contexts_stream(legacy: Bench) -> None:
-    public = legacy.watch("resource", DOC, ALICE, public=True)
-    await legacy.until(lambda: public.native)
-    assert legacy.native.covers("resource", DOC, PUBLIC)
-    assert not legacy.native.covers("resource", OTHER, PUBLIC)
-    assert not legacy.native.covers("resource", DOC, "bob"), "a private key only by its own context's stream"
-    anonymous = legacy.watch("tools_list", None, ANONYMOUS_IDENTITY, public=True)
-    await legacy.until(lambda: anonymous.native)
-    assert legacy.native.covers("tools_list", None, PUBLIC)
+def test_a_stream_lasts_while_any_stream_of_its_context_holds_a_key() -> None:
+    play = book()
+    play.step(Held(ALICE, "resource", DOC, EVERYTHING), Start(1, ALICE))
+    play.step(Held(ALICE, "resource", DOC, EVERYTHING), Wake(1))  # a second client stream of the context, same URI
+    play.step(Held(ALICE, "tools_list", None, EVERYTHING), Wake(1))
+    play.step(Held(ALICE, "tools_list", None, EVERYTHING), Wake(1))
+    play.step(Began(1), Probe(1))
+    play.step(Probed(1, False, EVERYTHING), OpenSession(1))
+    play.step(SessionOpened(1), StreamsOpen(1), Subscribe(1, DOC))
+    play.step(
+        SubscribeAnswered(1, DOC, ok=True),
+        *cover("resource", DOC, "alice", own=True, public=True),
+        *cover("tools_list", None, "alice", own=True, public=True),
+        *hint("resource", DOC, "alice", warm=False),
+        *hint("tools_list", None, "alice", warm=False),
+        Wait(1),
+    )
+    play.step(Dropped("alice", "resource", DOC))  # each still held by the other client stream
+    play.step(Dropped("alice", "tools_list", None))
+    play.step(Held(ALICE, "resource", OTHER, EVERYTHING), Wake(1))  # a change the stream does act on
+    play.step(Woken(1), Debounce(1, DEBOUNCE_S))
+    play.at(DEBOUNCE_S).step(Debounced(1, EVERYTHING), Subscribe(1, OTHER))
+    play.step(
+        SubscribeAnswered(1, OTHER, ok=True),
+        *cover("resource", OTHER, "alice", own=True, public=True),
+        *hint("resource", OTHER, "alice", warm=False),
+        Wait(1),
+    )
+    play.step(Dropped("alice", "resource", DOC), Wake(1))
+    play.step(Dropped("alice", "resource", OTHER), Wake(1))
+    play.step(Woken(1), Debounce(1, DEBOUNCE_S))
+    play.at(2 * DEBOUNCE_S).step(Debounced(1, EVERYTHING), Unsubscribe(1, DOC))
+    play.step(Unsubscribed(1, DOC), Unsubscribe(1, OTHER))
+    play.step(  # the tool list still held: the stream goes on
+        Unsubscribed(1, OTHER),
+        *cover("resource", DOC, "alice", own=False, public=False),
+        *cover("resource", OTHER, "alice", own=False, public=False),
+        Wait(1),
+    )
+    play.step(Dropped("alice", "resource", OTHER))  # no longer held
+    play.step(Dropped("bob", "tools_list", None))  # no stream
+    play.step(Dropped("alice", "tools_list", None), Stop(1))
+    play.step(Stopped(1), StreamsOpen(-1), *cover("tools_list", None, "alice", own=False, public=False))
+    play.step(Held(ALICE, "resource", DOC, EVERYTHING), Start(2, ALICE))  # a context back later gets a new stream
 
 
-async def test_nothing_is_held_when_native_notifications_are_off() -> None:
-    bench = make_bench("legacy", config=PollingConfig(native_notifications=False))
-    doc = bench.watch("resource", DOC, ALICE)
-    assert stream_tasks() == set(), "no stream is started"
-    assert bench.upstream.opened == [] and not doc.native
-    await bench.native.aclose()
+def test_a_public_key_is_covered_by_any_contexts_stream() -> None:
+    play = book()
+    subscribed(play, 1, ALICE, DOC)
+    assert rules(play).covers("resource", DOC, PUBLIC)
+    assert not rules(play).covers("resource", OTHER, PUBLIC)
+    assert not rules(play).covers("resource", DOC, "bob"), "a private key only by its own context's stream"
+    play.step(Held(ANONYMOUS_IDENTITY, "tools_list", None, EVERYTHING), Start(2, ANONYMOUS_IDENTITY))
+    play.step(Began(2), Probe(2))
+    play.step(Probed(2, False, EVERYTHING), OpenSession(2))
+    play.step(
+        SessionOpened(2),
+        StreamsOpen(1),
+        *cover("tools_list", None, ANONYMOUS, own=True, public=True),
+        *hint("tools_list", None, ANONYMOUS, warm=False),
+        Wait(2),
+    )
+    assert rules(play).covers("tools_list", None, PUBLIC)
 
 
-async def test_nothing_is_held_before_the_upstream_is_known() -> None:
-    bench = make_bench("legacy")
-    bench.upstream.info = None
-    doc = bench.watch("resource", DOC, ALICE)
-    assert stream_tasks() == set(), "no stream is started"
-    assert bench.upstream.opened == [] and not doc.native
-    await bench.native.aclose()
+def test_nothing_is_held_when_native_notifications_are_off() -> None:
+    play = book(PollingConfig(native_notifications=False))
+    play.step(Held(ALICE, "resource", DOC, EVERYTHING))  # no stream is started
+    assert not rules(play).covers("resource", DOC, "alice")
+
+
+def test_nothing_is_held_before_the_upstream_is_known() -> None:
+    play = book()
+    play.step(Held(ALICE, "resource", DOC, {}))  # no stream is started
+    assert not rules(play).covers("resource", DOC, "alice")
 
 
 async def test_shutdown_closes_every_stream() -> None:

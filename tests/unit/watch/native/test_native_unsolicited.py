@@ -1,20 +1,24 @@
 """Notifications a child process sends on its own, declared or not (`sidecar.watch.native`): the reference SQLite
 server sends `notifications/resources/updated` without declaring `resources.subscribe`. Heard on the child's one
 channel (the bench's `PushingUpstream.send`), each is a warm hint for every context's watch of its key, and covers
-nothing; a 2025-11-25 stream open on the child hears the same message, so it is not taken twice.
+nothing; a 2025-11-25 stream open on the child hears the same message, so it is not taken twice. The rules as
+playbooks (`native_book.py`); what reaches the watches, and the child's channel let go of, on the bench.
 """
 
 from __future__ import annotations
 
 from sidecar.config import PollingConfig
+from sidecar.watch.native_events import HintWatching, Received, Unsolicited
 from tests.kit import UPDATED
-from tests.unit.watch.native.native_harness import ALICE, BOB, CONFIG, DOC, OTHER, Bench, make_bench
+from tests.unit.watch.native.native_book import book, subscribed
+from tests.unit.watch.native.native_harness import ALICE, BOB, CONFIG, DOC, OTHER, make_bench
 
 UNDECLARED = {"resources": {}, "tools": {}, "prompts": {}}
+TOOLS = "notifications/tools/list_changed"
 
 
-async def test_an_undeclared_resources_updated_hints_every_contexts_watch_of_it_and_covers_nothing() -> None:
-    bench = make_bench("legacy", UNDECLARED)
+def test_an_undeclared_resources_updated_hints_every_contexts_watch_of_it_and_covers_nothing() -> None:
+    bench = make_bench("legacy", UNDECLARED)  # nothing to push: no stream's task, no loop needed
     alice = bench.watch("resource", DOC, ALICE)
     bob = bench.watch("resource", DOC, BOB)
     public = bench.watch("resource", DOC, ALICE, public=True)
@@ -25,28 +29,20 @@ async def test_an_undeclared_resources_updated_hints_every_contexts_watch_of_it_
     assert other.hints == 0 and bench.covered() == set(), "nothing is covered: each keeps its usual interval"
     assert bench.upstream.opened == [], "no stream is opened on a guess"
     assert bench.gauge("mcp_sidecar_upstream_notifications_total", method=UPDATED) == 1
-    await bench.native.aclose()
 
 
-async def test_an_undeclared_list_change_hints_that_lists_watches_and_other_messages_nothing() -> None:
-    bench = make_bench("modern", UNDECLARED)
-    tools = bench.watch("tools_list", None, ALICE)
-    doc = bench.watch("resource", DOC, ALICE)
-    bench.upstream.send("notifications/tools/list_changed")
-    bench.upstream.send("notifications/message", {"level": "info", "data": "saved"})
-    bench.upstream.send(UPDATED, {"uri": 7})
-    bench.upstream.send(UPDATED)
-    assert bench.hints() == {tools.key: 1}
-    assert doc.hints == 0
-    await bench.native.aclose()
+def test_an_undeclared_list_change_hints_that_lists_watches_and_other_messages_nothing() -> None:
+    play = book()
+    play.step(Unsolicited({"method": TOOLS}, modern=True), Received(TOOLS), HintWatching("tools_list", None))
+    play.step(Unsolicited({"method": "notifications/message", "params": {"level": "info", "data": "saved"}}, True))
+    play.step(Unsolicited({"method": UPDATED, "params": {"uri": 7}}, modern=True))
+    play.step(Unsolicited({"method": UPDATED}, modern=True))
 
 
-async def test_a_legacy_stream_open_on_the_child_hears_it_itself_and_it_is_taken_once(legacy: Bench) -> None:
-    doc = legacy.watch("resource", DOC, ALICE)
-    await legacy.until(lambda: doc.native)
-    legacy.clear_hints()
-    legacy.upstream.send(UPDATED, {"uri": DOC})  # the stream's own listener hears this very message
-    assert legacy.hints() == {}
+def test_a_legacy_stream_open_on_the_child_hears_it_itself_and_it_is_taken_once() -> None:
+    play = book()
+    subscribed(play, 1, ALICE, DOC)
+    play.step(Unsolicited({"method": UPDATED, "params": {"uri": DOC}}, modern=False))  # the stream hears this one
 
 
 async def test_with_native_notifications_off_nothing_is_heard_and_closing_stops_hearing() -> None:
