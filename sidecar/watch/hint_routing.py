@@ -1,70 +1,50 @@
-"""Where a hint goes. A write through the sidecar hints the public watches and the writer's context's (debounced:
-see `Revalidator`); a hint from the source hints the watches it names, in every context; each is announced to
-the other replicas, and one heard from them hints the same watches here. A hint is never a change (invariant
+"""Where a source's hint goes, and what the other replicas announce. A hint from the source of truth hints the
+watches it names, in every context, and is announced to the other replicas; one heard from them hints the same
+watches here. Writes the other replicas announce go to the engine (`WritesHeard`), which hints the watches a
+write may concern as it does for a write here (`sidecar.watch.engine.writes`). A hint is never a change (invariant
 22): a hinted watch looks soon, and tells only what its look finds changed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Coroutine, Iterable
+from typing import Any
 
 from sidecar.changes import PollCoordinator, WatchKey
-from sidecar.identity import PUBLIC
 from sidecar.observability.metrics import Metrics
-from sidecar.watch.clock import Clock
-from sidecar.watch.revalidate import Revalidator
+from sidecar.watch.native import HintWatch
 from sidecar.watch.source_hints import SourceHint, from_bus, matching
 
-__all__ = ["HintRouting", "HintWithLinks"]
-
-
-class HintWithLinks(Protocol):
-    def __call__(self, key: WatchKey, links: Sequence[Any] = (), *, warm: bool = False) -> None:
-        """`key`'s watch looks soon; its poll links to the traced writes `links`."""
+__all__ = ["HintRouting"]
 
 
 class HintRouting:
-    """Writes and source hints, here and heard from the other replicas, to the watches they concern."""
+    """Source hints, here and heard from the other replicas, to the watches they concern; writes heard from the
+    others, to the engine."""
 
     def __init__(
         self,
         keys: Callable[[], Iterable[WatchKey]],
-        hint: HintWithLinks,
+        hint: HintWatch,
         coordinator: PollCoordinator,
         metrics: Metrics,
         *,
-        debounce_ms: int,
         spawn: Callable[[Coroutine[Any, Any, None]], None],
-        clock: Clock,
+        writes_heard: Callable[[frozenset[str]], None],
     ) -> None:
         self._keys = keys
         self._hint = hint
         self._coordinator = coordinator
         self._metrics = metrics
         self._spawn = spawn
-        self._revalidator = Revalidator(debounce_ms, coordinator, self._hint_contexts, spawn, clock)
+        self._writes_heard = writes_heard
         coordinator.on_revalidate(self._heard)
-
-    def wrote(self, context: str) -> None:
-        """A request of `context` that may have written went through."""
-        self._revalidator.wrote(context)
 
     def source(self, hint: SourceHint) -> int:
         """The source says what changed: each matching watch, in every context, looks soon with its own credential
         (a hint, not a change), and the other replicas are told (their lease owners look). The watches hinted here."""
         self._spawn(self._coordinator.announce_revalidate(frozenset({hint.to_bus()})))
         return self._hint_matching(hint)
-
-    def _hint_contexts(self, contexts: frozenset[str], links: Mapping[str, tuple[Any, ...]] | None = None) -> None:
-        # A poll links to the traced writes that may concern it: a private watch to its own context's only.
-        links = links or {}
-        everyone = tuple(link for written in links.values() for link in written)
-        for key in self._keys():
-            if key.context == PUBLIC:
-                self._hint(key, everyone, warm=True)
-            elif key.context in contexts:
-                self._hint(key, links.get(key.context, ()), warm=True)
 
     def _hint_matching(self, hint: SourceHint) -> int:
         hinted = 0
@@ -77,9 +57,6 @@ class HintRouting:
     def _heard(self, announced: frozenset[str]) -> None:
         written, hints = from_bus(announced)
         if written:
-            self._hint_contexts(written)
+            self._writes_heard(written)
         for hint in hints:
             self._hint_matching(hint)
-
-    def cancel(self) -> None:
-        self._revalidator.cancel()

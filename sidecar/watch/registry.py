@@ -25,6 +25,7 @@ from sidecar.tasks import TaskSet
 from sidecar.upstream.base import Watched
 from sidecar.watch.clock import LOOP_CLOCK, Clock, Timer
 from sidecar.watch.engine import (
+    AnnounceWrites,
     BudgetShare,
     CancelTimer,
     ChangeHeard,
@@ -36,9 +37,9 @@ from sidecar.watch.engine import (
     Event,
     Fail,
     Hinted,
-    HintWrite,
     Interval,
     Leave,
+    LinkPoll,
     LookDone,
     LookFailed,
     Observed,
@@ -75,7 +76,7 @@ __all__ = ["AuthFailureListener", "Handle", "ObservationListener", "Stage", "Wat
 logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
-    from opentelemetry.trace import Link
+    pass
 
 AuthFailureListener = Callable[[WatchKey, str], None]
 """Told that a context's credential was refused while polling a key (its streams should end)."""
@@ -138,9 +139,7 @@ class WatchRegistry:
             hint=self._hint,
             coordinator=self._coordinator,
             metrics=metrics,
-            debounce_ms=config.revalidate_debounce_ms,
             spawn=self._spawn,
-            clock=self._clock,
         )
         """What the watches hear besides their own looks: the handler's observer, the hint endpoint's target."""
         self._release_handle = self._release
@@ -253,8 +252,10 @@ class WatchRegistry:
         elif isinstance(command, Revoke):
             for listener in self._auth_listeners:
                 listener(command.key, command.context)
-        elif isinstance(command, HintWrite):
-            self.hearing.wrote(command.context)
+        elif isinstance(command, AnnounceWrites):
+            self._spawn(self._coordinator.announce_revalidate(command.contexts))
+        elif isinstance(command, LinkPoll):
+            self._polls.link(command.key, command.links)
         elif isinstance(command, Waited):
             self._metrics.queue_wait.labels(command.limit).observe(command.seconds)
         elif isinstance(command, Interval):
@@ -308,10 +309,8 @@ class WatchRegistry:
     def _refresh_contexts(self) -> None:
         self._metrics.watched_contexts.set(len({key.context for key in self._engine.keys()}))
 
-    def _hint(self, key: WatchKey, links: Sequence[Link] = (), *, warm: bool = False) -> None:
-        """`key`'s watch, if there is one, looks soon (see `Hinted`); `links`: the traced writes that asked."""
-        if links and self._engine.record(key) is not None:
-            self._polls.link(key, links)
+    def _hint(self, key: WatchKey, *, warm: bool = False) -> None:
+        """`key`'s watch, if there is one, looks soon (see `Hinted`)."""
         self._handle(Hinted(key, warm))
 
     def _cover(self, key: WatchKey, native: bool) -> None:
@@ -340,7 +339,6 @@ class WatchRegistry:
         self._stop_adopting()
         self._stop_hearing_recovery()
         await self._native.aclose()
-        self.hearing.cancel()
         inflight = list(self._inflight)
         for task in inflight:
             task.cancel()

@@ -9,13 +9,14 @@ is the engine.
 from __future__ import annotations
 
 from sidecar.watch.engine.commands import (
+    AnnounceWrites,
     BudgetShare,
     CancelTimer,
     Command,
     Cover,
     Fail,
-    HintWrite,
     Interval,
+    LinkPoll,
     Observed,
     Publish,
     PublishFirst,
@@ -52,12 +53,15 @@ from sidecar.watch.engine.events import (
     Release,
     Subscribe,
     TimerFired,
+    WritesHeard,
+    Wrote,
 )
 from sidecar.watch.engine.evidence import teaches
 from sidecar.watch.engine.record import Record, Stage
 from sidecar.watch.engine.views import CoordinatorView, WatchSummary
 
 __all__ = [
+    "AnnounceWrites",
     "BudgetShare",
     "CancelTimer",
     "ChangeHeard",
@@ -69,10 +73,10 @@ __all__ = [
     "Event",
     "Fail",
     "Forwarded",
-    "HintWrite",
     "Hinted",
     "Interval",
     "Leave",
+    "LinkPoll",
     "LookDone",
     "LookFailed",
     "Observed",
@@ -103,5 +107,7 @@ __all__ = [
     "Untrack",
     "Waited",
     "WatchSummary",
+    "WritesHeard",
+    "Wrote",
     "teaches",
 ]

@@ -7,19 +7,21 @@ does each of these and feeds what comes back as events. Plain frozen values, so 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from sidecar.changes import WatchKey, WatchKind
 from sidecar.identity import Identity
 from sidecar.watch.observation import Observation
 
 __all__ = [
+    "AnnounceWrites",
     "BudgetShare",
     "CancelTimer",
     "Command",
     "Cover",
     "Fail",
-    "HintWrite",
     "Interval",
+    "LinkPoll",
     "Observed",
     "Publish",
     "PublishFirst",
@@ -195,10 +197,18 @@ class Revoke:
 
 
 @dataclass(frozen=True, slots=True)
-class HintWrite:
-    """A request of `context` that may have written went through: the watches it may concern look soon."""
+class AnnounceWrites:
+    """Tell the other replicas of a round of writes in `contexts` (their lease owners' watches look soon)."""
 
-    context: str
+    contexts: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
+class LinkPoll:
+    """`key`'s next poll links to the traced writes that asked for it (`links`, tracing on only)."""
+
+    key: WatchKey
+    links: tuple[Any, ...]
 
 
 Command = (
@@ -221,5 +231,6 @@ Command = (
     | Cover
     | Uncover
     | Revoke
-    | HintWrite
+    | AnnounceWrites
+    | LinkPoll
 )

@@ -25,7 +25,7 @@ from collections.abc import Callable, Hashable, Iterator
 from sidecar.backoff import JITTER
 from sidecar.changes import WatchKey, WatchKind
 from sidecar.config import PollingConfig
-from sidecar.identity import ANONYMOUS, PUBLIC, Identity
+from sidecar.identity import PUBLIC, Identity
 from sidecar.watch.admission import Admission
 from sidecar.watch.engine.commands import (
     CancelTimer,
@@ -56,10 +56,13 @@ from sidecar.watch.engine.events import (
     Release,
     Subscribe,
     TimerFired,
+    WritesHeard,
+    Wrote,
 )
 from sidecar.watch.engine.evidence import Evidence
 from sidecar.watch.engine.record import Pending, Record, Share, Stage
 from sidecar.watch.engine.watching import Watching
+from sidecar.watch.engine.writes import WriteRounds
 from sidecar.watch.observation import Observation
 from sidecar.watch.rules import Rules
 
@@ -104,11 +107,15 @@ class Engine:
         self._watching = Watching(
             self._records, polling, settle_ms=settle_ms, rand=rand, may_poll=may_poll, replicas=replicas
         )
+        self._writes = WriteRounds(
+            polling.revalidate_debounce_ms / 1000, lambda: next(self._ids), self._records, self._watching
+        )
         self._evidence = Evidence(
             self._records,
             self.admission,
             rules,
             lambda record, observation, ticket: self._watching.apply(record, observation, ticket, self._now),
+            lambda context, link: self._writes.wrote(context, link, self._now),
         )
 
     # -- what the driver may read ---------------------------------------------------------------------------------
@@ -132,14 +139,9 @@ class Engine:
         return len(self._looks)
 
     def poller(self, key: WatchKey) -> Identity | None:
-        """The identity a poll of `key` goes with now (a refusal of the poll concerns its context, which PollFailed
-        names); None while no stream holds it (lingering: no credential to poll with)."""
+        """The identity a poll of `key` goes with now (`Record.poller`); None for a key not watched."""
         record = self._records.get(key)
-        if record is None or not record.shares:
-            return None
-        # Public data is the same for everyone; prefer polling it without credentials when possible.
-        context = ANONYMOUS if ANONYMOUS in record.shares else next(iter(record.shares))
-        return record.shares[context].identity
+        return None if record is None else record.poller
 
     # -- events ----------------------------------------------------------------------------------------------
 
@@ -168,11 +170,17 @@ class Engine:
         if isinstance(event, TimerFired):
             if self._watching.owns_timer(event.timer):
                 return self._watching.fired(event.timer, self._now)
+            if self._writes.owns_timer(event.timer):
+                return self._writes.fired(self._now)
             return self._expire(event.timer)
         if isinstance(event, ChangeHeard):
-            return self._heard(event)
+            if event.event.key.kind == "resources_list" and not event.event.baseline:
+                self.admission.present()  # what was missing may exist now
+            return self._watching.adopt(event.event, self._now)
         if isinstance(event, Forwarded):
-            return self._evidence.forwarded(event.method, event.params, event.identity, event.answer, event.ticket)
+            return self._evidence.forwarded(event)
+        if isinstance(event, Wrote | WritesHeard):
+            return self._writes.handle(event, self._now)
         if isinstance(event, Refused):
             return self._evidence.refused(event.method, event.params, event.identity)
         if isinstance(event, Recovered):
@@ -377,16 +385,6 @@ class Engine:
         del self._records[record.key]
         return [*self._watching.stop(record, self._now), StopWatch(record.key, record.native)]
 
-    def _heard(self, event: ChangeHeard) -> list[Command]:
-        change = event.event
-        if change.baseline:
-            return []  # a first look elsewhere: nothing changed for anyone watching
-        if change.key.kind == "resources_list":
-            self.admission.present()  # what was missing may exist now
-        # Changes seen by other replicas keep this replica's copy current, for when it takes the lease.
-        record = self._records.get(change.key)
-        return [] if record is None else self._watching.adopt(record, change.fingerprint, self._now)
-
     def close(self) -> None:
         """Shutdown: the driver cancels every waiter and stops every watch itself; nothing is kept."""
         for record in self._records.values():
@@ -396,3 +394,4 @@ class Engine:
         self._looks.clear()
         self._shared.clear()
         self._waiting.clear()
+        self._writes.close()

@@ -7,6 +7,7 @@ each with commands. Plain frozen values, so a test can write the exact event it 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from sidecar.changes import ChangeEvent, WatchKey, WatchKind
 from sidecar.identity import Identity
@@ -33,6 +34,8 @@ __all__ = [
     "Release",
     "Subscribe",
     "TimerFired",
+    "WritesHeard",
+    "Wrote",
 ]
 
 
@@ -107,6 +110,23 @@ class Forwarded:
     identity: Identity
     answer: JsonObject
     ticket: int
+    link: Any = None
+    """The request's traced span, as a link (tracing on only): the polls a write causes link to it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Wrote:
+    """A request of `context` that may have written went through (`link`: its traced span, tracing on only)."""
+
+    context: str
+    link: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class WritesHeard:
+    """Another replica told of writes in `contexts`: their watches here look soon (never told on again)."""
+
+    contexts: frozenset[str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,4 +223,6 @@ Event = (
     | PollSkipped
     | PollCrashed
     | PollFinished
+    | Wrote
+    | WritesHeard
 )

@@ -10,21 +10,25 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from sidecar.changes import WatchKey
 from sidecar.identity import PUBLIC, Identity
 from sidecar.protocol import READ_ONLY_METHODS, JsonObject
 from sidecar.watch.admission import Admission
-from sidecar.watch.engine.commands import Command, HintWrite, Revoke
+from sidecar.watch.engine.commands import Command, Revoke
+from sidecar.watch.engine.events import Forwarded
 from sidecar.watch.engine.record import Record
 from sidecar.watch.fingerprint import ABSENT
 from sidecar.watch.observation import Observation, observation_from_read
 from sidecar.watch.rules import Rules
 
-__all__ = ["Apply", "Evidence", "teaches"]
+__all__ = ["Apply", "Evidence", "Write", "teaches"]
 
 Apply = Callable[[Record, Observation, int], list[Command]]
 """Offers a look (started at a ticket) to a watch: the engine's rule for looks (`Watching.apply`)."""
+Write = Callable[[str, Any], list[Command]]
+"""A request of a context that may have written went through, with its traced span (the engine's write debounce)."""
 
 
 def teaches(method: str) -> bool:
@@ -36,18 +40,20 @@ def teaches(method: str) -> bool:
 class Evidence:
     """Forwarded answers and refusals, turned into commands for the watches they concern."""
 
-    def __init__(self, records: Mapping[WatchKey, Record], admission: Admission, rules: Rules, apply: Apply) -> None:
+    def __init__(
+        self, records: Mapping[WatchKey, Record], admission: Admission, rules: Rules, apply: Apply, wrote: Write
+    ) -> None:
         self._records = records
         self._apply = apply
+        self._wrote = wrote
         self._admission = admission
         self._rules = rules
 
-    def forwarded(
-        self, method: str, params: JsonObject, identity: Identity, answer: JsonObject, ticket: int
-    ) -> list[Command]:
+    def forwarded(self, event: Forwarded) -> list[Command]:
         """A forwarded request taught us something: a write may have changed data; a read shows content."""
+        method, params, identity, answer = event.method, event.params, event.identity, event.answer
         if method not in READ_ONLY_METHODS:
-            return [HintWrite(identity.context)]
+            return self._wrote(identity.context, event.link)
         if not teaches(method) or not isinstance(params.get("uri"), str):
             return []
         uri = params["uri"]
@@ -59,14 +65,14 @@ class Evidence:
             record = self._records.get(key)
             if record is not None:  # fingerprint only what someone watches: this is the forwarding hot path
                 with contextlib.suppress(ValueError):  # unfingerprintable content teaches nothing
-                    return self._apply(record, observation_from_read(result, self._rules.for_uri(uri)), ticket)
+                    return self._apply(record, observation_from_read(result, self._rules.for_uri(uri)), event.ticket)
             return []
         error = answer.get("error")
         if isinstance(error, dict) and error.get("code") in (-32602, -32002):
             # Only this context's own watch: a resource hidden from one user is not gone for everyone.
             record = self._records.get(WatchKey("resource", uri, identity.context))
             if record is not None:
-                return self._apply(record, Observation(ABSENT, None, False), ticket)
+                return self._apply(record, Observation(ABSENT, None, False), event.ticket)
         return []
 
     def refused(self, method: str, params: JsonObject, identity: Identity) -> list[Command]:

@@ -7,7 +7,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 from sidecar.changes import WatchKey, WatchKind
-from sidecar.identity import Identity
+from sidecar.identity import ANONYMOUS, Identity
 from sidecar.watch.engine.confirm import ErrorConfirmation
 from sidecar.watch.engine.polls import PollPlan
 from sidecar.watch.tickets import Latest
@@ -76,6 +76,15 @@ class Record:
     """When its last poll was answered (on the engine's time)."""
     last_change_at: float | None = None
     """When a look last saw it change (on the engine's time)."""
+
+    @property
+    def poller(self) -> Identity | None:
+        """The identity a poll goes with now (a refusal of the poll concerns its context, which PollFailed names);
+        None while no stream holds it (lingering: no credential to poll with). Public data is the same for
+        everyone: polled without credentials when an anonymous client holds it."""
+        if not self.shares:
+            return None
+        return self.shares[ANONYMOUS if ANONYMOUS in self.shares else next(iter(self.shares))].identity
 
     @property
     def refs(self) -> int:

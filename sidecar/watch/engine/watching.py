@@ -19,7 +19,7 @@ import itertools
 from collections.abc import Callable
 from typing import assert_never
 
-from sidecar.changes import WatchKey
+from sidecar.changes import ChangeEvent, WatchKey
 from sidecar.config import PollingConfig
 from sidecar.watch.budget import ReadBudget
 from sidecar.watch.engine.commands import (
@@ -149,10 +149,16 @@ class Watching:
         commands.append(Publish(record.key, record.fingerprint, record.generation, previous))
         return commands
 
-    def adopt(self, record: Record, fingerprint: str, now: float) -> list[Command]:
+    def adopt(self, change: ChangeEvent, now: float) -> list[Command]:
         """Another replica saw this change and told everyone (our streams too): taken as ours, so that our next
-        poll, if we hold the lease then, does not tell it again. Events arrive in the bus's order; a local look
-        newer than an event that arrives late costs at worst one repeated notification, never a lost one."""
+        poll, if we hold the lease then, does not tell it again (changes seen elsewhere keep this replica's copy
+        current, for when it takes the lease). Events arrive in the bus's order; a local look newer than an event
+        that arrives late costs at worst one repeated notification, never a lost one. A first look elsewhere
+        (`baseline`) changed nothing for anyone watching."""
+        record = self._records.get(change.key)
+        if record is None or change.baseline:
+            return []
+        fingerprint = change.fingerprint
         record.confirmation.clear()
         if fingerprint == record.fingerprint:
             return []

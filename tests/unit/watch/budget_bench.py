@@ -2,34 +2,27 @@
 on the hand-moved clock with no event loop, over resources the test changes, every read noted by when it was made.
 
 Each poll reads at once what the resources hold then, as the registry's polls do when the polls due at one time
-end before time moves on (`run_polls`); writes reach the watches by the registry's route (`HintRouting`). Figures
+end before time moves on (`run_polls`); writes reach the watches as the engine's write debounce hints them. Figures
 here are engine time, not machine speed.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Coroutine, Sequence
 from typing import Any
 
-from sidecar.changes import LocalCoordinator, WatchKey
+from sidecar.changes import WatchKey
 from sidecar.config import PollingConfig
 from sidecar.identity import ANONYMOUS_IDENTITY
-from sidecar.observability.metrics import Metrics
 from sidecar.watch.engine import Engine
 from sidecar.watch.engine.commands import BudgetShare, Publish
-from sidecar.watch.engine.events import Hinted, Release
-from sidecar.watch.hint_routing import HintRouting
+from sidecar.watch.engine.events import Release, Wrote
 from sidecar.watch.observation import Observation, observation_from_read
 from sidecar.watch.rules import Rules
 from tests.unit.watch.engine_polls import Polled
 from tests.unit.watch.scripted_upstream import contents
 
 __all__ = ["Bench"]
-
-
-def _spawned(coro: Coroutine[Any, Any, None]) -> None:
-    coro.close()  # the only replica: nobody to announce a write to
 
 
 class Bench:
@@ -51,18 +44,6 @@ class Bench:
         """Each URI's `resources/read` result now."""
         self.read_at: dict[str, list[float]] = {}
         self._reads: list[str] = []
-        self._routing = HintRouting(
-            engine.keys,
-            self._hint,
-            LocalCoordinator(),
-            Metrics(),
-            debounce_ms=config.revalidate_debounce_ms,
-            spawn=_spawned,
-            clock=self.clock,
-        )
-
-    def _hint(self, key: WatchKey, links: Sequence[Any] = (), *, warm: bool = False) -> None:
-        self.polled.feed(Hinted(key, warm))
 
     def _read(self, uri: str) -> Observation:
         self.read_at.setdefault(uri, []).append(self.clock.now())
@@ -89,8 +70,8 @@ class Bench:
         self.polled.feed(Release(key, key.context))
 
     def wrote(self) -> None:
-        """Anonymous made a request that may have written: its watches are hinted, as the registry hints them."""
-        self._routing.wrote(ANONYMOUS_IDENTITY.context)
+        """Anonymous made a request that may have written: its watches are hinted, as the engine hints them."""
+        self.polled.feed(Wrote(ANONYMOUS_IDENTITY.context))
 
     def run(self, seconds: float) -> None:
         """Move the clock on by `seconds`, each poll starting at its own time and ending before time moves on."""

@@ -21,8 +21,10 @@ from sidecar.protocol.errors import UpstreamError
 from sidecar.watch.clock import Timer
 from sidecar.watch.engine import Engine, Record
 from sidecar.watch.engine.commands import (
+    AnnounceWrites,
     CancelTimer,
     Command,
+    LinkPoll,
     Observed,
     Publish,
     SetTimer,
@@ -82,6 +84,9 @@ class Polled:
         self.observed: list[Observed] = []
         self.published: list[Publish] = []
         self.waited: list[Waited] = []
+        self.announced: list[frozenset[str]] = []
+        """The contexts of each round of writes told to the other replicas (`AnnounceWrites`)."""
+        self.linked: list[LinkPoll] = []
         self.held: dict[WatchKey, float] = {}
         """Polls in flight that the test answers itself, by key: when each started."""
 
@@ -107,6 +112,10 @@ class Polled:
                 self.published.append(command)
             elif isinstance(command, Waited):
                 self.waited.append(command)
+            elif isinstance(command, AnnounceWrites):
+                self.announced.append(command.contexts)
+            elif isinstance(command, LinkPoll):
+                self.linked.append(command)
         for poll in polls:
             self._poll(poll)
         return commands

@@ -13,10 +13,10 @@ from sidecar.identity import PUBLIC
 from sidecar.protocol.errors import UpstreamUnavailable
 from sidecar.watch.engine import Engine, Stage
 from sidecar.watch.engine.commands import (
+    AnnounceWrites,
     CancelTimer,
     Cover,
     Fail,
-    HintWrite,
     Interval,
     Observed,
     Publish,
@@ -409,7 +409,9 @@ def test_forwarded_reads_are_looks_at_the_watches_they_concern_and_writes_are_hi
     play.step(Forwarded("resources/read", {"uri": DOC}, ALICE, {"error": {"code": -32603}}, 10))
     invalid = {"error": {"code": -32602, "message": "Resource not found"}}  # the other not-found code
     play.step(Forwarded("resources/read", {"uri": DOC}, ALICE, invalid, 10), Observed(watched, GONE.fingerprint, 10))
-    play.step(Forwarded("tools/call", {"name": "edit"}, BOB, {"result": {}}, 11), HintWrite("bob"))
+    # A write is a round of hints (its window opened, the other replicas told): bob watches nothing here.
+    write = Forwarded("tools/call", {"name": "edit"}, BOB, {"result": {}}, 11)
+    play.step(write, SetTimer(2, 0.01), AnnounceWrites(frozenset({"bob"})))
     play.step(Forwarded("resources/list", {}, BOB, {"result": {}}, 12))
     # Other reads that name the URI show no content of it (a legacy subscribe's empty result is no new content).
     play.step(Forwarded("resources/subscribe", {"uri": DOC}, ALICE, {"result": {}}, 13))

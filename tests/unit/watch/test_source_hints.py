@@ -5,7 +5,7 @@ that differs is a change), and the registry carrying that out against a scripted
 
 from __future__ import annotations
 
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine
 from typing import Any
 
 import pytest
@@ -14,7 +14,7 @@ from sidecar.changes import WatchKey, WatchKind
 from sidecar.identity import Identity
 from sidecar.observability.metrics import Metrics
 from sidecar.watch.engine import Engine
-from sidecar.watch.engine.events import Hinted
+from sidecar.watch.engine.events import Hinted, WritesHeard
 from sidecar.watch.fingerprint import fingerprint_contents, fingerprint_items
 from sidecar.watch.hint_routing import HintRouting
 from sidecar.watch.observation import Observation
@@ -127,14 +127,20 @@ class _Hinted:
         self.clock = self.polled.clock
         self.coordinator = Coordinator()
         self.metrics = Metrics()
-        self.routing = HintRouting(engine.keys, self._hint, self.coordinator, self.metrics, debounce_ms=100,
-                                   spawn=_run, clock=self.clock)  # fmt: skip
+        self.routing = HintRouting(
+            engine.keys,
+            self._hint,
+            self.coordinator,
+            self.metrics,
+            spawn=_run,
+            writes_heard=lambda contexts: self.polled.feed(WritesHeard(contexts)),
+        )
 
     def _look(self, key: WatchKey, started: float) -> Observation:
         self.looked.append(key)
         return self.seen[key.uri]
 
-    def _hint(self, key: WatchKey, links: Sequence[Any] = (), *, warm: bool = False) -> None:
+    def _hint(self, key: WatchKey, *, warm: bool = False) -> None:
         self.polled.feed(Hinted(key, warm))
 
     def watch(self, who: Identity, uri: str | None, seen: Observation, kind: WatchKind = "resource") -> WatchKey:
