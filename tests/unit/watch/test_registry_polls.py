@@ -34,6 +34,7 @@ from tests.unit.watch.registry_world import (
     OTHER,
     GatedBus,
     World,
+    failures,
     fp,
     make_world,
 )
@@ -212,7 +213,9 @@ async def test_a_change_is_logged_with_both_fingerprints_short_and_published_bef
     await world.registry.aclose()
 
 
-async def test_a_watch_that_ends_cancels_its_poll_in_flight_and_nothing_is_armed_after_it(world: World) -> None:
+async def test_a_watch_that_ends_cancels_its_poll_in_flight_and_nothing_is_armed_after_it(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
     world.upstream.resources[DOC] = contents(DOC, "v1")
     handle = await world.registry.acquire("resource", DOC, ALICE)
     assert handle is not None
@@ -232,6 +235,7 @@ async def test_a_watch_that_ends_cancels_its_poll_in_flight_and_nothing_is_armed
     assert world.gauge("mcp_sidecar_polls_total", kind="resource", outcome="ok") == 0, "its answer never came back"
     assert world.changes() == []
     assert world.upstream.reads(DOC) == ["alice", "alice"]
+    assert failures(caplog) == [], "nor is the cancelled poll a crash"
 
 
 @pytest.mark.invariant(7)
