@@ -1,5 +1,6 @@
 """The engine's first reads, as playbooks: a subscription's first look, shared by whoever asks for the same read
-while it is in flight, paced per client, remembered when it finds nothing, and answered only once published."""
+while it is in flight, paced per client, remembered when it finds nothing, and answered only once published; and a
+joiner's look at a live watch."""
 
 from __future__ import annotations
 
@@ -45,6 +46,7 @@ from tests.unit.watch.engine_cast import (
     PUBLIC_V1,
     PUBLIC_V2,
     V1,
+    V2,
     book,
     key,
     started,
@@ -203,6 +205,27 @@ def test_a_failed_publish_of_a_first_look_fails_its_callers_and_the_watch_linger
         PublishFirst(1, watched, V1.fingerprint),
     )
     play.step(Published(1, DOWN), Fail(1, DOWN), SetTimer(2, LINGER_S))
+
+
+@pytest.mark.invariant(16)
+def test_joining_a_live_watch_waits_for_a_look_that_starts_after_it_asked() -> None:
+    play = book()
+    watched = started(play, 1, 1, ALICE, V1, 1)
+    # Three more of alice's streams join the live watch at once: they hold it from their asking (it cannot end
+    # meanwhile), and everyone joining while the look is in flight shares it. Nobody is answered before it is back.
+    play.step(Subscribe(2, "resource", DOC, ALICE), StartLook(2, "resource", DOC, ALICE, paced=False))
+    play.step(Subscribe(3, "resource", DOC, ALICE))
+    play.step(Subscribe(4, "resource", DOC, ALICE))
+    assert play.engine.holders(watched) == 4 and play.engine.looks_in_flight == 1
+    play.step(
+        LookDone(2, 2, V2),
+        Observed(watched, V2.fingerprint, 2),
+        Publish(watched, V2.fingerprint, 1),  # the change the look saw is told before the ack
+        Resolve(2, watched),
+        Resolve(3, watched),
+        Resolve(4, watched),
+    )
+    assert play.engine.holders(watched) == 4 and play.engine.looks_in_flight == 0
 
 
 def test_a_public_result_is_one_watch_each_context_joins_after_its_own_read() -> None:

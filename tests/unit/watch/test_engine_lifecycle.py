@@ -1,6 +1,6 @@
 """The engine's watches after their first read, as playbooks: holders come and go, the last one's release
-lingers, joiners wait for a look that starts after they asked, and what forwarded requests, refusals and other
-replicas' changes teach."""
+lingers, joiners wait for a look that starts after they asked, and what forwarded requests and other replicas'
+changes teach (refusals: test_engine_refusals)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,6 @@ from sidecar.watch.engine.commands import (
     Publish,
     PublishFirst,
     Resolve,
-    Revoke,
     SetTimer,
     StartLook,
     StartPoll,
@@ -41,11 +40,9 @@ from sidecar.watch.engine.events import (
     LookDone,
     LookFailed,
     PollDone,
-    PollFailed,
     PollFinished,
     PollSkipped,
     Published,
-    Refused,
     Release,
     Subscribe,
     TimerFired,
@@ -339,50 +336,6 @@ def test_a_public_watch_is_polled_anonymously_when_it_can_and_else_with_a_holder
     play.step(Release(public, ANON.context), Uncover(ANON.context, "resource", DOC))
     play.step(Release(public, "alice"), Uncover("alice", "resource", DOC))
     assert play.engine.poller(public) == BOB, "the credentials of contexts that left are not used"
-
-
-def test_a_refused_forwarded_read_ends_that_contexts_subscriptions_and_it_must_read_again() -> None:
-    play = book()
-    public = started(play, 1, 1, ALICE, PUBLIC_V1, 1)
-    play.step(Subscribe(2, "resource", DOC, BOB), StartLook(2, "resource", DOC, BOB, paced=False))
-    play.step(
-        LookDone(2, 2, PUBLIC_V1),
-        Observed(public, PUBLIC_V1.fingerprint, 2),
-        Cover(BOB, "resource", DOC),
-        Resolve(2, public),
-    )
-    play.step(Refused("resources/read", {"uri": DOC}, BOB), Revoke(public, "bob"))
-    play.step(Refused("resources/read", {"uri": OTHER}, BOB))
-    play.step(Refused("tools/call", {"uri": DOC}, BOB))
-    play.step(Subscribe(3, "resource", DOC, BOB), StartLook(3, "resource", DOC, BOB, paced=False))  # a read of its own
-    assert play.engine.holders(public) == 2
-
-
-def test_a_refused_poll_concerns_only_the_context_it_was_polled_as() -> None:
-    play = book()
-    public = started(play, 1, 1, ALICE, PUBLIC_V1, 1)
-    assert play.engine.poller(public) == ALICE
-    play.step(PollFailed(public, 0.0, refused="alice"), Revoke(public, "alice"))
-    play.step(Subscribe(2, "resource", DOC, ALICE), StartLook(2, "resource", DOC, ALICE, paced=False))
-    play.step(LookDone(2, 2, PUBLIC_V1), Observed(public, PUBLIC_V1.fingerprint, 2), Resolve(2, public))
-    private = started(play, 3, 3, BOB, V1, 3)
-    play.step(PollFailed(private, 0.0, refused="bob"), Revoke(private, "bob"))
-    play.step(Release(private, "bob"), Uncover("bob", "resource", DOC), Untrack(private), SetTimer(4, LINGER_S))
-    play.at(LINGER_S)
-    play.step(TimerFired(4), CancelTimer(-2), StopWatch(private))
-    play.step(PollFailed(private, 0.0, refused="bob"))  # after its watch ended: no context's streams end
-
-
-def test_a_context_whose_poll_was_refused_holds_nothing_again_until_its_own_read_succeeds() -> None:
-    play = book()
-    public = started(play, 1, 1, ALICE, PUBLIC_V1, 1)
-    assert play.engine.poller(public) == ALICE
-    play.step(PollFailed(public, 0.0, refused="alice"), Revoke(public, "alice"))
-    play.step(Release(public, "alice"), Uncover("alice", "resource", DOC), Untrack(public), SetTimer(2, LINGER_S))
-    # Not a joiner: its credential is neither kept nor polled with, nor the linger cut short, before it proves access.
-    play.step(Subscribe(2, "resource", DOC, ALICE), StartLook(3, "resource", DOC, ALICE, paced=False))
-    play.step(LookFailed(3, DOWN), Fail(2, DOWN))
-    assert play.engine.holders(public) == 0 and play.engine.poller(public) is None
 
 
 def test_forwarded_reads_are_looks_at_the_watches_they_concern_and_writes_are_hints() -> None:

@@ -1,9 +1,9 @@
-"""The engine's polls of a live watch, as playbooks: which look is applied (the ticket rule), what is a change and
-its generation, changes heard from the bus, failures and backoff, the lease, hints, recovery, the upstream's
-cover, and the read and hint budgets. No loop and no clock: the poll a `StartPoll` asks for is fed back as the
-events the registry would feed (`PollDone`, `PollFailed`, `PollCrashed`, then `PollFinished`). What the registry
-does with them (the gate, metrics, spans, the publish) is `test_registry_polls`'s; when one plan polls,
-`test_schedules`'s."""
+"""The engine's polls of a watch, as playbooks: which look is applied (the ticket rule), what is a change and its
+generation, changes heard from the bus, failures and backoff, the lease, hints, recovery, the upstream's cover,
+the read and hint budgets, and a lingering watch's poll with nobody to poll for. No loop and no clock: the poll a
+`StartPoll` asks for is fed back as the events the registry would feed (`PollDone`, `PollFailed`, `PollSkipped`,
+`PollCrashed`, then `PollFinished`). What the registry does with them (the gate, metrics, spans, the publish) is
+`test_registry_polls`'s; when one plan polls, `test_schedules`'s."""
 
 from __future__ import annotations
 
@@ -27,6 +27,8 @@ from sidecar.watch.engine.commands import (
     StartLook,
     StartPoll,
     Track,
+    Uncover,
+    Untrack,
     Waited,
 )
 from sidecar.watch.engine.events import (
@@ -39,8 +41,10 @@ from sidecar.watch.engine.events import (
     PollDone,
     PollFailed,
     PollFinished,
+    PollSkipped,
     Published,
     Recovered,
+    Release,
     Subscribe,
     TimerFired,
 )
@@ -262,6 +266,20 @@ def test_a_replica_that_may_not_poll_a_key_asks_again_an_interval_later() -> Non
     assert asked == [(watched, 5.0), (watched, 10.0)]
     record = _record(play, watched)
     assert record.consecutive_errors == 0, "neither a success nor a failure"
+
+
+def test_a_lingering_watchs_poll_that_has_nobody_to_poll_for_comes_again_an_interval_later() -> None:
+    play = _book()
+    watched = started(play, 1, 1, ALICE, V1, 1)
+    lingers = [Uncover("alice", "resource", DOC), Untrack(watched), SetTimer(2, LINGER_S)]
+    play.step(Release(watched, "alice"), *lingers)  # it lingers 8 s
+    assert play.engine.poller(watched) is None, "no stream holds it: no credential to poll with"
+    play.at(POLL_S)
+    play.step(TimerFired(-1), StartPoll(watched, POLL_S, False))
+    play.step(PollSkipped(watched, POLL_S))  # nobody to poll for: no read, neither a success nor a failure
+    # The linger's end (8 s) stays armed, and the next poll comes an interval after this one.
+    play.step(PollFinished(watched), Interval(POLL_S), SetTimer(-2, 2 * POLL_S))
+    assert _record(play, watched).consecutive_errors == 0
 
 
 def test_a_hint_polls_soon_as_a_hinted_poll_and_a_hint_for_no_watch_is_nothing() -> None:

@@ -85,25 +85,6 @@ async def test_a_caller_leaving_a_shared_first_read_takes_it_from_nobody_else_wh
     await world.registry.aclose()
 
 
-@pytest.mark.invariant(16)
-async def test_joining_a_live_watch_waits_for_a_look_that_starts_after_it_asked(world: World) -> None:
-    world.upstream.resources[DOC] = contents(DOC, "v1")
-    assert await world.registry.acquire("resource", DOC, ALICE) is not None
-    world.upstream.resources[DOC] = contents(DOC, "v2")
-    world.upstream.gate = asyncio.Event()
-    world.upstream.asked["resources/read"].clear()
-    joiners = [asyncio.create_task(world.registry.acquire("resource", DOC, ALICE)) for _ in range(3)]
-    await world.upstream.asked["resources/read"].wait()  # asked after all three subscribed
-    assert world.upstream.reads(DOC) == ["alice", "alice"], "everyone joining meanwhile shares one look"
-    assert not any(joiner.done() for joiner in joiners)
-    world.upstream.gate.set()
-    handles = await asyncio.gather(*joiners)
-    assert all(handle is not None for handle in handles)
-    key = WatchKey("resource", DOC, "alice")
-    assert world.changes() == [(key, fp(DOC, "v2"))], "the change the look saw is told before the ack"
-    assert world.watches() == {key: 4}
-
-
 async def test_the_gauges_count_watches_by_kind_and_the_contexts_watched_and_a_list_is_watched_like_a_resource(
     world: World,
 ) -> None:

@@ -1,74 +1,27 @@
 """The registry driven through its own surface, a watch's life after its first read: its linger on the clock,
-refusals reaching their listeners, the upstream's recovery, the cache's listener, a bus that fails, and the logs.
+the upstream's recovery, the cache's listener, a bus that fails, and the logs (refusals reaching their listeners:
+test_registry_polls, tests/integration/auth).
 A real `WatchRegistry` on the in-memory bus and the hand-moved clock, reading a scripted upstream (the rules these
 carry out are the engine's playbooks: test_engine_*.py)."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 import pytest
 
 from sidecar.changes import ChangeEvent, WatchKey
-from sidecar.identity import PUBLIC
-from sidecar.protocol.errors import UpstreamHTTPError, UpstreamUnavailable
+from sidecar.protocol.errors import UpstreamUnavailable
 from tests.kit import eventually
 from tests.unit.watch.registry_world import (
     ALICE,
-    BOB,
     DOC,
     OTHER,
     World,
-    failures,
     fp,
     make_world,
 )
 from tests.unit.watch.scripted_upstream import URL, contents
-
-
-async def test_a_refused_poll_of_a_public_watch_concerns_only_the_context_it_was_polled_as(world: World) -> None:
-    world.upstream.resources[DOC] = contents(DOC, "v1", cacheScope="public")
-    world.upstream.private[(OTHER, "bob")] = contents(OTHER, "bob's")
-    assert await world.registry.acquire("resource", DOC, BOB) is not None
-    assert await world.registry.acquire("resource", DOC, ALICE) is not None
-    assert await world.registry.acquire("resource", OTHER, BOB) is not None
-    world.upstream.failure = UpstreamHTTPError(URL, 401, "Unauthorized")
-    await world.step(5.0, looks=2)
-    assert sorted(world.refusals, key=str) == sorted(
-        [(WatchKey("resource", DOC, PUBLIC), "bob"), (WatchKey("resource", OTHER, "bob"), "bob")], key=str
-    )
-    world.upstream.failure = None
-    world.upstream.calls.clear()
-    assert await world.registry.acquire("resource", DOC, BOB) is not None
-    assert await world.registry.acquire("resource", DOC, ALICE) is not None
-    assert world.upstream.reads(DOC) == ["bob", "alice"], "bob proves access again; alice joins with a sync"
-    # A forwarded read the upstream refused ends that context's subscriptions too; other refusals concern none.
-    world.refusals.clear()
-    world.registry.hearing.refused("resources/read", {"uri": DOC}, BOB)
-    world.registry.hearing.refused("tools/call", {"uri": DOC}, BOB)
-    world.registry.hearing.refused("resources/read", {"uri": 7}, BOB)
-    assert world.refusals == [(WatchKey("resource", DOC, PUBLIC), "bob")]
-
-
-async def test_a_poll_refused_after_its_watch_ended_ends_no_contexts_subscriptions(
-    world: World, caplog: pytest.LogCaptureFixture
-) -> None:
-    world.upstream.resources[DOC] = contents(DOC, "v1", cacheScope="public")
-    handle = await world.registry.acquire("resource", DOC, ALICE)
-    assert handle is not None
-    world.upstream.gate = asyncio.Event()
-    world.clock.advance(5.0)
-    await eventually(lambda: len(world.upstream.calls) == 2, what="the poll asked of the upstream")
-    assert world.upstream.reads(DOC) == ["alice", "alice"], "a poll in flight, held by the upstream"
-    handle.release()
-    world.upstream.failure = UpstreamHTTPError(URL, 401, "Unauthorized")
-    world.upstream.gate.set()  # the refusal is on its way back...
-    world.clock.fire_next()  # ...when the linger ends the watch: the poll outlives it
-    await world.registry.aclose()  # everything it started is over
-    assert world.watches() == {}
-    assert world.refusals == [], "a refusal for a watch that is gone concerns nobody"
-    assert failures(caplog) == [], "nor is it a crash"
 
 
 async def test_every_failing_watch_reads_again_as_soon_as_the_upstream_is_back(world: World) -> None:
