@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from sidecar.changes import WatchKey, WatchKind
 from sidecar.identity import Identity
@@ -168,3 +168,14 @@ class Polled:
 
     def told(self) -> list[str]:
         return [change.fingerprint for change in self.published]
+
+
+def run_spawned(coro: Coroutine[Any, Any, None]) -> None:
+    """Run a spawned coroutine (an announcement to the other replicas) to its end with no loop: the coordinators of
+    these tests await nothing, so it never suspends."""
+    try:
+        coro.send(None)
+    except StopIteration:
+        return
+    coro.close()
+    raise AssertionError("a spawned coroutine waited for something")

@@ -11,12 +11,11 @@ announce, heard here.
 
 from __future__ import annotations
 
-from collections.abc import Coroutine
 from typing import Any
 
 import pytest
 
-from sidecar.changes import LocalCoordinator, WatchKey, WatchKind
+from sidecar.changes import WatchKey, WatchKind
 from sidecar.config import PollingConfig
 from sidecar.identity import Identity
 from sidecar.observability.metrics import Metrics
@@ -27,7 +26,8 @@ from sidecar.watch.observation import Observation
 from sidecar.watch.rules import Rules
 from sidecar.watch.source_hints import SourceHint
 from tests.unit.watch.engine_cast import ALICE, BOB
-from tests.unit.watch.engine_polls import HELD, Polled
+from tests.unit.watch.engine_polls import HELD, Polled, run_spawned
+from tests.unit.watch.registry_world import Coordinator
 
 QUIET = PollingConfig(default_interval_ms=600_000, min_interval_ms=10, max_interval_ms=600_000, jitter=0.1)
 """Watches whose next regular poll is ten minutes away: every look a test sees is one a write asked for."""
@@ -126,8 +126,6 @@ def test_a_burst_of_writes_costs_a_watch_at_most_two_looks_and_the_first_is_at_o
 
 # -- which watches a round hints -------------------------------------------------------------------------------
 
-CAROL = Identity("carol", (("authorization", "Bearer c"),), client="carol-laptop")
-
 
 class _Watched:
     """Four watches: a public resource, alice's and bob's own notes, and bob's tools list; every look recorded."""
@@ -208,30 +206,6 @@ def test_each_round_of_hints_links_each_contexts_traced_writes_up_to_max_links()
 # -- where a source's hint goes, and what the others announce (`HintRouting`) ------------------------------------
 
 
-def _run(coro: Coroutine[Any, Any, None]) -> None:
-    """Run a spawned coroutine to its end with no loop: the coordinators here await nothing, so it never suspends."""
-    try:
-        coro.send(None)
-    except StopIteration:
-        return
-    coro.close()
-    raise AssertionError("a spawned coroutine waited for something")
-
-
-class _Coordinator(LocalCoordinator):
-    """One replica's coordination, as hint routing uses it: what it announces, and its ear for other replicas."""
-
-    def __init__(self) -> None:
-        self.announced: list[frozenset[str]] = []
-        self.heard: Any = None
-
-    async def announce_revalidate(self, contexts: frozenset[str]) -> None:
-        self.announced.append(contexts)
-
-    def on_revalidate(self, listener: Any) -> None:
-        self.heard = listener
-
-
 PUBLIC_DOC = WatchKey("resource", "x://doc", "public")
 ALICES = WatchKey("resource", "x://notes/alice", "alice")
 BOBS = WatchKey("resource", "x://notes/bob", "bob")
@@ -242,7 +216,7 @@ class _Routed:
     """Hint routing over four watches, with the hint it gives each recorded (the registry's seam to its engine)."""
 
     def __init__(self) -> None:
-        self.coordinator = _Coordinator()
+        self.coordinator = Coordinator()
         self.metrics = Metrics()
         self.hinted: list[tuple[WatchKey, bool]] = []
         self.writes_heard: list[frozenset[str]] = []
@@ -251,7 +225,7 @@ class _Routed:
             self._hint,
             self.coordinator,
             self.metrics,
-            spawn=_run,
+            spawn=run_spawned,
             writes_heard=self.writes_heard.append,
         )
 
@@ -273,8 +247,8 @@ def test_a_source_hint_hints_the_watches_it_names_in_every_context_counted_and_t
 
 def test_what_other_replicas_announce_hints_the_same_watches_here_and_is_not_announced_again() -> None:
     routed = _Routed()
-    assert routed.coordinator.heard is not None
-    routed.coordinator.heard(frozenset({"bob", SourceHint(("x://doc",)).to_bus()}))
+    assert routed.coordinator.others_wrote is not None
+    routed.coordinator.others_wrote(frozenset({"bob", SourceHint(("x://doc",)).to_bus()}))
     assert routed.writes_heard == [frozenset({"bob"})], "bob's writes: the engine's to hint (`WritesHeard`)"
     assert routed.hinted == [(PUBLIC_DOC, True)], "the source's hint, here"
     assert routed.coordinator.announced == [], "heard from the others: theirs to tell"

@@ -5,9 +5,6 @@ that differs is a change), and the registry carrying that out against a scripted
 
 from __future__ import annotations
 
-from collections.abc import Coroutine
-from typing import Any
-
 import pytest
 
 from sidecar.changes import WatchKey, WatchKind
@@ -21,7 +18,7 @@ from sidecar.watch.observation import Observation
 from sidecar.watch.rules import Rules
 from sidecar.watch.source_hints import SourceHint, UriGlob, from_bus, matching
 from tests.kit import eventually
-from tests.unit.watch.engine_polls import Polled
+from tests.unit.watch.engine_polls import Polled, run_spawned
 from tests.unit.watch.registry_world import ALICE, BOB, CAROL, CONFIG, DOC, OTHER, Coordinator, make_world
 from tests.unit.watch.scripted_upstream import contents
 
@@ -104,16 +101,6 @@ def test_an_entry_this_release_cannot_read_hides_nothing_after_it_in_the_announc
 # -- a hint through the registry's route (`HintRouting`) to the engine, polled on a hand-moved clock -------------
 
 
-def _run(coro: Coroutine[Any, Any, None]) -> None:
-    """Run a spawned announcement to its end with no loop: the coordinator here awaits nothing."""
-    try:
-        coro.send(None)
-    except StopIteration:
-        return
-    coro.close()
-    raise AssertionError("a spawned coroutine waited for something")
-
-
 class _Hinted:
     """Watches on an engine whose polls see `seen` (by URI, or the list's pages) at once, hinted as the registry
     hints them: through hint routing, announcing to the other replicas through `coordinator`."""
@@ -132,7 +119,7 @@ class _Hinted:
             self._hint,
             self.coordinator,
             self.metrics,
-            spawn=_run,
+            spawn=run_spawned,
             writes_heard=lambda contexts: self.polled.feed(WritesHeard(contexts)),
         )
 
