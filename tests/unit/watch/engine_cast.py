@@ -9,6 +9,7 @@ from sidecar.watch.engine import Engine
 from sidecar.watch.engine.commands import (
     Command,
     Cover,
+    Observed,
     PublishFirst,
     Resolve,
     SetTimer,
@@ -42,6 +43,7 @@ __all__ = [
     "V1",
     "V2",
     "book",
+    "joined",
     "key",
     "started",
 ]
@@ -97,3 +99,15 @@ def started(play: Book, waiter: int, look: int, who: Identity, seen: Observation
     assert isinstance(first[1], SetTimer) and first[1].when == play.now + POLL_S and len(first) == 3, first
     play.step(Published(look), Track(watched), Cover(who, "resource", DOC), Resolve(waiter, watched))
     return watched
+
+
+def joined(play: Book, waiter: int, who: Identity, public: WatchKey, ticket: int) -> None:
+    """`who`, new to the public watch of DOC, subscribes: its own first read (look `waiter`) sees the public
+    content at `ticket`, which proves its access; it holds the watch from then on."""
+    play.step(Subscribe(waiter, "resource", DOC, who), StartLook(waiter, "resource", DOC, who, paced=False))
+    play.step(
+        LookDone(waiter, ticket, PUBLIC_V1),
+        Observed(public, PUBLIC_V1.fingerprint, ticket),
+        Cover(who, "resource", DOC),
+        Resolve(waiter, public),
+    )

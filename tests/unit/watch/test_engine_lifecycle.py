@@ -65,6 +65,7 @@ from tests.unit.watch.engine_cast import (
     V2,
     Book,
     book,
+    joined,
     key,
     started,
 )
@@ -229,13 +230,7 @@ def test_joiners_of_two_watches_at_once_each_wait_for_a_look_at_their_own() -> N
 def test_contexts_joining_a_public_watch_share_a_look_once_each_proved_access() -> None:
     play = book()
     public = started(play, 1, 1, ALICE, PUBLIC_V1, 1)
-    play.step(Subscribe(2, "resource", DOC, BOB), StartLook(2, "resource", DOC, BOB, paced=False))
-    play.step(
-        LookDone(2, 2, PUBLIC_V1),
-        Observed(public, PUBLIC_V1.fingerprint, 2),
-        Cover(BOB, "resource", DOC),
-        Resolve(2, public),
-    )
+    joined(play, 2, BOB, public, 2)
     play.step(Subscribe(3, "resource", DOC, ALICE_PHONE), StartLook(3, "resource", DOC, ALICE_PHONE, paced=False))
     play.step(Subscribe(4, "resource", DOC, BOB))
     play.step(

@@ -44,6 +44,7 @@ from tests.unit.watch.engine_cast import (
     PUBLIC_V1,
     V1,
     book,
+    joined,
     key,
     started,
 )
@@ -54,13 +55,7 @@ DOWN = UpstreamUnavailable("scripted://upstream", "connection refused")
 def test_a_refused_poll_of_a_public_watch_concerns_only_the_context_it_was_polled_as() -> None:
     play = book()
     public = started(play, 1, 1, BOB, PUBLIC_V1, 1)
-    play.step(Subscribe(2, "resource", DOC, ALICE), StartLook(2, "resource", DOC, ALICE, paced=False))
-    play.step(
-        LookDone(2, 2, PUBLIC_V1),
-        Observed(public, PUBLIC_V1.fingerprint, 2),
-        Cover(ALICE, "resource", DOC),
-        Resolve(2, public),
-    )
+    joined(play, 2, ALICE, public, 2)
     bobs = key("bob", OTHER)
     play.step(Subscribe(3, "resource", OTHER, BOB), StartLook(3, "resource", OTHER, BOB, paced=False))
     play.step(LookDone(3, 3, V1), StartWatch(bobs, V1, 3), SetTimer(-2, POLL_S), PublishFirst(3, bobs, V1.fingerprint))
@@ -105,13 +100,7 @@ def test_a_poll_refused_after_its_watch_ended_ends_no_contexts_subscriptions() -
 def test_a_refused_forwarded_read_ends_that_contexts_subscriptions_and_it_must_read_again() -> None:
     play = book()
     public = started(play, 1, 1, ALICE, PUBLIC_V1, 1)
-    play.step(Subscribe(2, "resource", DOC, BOB), StartLook(2, "resource", DOC, BOB, paced=False))
-    play.step(
-        LookDone(2, 2, PUBLIC_V1),
-        Observed(public, PUBLIC_V1.fingerprint, 2),
-        Cover(BOB, "resource", DOC),
-        Resolve(2, public),
-    )
+    joined(play, 2, BOB, public, 2)
     play.step(Refused("resources/read", {"uri": DOC}, BOB), Revoke(public, "bob"))
     play.step(Refused("resources/read", {"uri": OTHER}, BOB))
     play.step(Refused("tools/call", {"uri": DOC}, BOB))

@@ -13,6 +13,7 @@ from sidecar.config import PollingConfig
 from sidecar.identity import PUBLIC, Identity
 from sidecar.protocol.types import JsonObject
 from sidecar.watch.native_events import (
+    Acknowledged,
     Began,
     Command,
     CoverKey,
@@ -34,9 +35,9 @@ from sidecar.watch.native_events import (
 from sidecar.watch.native_rules import NativeRules
 from tests.kit import ACK
 from tests.kit.playbook import Playbook
-from tests.unit.watch.native.native_harness import CONFIG, EVERYTHING
+from tests.unit.watch.native.native_harness import CONFIG, DOC, EVERYTHING
 
-__all__ = ["Book", "acked", "book", "cover", "hint", "listening", "rules", "subscribed"]
+__all__ = ["Book", "acked", "book", "cover", "hint", "listening", "listening_to_doc_and_tools", "rules", "subscribed"]
 
 Book = Playbook[Event, Command]
 
@@ -96,4 +97,21 @@ def subscribed(
         *cover("resource", uri, who.context, own=True, public=True),
         *hint("resource", uri, who.context, warm=False),
         Wait(stream),
+    )
+
+
+def listening_to_doc_and_tools(play: Book, capabilities: JsonObject) -> None:
+    """Alice's stream (1), held for DOC and the tools list, probes a 2026-07-28 upstream, listens for both, and is
+    acknowledged with both: each covered (her watch and the public one), polled once, and the stream waits."""
+    play.step(Began(1), Probe(1))
+    wanted = {"resourceSubscriptions": [DOC], "toolsListChanged": True}
+    play.step(Probed(1, True, capabilities), Listen(1, wanted))
+    play.step(
+        Acknowledged(1, acked(wanted)),
+        StreamsOpen(1),
+        *cover("resource", DOC, "alice", own=True, public=True),
+        *cover("tools_list", None, "alice", own=True, public=True),
+        *hint("resource", DOC, "alice", warm=False),
+        *hint("tools_list", None, "alice", warm=False),
+        Wait(1),
     )

@@ -40,7 +40,7 @@ from sidecar.watch.native_events import (
 )
 from sidecar.watch.native_rules import ENDED, FAILED
 from tests.kit import ACK, UPDATED
-from tests.unit.watch.native.native_book import acked, book, cover, hint, listening
+from tests.unit.watch.native.native_book import acked, book, cover, hint, listening, listening_to_doc_and_tools
 from tests.unit.watch.native.native_harness import (
     ALICE,
     DEBOUNCE_S,
@@ -92,18 +92,7 @@ def test_the_filter_asks_only_for_what_the_upstream_declares() -> None:
     play.step(Held(ALICE, "resource", DOC, declared), Start(1, ALICE))
     play.step(Held(ALICE, "tools_list", None, declared), Wake(1))
     play.step(Held(ALICE, "prompts_list", None, declared))  # the upstream has no prompts: never asked for
-    play.step(Began(1), Probe(1))
-    wanted = {"resourceSubscriptions": [DOC], "toolsListChanged": True}
-    play.step(Probed(1, True, declared), Listen(1, wanted))
-    play.step(
-        Acknowledged(1, acked(wanted)),
-        StreamsOpen(1),
-        *cover("resource", DOC, "alice", own=True, public=True),
-        *cover("tools_list", None, "alice", own=True, public=True),
-        *hint("resource", DOC, "alice", warm=False),
-        *hint("tools_list", None, "alice", warm=False),
-        Wait(1),
-    )
+    listening_to_doc_and_tools(play, declared)
     play.step(Held(ALICE, "prompts_list", None, declared))  # the registry holds what the upstream cannot push
     play.step(Heard(1, {"method": TOOLS}), Received(TOOLS), *hint("tools_list", None, "alice", warm=True))
 
@@ -222,18 +211,7 @@ def test_a_context_that_stops_watching_what_the_upstream_can_push_closes_its_lis
     play = book()
     play.step(Held(ALICE, "resource", DOC, EVERYTHING), Start(1, ALICE))
     play.step(Held(ALICE, "tools_list", None, EVERYTHING), Wake(1))
-    play.step(Began(1), Probe(1))
-    wanted = {"resourceSubscriptions": [DOC], "toolsListChanged": True}
-    play.step(Probed(1, True, EVERYTHING), Listen(1, wanted))
-    play.step(
-        Acknowledged(1, acked(wanted)),
-        StreamsOpen(1),
-        *cover("resource", DOC, "alice", own=True, public=True),
-        *cover("tools_list", None, "alice", own=True, public=True),
-        *hint("resource", DOC, "alice", warm=False),
-        *hint("tools_list", None, "alice", warm=False),
-        Wait(1),
-    )
+    listening_to_doc_and_tools(play, EVERYTHING)
     play.step(Dropped("alice", "resource", DOC), Wake(1))
     play.step(Woken(1), Debounce(1, DEBOUNCE_S))
     play.at(DEBOUNCE_S).step(Debounced(1, EVERYTHING), Listen(1, {"toolsListChanged": True}))
