@@ -136,6 +136,18 @@ def test_a_list_of_exactly_the_most_pages_is_read_and_one_longer_is_a_bad_answer
         walk.answered(pages[MAX_LIST_PAGES - 1])
 
 
+def test_the_templates_may_have_the_most_pages_too_after_the_resources_pages() -> None:
+    # The bound is each method's own: the resources' pages do not use up the templates'.
+    resources: list[JsonObject] = [{"resources": [{"uri": f"file:///{n}"}], "nextCursor": str(n + 1)} for n in range(3)]
+    templates: list[JsonObject] = [
+        {"resourceTemplates": [{"uriTemplate": f"file:///{n}/{{a}}"}], "nextCursor": str(n + 1)} for n in range(99)
+    ]
+    pages = {"resources/list": [*resources, {"resources": []}], "resources/templates/list": [*templates, {}]}
+    walk, asked = _walk("resources_list", pages)
+    assert len(asked) == 4 + MAX_LIST_PAGES
+    assert len(walk.entries()) == 3 + 99
+
+
 def test_items_that_cannot_be_fingerprinted_are_a_bad_answer() -> None:
     deep: Any = "leaf"
     for _ in range(300):  # orjson writes 254 levels at most

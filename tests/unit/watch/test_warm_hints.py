@@ -20,7 +20,7 @@ from sidecar.changes import WatchKey
 from sidecar.config import PollingConfig
 from sidecar.watch.engine import Engine
 from sidecar.watch.engine.commands import BudgetShare, CancelTimer, SetTimer, Waited
-from sidecar.watch.engine.events import Hinted, TimerFired
+from sidecar.watch.engine.events import Hinted, TimerFired, Wrote
 from sidecar.watch.engine.polls import (
     Begin,
     Changed,
@@ -266,6 +266,17 @@ def test_a_write_the_source_shows_a_second_late_is_told_once_by_a_warm_look() ->
     assert all(poll.hinted for poll in polled.polls)
     assert polled.told() == ["fp-1"]
     assert polled.clock.due() == _at(HINT_AT + 1.0125 + INTERVAL_S), "then its interval"
+
+
+def test_a_write_through_the_sidecar_holds_the_watches_it_hints_warm_until_the_source_shows_it() -> None:
+    source = LaggingSource(lag_s=0.8)
+    polled = source.polled
+    polled.clock.advance_to(HINT_AT)
+    source.written_at = HINT_AT
+    polled.feed(Wrote("alice"))  # the write itself, through the debounce: its round's hint is warm
+    source.until(20.0)
+    assert len(polled.started_at()) == 4, "the look at once, then the warm ones until the source showed the write"
+    assert polled.told() == ["fp-1"], "told within the second, not an interval later"
 
 
 @pytest.mark.invariant(21)

@@ -32,6 +32,7 @@ from sidecar.watch.native_events import (
     StreamEnded,
     StreamFailed,
     StreamsOpen,
+    Wake,
 )
 from sidecar.watch.native_rules import ENDED, FAILED, UNSUPPORTED
 from tests.unit.watch.native.native_book import (
@@ -112,6 +113,20 @@ def _refused(play: Book, error: Exception, *expected: Log | Retry | Finish, agai
     play.step(Probed(1, False, EVERYTHING), OpenSession(1))
     failed = StreamFailed(1, error) if isinstance(error, UpstreamError) else StreamCrashed(1)
     play.step(failed, *expected)
+
+
+def test_a_stream_whose_task_ended_while_its_context_holds_keys_starts_afresh_on_the_next_hold() -> None:
+    # Only a bug outside the stream's steps ends its task while keys are held: the next hold starts it again, once,
+    # and its old failures do not count against the new task (it logs its first failure, and waits the first wait).
+    play = book()
+    _refused(play, REFUSED, Log(FAILED, "connection refused"), Retry(1, 0.5), again=False)
+    play.step(Stopped(1))
+    play.step(Held(ALICE, "tools_list", None, EVERYTHING), Start(1, ALICE))
+    play.step(Held(ALICE, "prompts_list", None, EVERYTHING), Wake(1))  # running again: woken, not started twice
+    assert rules(play).streams() == 1
+    play.step(Began(1), Probe(1))
+    play.step(Probed(1, False, EVERYTHING), OpenSession(1))
+    play.step(StreamFailed(1, REFUSED), Log(FAILED, "connection refused"), Retry(1, 0.5))
 
 
 def test_repeated_failures_back_off_doubling_to_half_a_minute_and_log_once_a_streak() -> None:

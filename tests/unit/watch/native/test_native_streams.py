@@ -19,6 +19,7 @@ from sidecar.watch.native_events import (
     Debounce,
     Debounced,
     Dropped,
+    Finish,
     Held,
     LimitHit,
     OpenSession,
@@ -115,6 +116,16 @@ def test_a_stream_lasts_while_any_stream_of_its_context_holds_a_key() -> None:
     play.step(Dropped("alice", "tools_list", None), Stop(1))
     play.step(Stopped(1), StreamsOpen(-1), *cover("tools_list", None, "alice", own=False, public=False))
     play.step(Held(ALICE, "resource", DOC, EVERYTHING), Start(2, ALICE))  # a context back later gets a new stream
+
+
+def test_a_stream_let_go_of_while_it_probes_finishes_on_the_answer_asking_nothing_more() -> None:
+    # The context's last hold went while the probe was in flight: its answer finishes the stream, with nothing
+    # listened for, subscribed to or retried.
+    play = book()
+    play.step(Held(ALICE, "tools_list", None, EVERYTHING), Start(1, ALICE))
+    play.step(Began(1), Probe(1))
+    play.step(Dropped("alice", "tools_list", None), Stop(1))
+    play.step(Probed(1, True, EVERYTHING), Finish(1))
 
 
 def test_a_public_key_is_covered_by_any_contexts_stream() -> None:
