@@ -140,6 +140,10 @@ class NativeRules:
         """Streams whose task runs (each keeps its context's credential)."""
         return len(self._running)
 
+    def contexts(self) -> list[str]:
+        """The contexts a stream is kept for now (each keeps that context's credential)."""
+        return list(self._table)
+
     def clear(self) -> None:
         """Shutdown: no context holds a stream any more (their tasks are being closed)."""
         self._table.clear()

@@ -17,9 +17,14 @@ import pytest
 from sidecar.protocol.errors import UpstreamError, UpstreamHTTPError, UpstreamRpcError, UpstreamUnavailable
 from sidecar.watch import native_rules
 from sidecar.watch.native_events import (
+    Acknowledged,
     Began,
+    Debounce,
+    Debounced,
+    Dropped,
     Finish,
     Held,
+    Listen,
     Log,
     OpenSession,
     Probe,
@@ -27,18 +32,24 @@ from sidecar.watch.native_events import (
     Retry,
     RetryDue,
     Start,
+    Stop,
     Stopped,
     StreamCrashed,
     StreamEnded,
     StreamFailed,
     StreamsOpen,
+    Wait,
     Wake,
+    Woken,
 )
-from sidecar.watch.native_rules import ENDED, FAILED, UNSUPPORTED
+from sidecar.watch.native_rules import ENDED, FAILED, REFILTER_DEBOUNCE_S, UNSUPPORTED
 from tests.unit.watch.native.native_book import (
     Book,
+    acked,
     book,
     cover,
+    hint,
+    listening,
     rules,
     subscribed,
 )
@@ -207,7 +218,7 @@ def test_an_upstream_that_serves_no_stream_is_asked_once_and_then_only_polled(re
     _refused(play, refusal, Log(FAILED, refusal.reason), Log(UNSUPPORTED, refusal.reason), Finish(1), again=False)
     assert rules(play).unsupported
     play.step(Stopped(1))  # the refused stream's task ends, and lets go of its credential
-    assert rules(play).streams() == 0
+    assert rules(play).streams() == 0 and rules(play).contexts() == [], "no stream keeps alice's credential"
     play.step(Held(BOB, "resource", OTHER, EVERYTHING))  # never asked again: no stream is started
     play.step(Held(ALICE, "tools_list", None, EVERYTHING))
     assert not rules(play).covers("resource", DOC, "alice")
@@ -227,3 +238,60 @@ def test_other_refusals_are_tried_again(refusal: UpstreamError) -> None:
     _refused(play, refusal, Log(FAILED, refusal.reason), Retry(1, 0.5), again=False)
     assert not rules(play).unsupported
     subscribed(play.at(0.5), 1, ALICE, DOC, again=True)
+
+
+# -- a stream let go of, or with nothing left to ask for ----------------------------------------------------------
+
+
+def test_a_stream_with_nothing_left_to_ask_for_closes_and_tries_again_with_its_backoff_from_the_start() -> None:
+    play = book()
+    listening(play, 1, ALICE, "resource", DOC)
+    play.step(StreamFailed(1, RESET), Log(FAILED, RESET.reason), Retry(1, 0.5))  # a streak of failures begins
+    play.step(RetryDue(1), Probe(1))
+    # Back, the upstream declares nothing alice holds: no listen to ask for, so none is opened; tried again.
+    play.step(Probed(1, True, {}), Retry(1, 0.5))
+    play.step(RetryDue(1), Probe(1))
+    wanted = {"resourceSubscriptions": [DOC]}
+    play.step(Probed(1, True, EVERYTHING), Listen(1, wanted))
+    # A failure now starts a new streak: logged again, and backed off from its first step.
+    play.step(StreamFailed(1, RESET), Log(FAILED, RESET.reason), Retry(1, 0.5))
+
+
+def test_a_stream_let_go_of_before_it_begins_or_retries_asks_the_upstream_nothing() -> None:
+    play = book()
+    play.step(Held(ALICE, "resource", DOC, EVERYTHING), Start(1, ALICE))
+    play.step(Dropped("alice", "resource", DOC), Stop(1))
+    play.step(Began(1), Finish(1))
+    listening(play, 2, BOB, "resource", DOC)
+    play.step(StreamFailed(2, RESET), Log(FAILED, RESET.reason), Retry(2, 0.5))
+    play.step(Dropped("bob", "resource", DOC), Stop(2))
+    play.step(RetryDue(2), Finish(2))
+
+
+def test_a_stream_let_go_of_while_it_waits_to_ask_again_closes_and_uncovers_what_it_covered() -> None:
+    play = book()
+    wanted = listening(play, 1, ALICE, "resource", DOC)
+    play.step(
+        Acknowledged(1, acked(wanted)),
+        StreamsOpen(1),
+        *cover("resource", DOC, "alice", own=True, public=True),
+        *hint("resource", DOC, "alice", warm=False),
+        Wait(1),
+    )
+    play.step(Held(ALICE, "tools_list", None, EVERYTHING), Wake(1))
+    play.step(Woken(1), Debounce(1, REFILTER_DEBOUNCE_S))
+    play.step(Dropped("alice", "resource", DOC), Wake(1))
+    play.step(Dropped("alice", "tools_list", None), Stop(1))
+    play.step(
+        Debounced(1, EVERYTHING),
+        StreamsOpen(-1),
+        *cover("resource", DOC, "alice", own=False, public=False),
+        Finish(1),
+    )
+
+
+def test_a_stream_let_go_of_that_then_crashes_finishes_without_trying_again() -> None:
+    play = book()
+    listening(play, 1, ALICE, "resource", DOC)
+    play.step(Dropped("alice", "resource", DOC), Stop(1))
+    play.step(StreamCrashed(1), Finish(1))

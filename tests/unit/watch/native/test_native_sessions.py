@@ -195,3 +195,13 @@ def test_a_notification_that_names_no_change_hints_nothing(message: JsonObject) 
         Received(UPDATED),
         *hint("resource", OTHER, "alice", warm=True),
     )
+
+
+def test_a_session_on_an_upstream_that_no_longer_declares_subscribe_subscribes_to_nothing() -> None:
+    play = book()
+    play.step(Held(ALICE, "resource", DOC, EVERYTHING), Start(1, ALICE))
+    play.step(Began(1), Probe(1))
+    # Probed afresh (after an outage, say), the upstream no longer declares `resources.subscribe`: the session
+    # stream opens and hears what it is sent, but no URI is subscribed to, so none is covered.
+    play.step(Probed(1, False, {"resources": {}}), OpenSession(1))
+    play.step(SessionOpened(1), StreamsOpen(1), Wait(1))
