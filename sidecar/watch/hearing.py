@@ -16,7 +16,7 @@ from sidecar.identity import Identity
 from sidecar.observability.metrics import Metrics
 from sidecar.observability.tracing import tracing
 from sidecar.protocol import JsonObject
-from sidecar.watch.engine import Event, Forwarded, Refused, WritesHeard, Wrote, teaches
+from sidecar.watch.engine import Event, Forwarded, Refused, WritesHeard, teaches
 from sidecar.watch.hint_routing import HintRouting
 from sidecar.watch.native import HintWatch
 from sidecar.watch.source_hints import SourceHint
@@ -62,11 +62,6 @@ class Hearing:
     def refused(self, method: str, params: JsonObject, identity: Identity) -> None:
         """The upstream refused `identity` a forwarded request (401/403) (see `sidecar.watch.engine.evidence`)."""
         self._feed(Refused(method, params, identity))
-
-    def wrote(self, context: str) -> None:
-        """A request of `context` that may have written went through: the public watches and this context's look
-        soon (see `sidecar.watch.engine.writes`)."""
-        self._feed(Wrote(context, tracing().current_link()))
 
     def source(self, hint: SourceHint) -> int:
         """The source says what changed: the watches it names look soon (see `HintRouting`); how many here."""

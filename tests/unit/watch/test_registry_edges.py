@@ -240,7 +240,7 @@ async def test_writes_here_and_on_other_replicas_hint_the_watches_they_concern_a
     assert coordinator.announced == [frozenset({"alice"})], "this replica's writes are told to the others"
     assert world.clock.advance(1.0) == 0
     world.upstream.calls.clear()
-    world.registry.hearing.wrote(ALICE.context)
+    world.registry.hearing.after_forward("tools/call", {}, ALICE, {"result": {}}, world.registry.hearing.ticket())
     armed = world.clock.armed
     assert world.clock.advance(0) == 1, "alice's own watch looks at once, bob's does not"
     await eventually(lambda: world.clock.armed == armed + 1, what="the hinted look ended and armed the next")
