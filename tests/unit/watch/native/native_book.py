@@ -35,9 +35,20 @@ from sidecar.watch.native_events import (
 from sidecar.watch.native_rules import NativeRules
 from tests.kit import ACK
 from tests.kit.playbook import Playbook
-from tests.unit.watch.native.native_harness import CONFIG, DOC, EVERYTHING
+from tests.unit.watch.native.native_harness import ALICE, CONFIG, DOC, EVERYTHING
 
-__all__ = ["Book", "acked", "book", "cover", "hint", "listening", "listening_to_doc_and_tools", "rules", "subscribed"]
+__all__ = [
+    "Book",
+    "acked",
+    "book",
+    "cover",
+    "hint",
+    "listened",
+    "listening",
+    "listening_to_doc_and_tools",
+    "rules",
+    "subscribed",
+]
 
 Book = Playbook[Event, Command]
 
@@ -115,3 +126,17 @@ def listening_to_doc_and_tools(play: Book, capabilities: JsonObject) -> None:
         *hint("tools_list", None, "alice", warm=False),
         Wait(1),
     )
+
+
+def listened(play: Book) -> JsonObject:
+    """Alice's first hold of DOC on a 2026-07-28 upstream: her stream (1) listens for it and is acknowledged, DOC
+    covered (her watch and the public one) and polled once, and the stream waits; the filter it listened with."""
+    wanted = listening(play, 1, ALICE, "resource", DOC)
+    play.step(
+        Acknowledged(1, acked(wanted)),
+        StreamsOpen(1),
+        *cover("resource", DOC, "alice", own=True, public=True),
+        *hint("resource", DOC, "alice", warm=False),
+        Wait(1),
+    )
+    return wanted

@@ -17,7 +17,6 @@ import pytest
 from sidecar.protocol.errors import UpstreamError, UpstreamHTTPError, UpstreamRpcError, UpstreamUnavailable
 from sidecar.watch import native_rules
 from sidecar.watch.native_events import (
-    Acknowledged,
     Began,
     Debounce,
     Debounced,
@@ -38,17 +37,15 @@ from sidecar.watch.native_events import (
     StreamEnded,
     StreamFailed,
     StreamsOpen,
-    Wait,
     Wake,
     Woken,
 )
 from sidecar.watch.native_rules import ENDED, FAILED, REFILTER_DEBOUNCE_S, UNSUPPORTED
 from tests.unit.watch.native.native_book import (
     Book,
-    acked,
     book,
     cover,
-    hint,
+    listened,
     listening,
     rules,
     subscribed,
@@ -270,14 +267,7 @@ def test_a_stream_let_go_of_before_it_begins_or_retries_asks_the_upstream_nothin
 
 def test_a_stream_let_go_of_while_it_waits_to_ask_again_closes_and_uncovers_what_it_covered() -> None:
     play = book()
-    wanted = listening(play, 1, ALICE, "resource", DOC)
-    play.step(
-        Acknowledged(1, acked(wanted)),
-        StreamsOpen(1),
-        *cover("resource", DOC, "alice", own=True, public=True),
-        *hint("resource", DOC, "alice", warm=False),
-        Wait(1),
-    )
+    listened(play)
     play.step(Held(ALICE, "tools_list", None, EVERYTHING), Wake(1))
     play.step(Woken(1), Debounce(1, REFILTER_DEBOUNCE_S))
     play.step(Dropped("alice", "resource", DOC), Wake(1))

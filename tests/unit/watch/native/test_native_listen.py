@@ -40,7 +40,15 @@ from sidecar.watch.native_events import (
 )
 from sidecar.watch.native_rules import ENDED, FAILED
 from tests.kit import ACK, UPDATED
-from tests.unit.watch.native.native_book import acked, book, cover, hint, listening, listening_to_doc_and_tools
+from tests.unit.watch.native.native_book import (
+    acked,
+    book,
+    cover,
+    hint,
+    listened,
+    listening,
+    listening_to_doc_and_tools,
+)
 from tests.unit.watch.native.native_harness import (
     ALICE,
     DEBOUNCE_S,
@@ -244,14 +252,7 @@ def test_a_listen_acknowledged_then_ended_again_and_again_backs_off() -> None:
 
 def test_a_context_watching_again_while_its_last_stream_closes_gets_a_stream_of_its_own() -> None:
     play = book()
-    wanted = listening(play, 1, ALICE, "resource", DOC)
-    play.step(
-        Acknowledged(1, acked(wanted)),
-        StreamsOpen(1),
-        *cover("resource", DOC, "alice", own=True, public=True),
-        *hint("resource", DOC, "alice", warm=False),
-        Wait(1),
-    )
+    wanted = listened(play)
     play.step(Dropped("alice", "resource", DOC), Stop(1))
     play.step(Held(ALICE, "resource", DOC, EVERYTHING), Start(2, ALICE))  # before the closing stream's task has run
     play.step(Stopped(1), StreamsOpen(-1), *cover("resource", DOC, "alice", own=False, public=False))
