@@ -137,6 +137,8 @@ class PushingUpstream(ScriptedUpstream):
         self.refusals: list[BaseException] = []
         """What the next attempts to open a stream raise, in order."""
         self.attempts = 0
+        self.probed_as: list[Identity] = []
+        """Whom each look at the era and capabilities was made as (a protected upstream refuses an anonymous one)."""
         """Attempts to open a stream, refused ones included."""
         self.closing_gate: asyncio.Event | None = None
         """While set and not yet open, closing a stream waits for it."""
@@ -162,6 +164,7 @@ class PushingUpstream(ScriptedUpstream):
 
     async def ensure_info(self, identity: Identity) -> UpstreamInfo:
         """The era and capabilities; while unknown, a probe learns `learns` (or finds the upstream unreachable)."""
+        self.probed_as.append(identity)
         if self.info is None and self.learns is not None:
             self.info, self.learns = self.learns, None
             self.changed()

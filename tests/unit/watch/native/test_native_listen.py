@@ -156,6 +156,8 @@ async def test_a_new_interest_opens_a_new_listen_before_the_old_one_closes(moder
     ], "one new listen for the whole burst"
     assert modern.upstream.open == [modern.upstream.opened[1]]
     assert modern.gauge("mcp_sidecar_native_streams") == 1, "still one stream for the context"
+    assert {opened.identity for opened in modern.upstream.opened} == {ALICE}, "each listen as its context"
+    assert modern.upstream.probed_as and set(modern.upstream.probed_as) == {ALICE}, "the era looked at as alice"
 
 
 async def test_no_notification_falls_between_the_old_listen_and_the_new_one(modern: Bench) -> None:

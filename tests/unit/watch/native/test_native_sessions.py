@@ -124,15 +124,29 @@ async def test_one_uri_refused_does_not_keep_the_others_from_being_subscribed(le
     assert not doc.native
 
 
-async def test_an_unsubscribe_the_upstream_fails_still_uncovers_the_uri(legacy: Bench) -> None:
+async def test_a_session_stream_subscribes_and_unsubscribes_as_its_context_and_a_failed_unsubscribe_still_uncovers(
+    legacy: Bench,
+) -> None:
     doc = legacy.watch("resource", DOC, ALICE)
     other = legacy.watch("resource", OTHER, ALICE)
     await legacy.until(lambda: doc.native and other.native)
+    assert [(opened.identity, opened.wanted) for opened in legacy.upstream.opened] == [(ALICE, {})]
+    public = legacy.watch("resource", DOC, BOB, public=True)  # a new watch of a key the upstream covers already
+    assert public.native, "covered from its start: alice's stream covers DOC for everyone"
+    await legacy.until(lambda: len(legacy.upstream.calls) == 3)  # bob's own stream subscribes, as bob
+    legacy.upstream.open[0].push(UPDATED, {"uri": OTHER})
+    await legacy.until(lambda: other.warm_hints == 1)  # the upstream said so: a warm hint
     legacy.upstream.errors["resources/unsubscribe"] = {"code": -32603, "message": "boom"}
     legacy.native.drop("alice", "resource", DOC)
     await legacy.timer_at(DEBOUNCE_S)
     legacy.clock.advance(DEBOUNCE_S)
     await legacy.until(lambda: not doc.native)
+    assert legacy.upstream.calls == [
+        ("resources/subscribe", DOC, "alice"),
+        ("resources/subscribe", OTHER, "alice"),
+        ("resources/subscribe", DOC, "bob"),
+        ("resources/unsubscribe", DOC, "alice"),
+    ]
     assert legacy.upstream.open, "the stream goes on"
 
 
