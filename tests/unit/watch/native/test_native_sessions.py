@@ -11,6 +11,7 @@ from typing import cast
 import pytest
 
 from sidecar.changes import WatchKind
+from sidecar.identity import Identity
 from sidecar.protocol.types import JsonObject
 from sidecar.watch.native_events import (
     Began,
@@ -134,6 +135,9 @@ async def test_a_session_stream_subscribes_and_unsubscribes_as_its_context_and_a
     public = legacy.watch("resource", DOC, BOB, public=True)  # a new watch of a key the upstream covers already
     assert public.native, "covered from its start: alice's stream covers DOC for everyone"
     await legacy.until(lambda: len(legacy.upstream.calls) == 3)  # bob's own stream subscribes, as bob
+    carol = Identity("carol", (("authorization", "Bearer c"),), client="carol-laptop")
+    legacy.watch("resource", DOC, carol)  # a third context: past max_native_streams (2), it stays polled
+    assert legacy.gauge("mcp_sidecar_limit_rejections_total", limit="native_streams") == 1
     legacy.upstream.open[0].push(UPDATED, {"uri": OTHER})
     await legacy.until(lambda: other.warm_hints == 1)  # the upstream said so: a warm hint
     legacy.upstream.errors["resources/unsubscribe"] = {"code": -32603, "message": "boom"}
@@ -147,7 +151,7 @@ async def test_a_session_stream_subscribes_and_unsubscribes_as_its_context_and_a
         ("resources/subscribe", DOC, "bob"),
         ("resources/unsubscribe", DOC, "alice"),
     ]
-    assert legacy.upstream.open, "the stream goes on"
+    assert legacy.upstream.open and other.native, "the stream goes on, and what it still covers stays covered"
 
 
 # -- what the notifications hint ------------------------------------------------------------------------------
