@@ -158,6 +158,9 @@ async def test_a_new_interest_opens_a_new_listen_before_the_old_one_closes(moder
     assert modern.gauge("mcp_sidecar_native_streams") == 1, "still one stream for the context"
     assert {opened.identity for opened in modern.upstream.opened} == {ALICE}, "each listen as its context"
     assert modern.upstream.probed_as and set(modern.upstream.probed_as) == {ALICE}, "the era looked at as alice"
+    # A 2026-07-28 child's own notification, outside every listen, is not one of those the listens hear: a warm hint.
+    modern.upstream.send(UPDATED, {"uri": DOC})
+    assert doc.warm_hints == 1
 
 
 async def test_no_notification_falls_between_the_old_listen_and_the_new_one(modern: Bench) -> None:
