@@ -122,13 +122,9 @@ class NativeNotifications:
         """`context` no longer watches (kind, uri)."""
         self.handle(Dropped(context, kind, uri))
 
-    def covers(self, kind: WatchKind, uri: str | None, context: str) -> bool:
-        """Whether the upstream's notifications cover this key now (for a public key: any context's)."""
-        return self.rules.covers(kind, uri, context)
-
     def update(self, key: WatchKey) -> None:
         """Put `key`'s watch, if there is one, in the mode its coverage says (new, or its coverage changed)."""
-        self._cover(key, self.covers(key.kind, key.uri, key.context))
+        self._cover(key, self.rules.covers(key.kind, key.uri, key.context))
 
     def handle(self, event: Event) -> Step | None:
         """Feed `event` to the rules and carry out its effects; the stream's next step, if it asks for one."""

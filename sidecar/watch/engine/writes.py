@@ -18,14 +18,12 @@ from typing import Any
 
 from sidecar.changes import WatchKey
 from sidecar.identity import PUBLIC
+from sidecar.observability.tracing import MAX_LINKS
 from sidecar.watch.engine.commands import AnnounceWrites, Command, LinkPoll, SetTimer
 from sidecar.watch.engine.events import Hinted, WritesHeard, Wrote
 from sidecar.watch.engine.watching import Watching
 
-__all__ = ["MAX_LINKS", "WriteRounds"]
-
-MAX_LINKS = 8
-"""The traced writes a context's round links to at most (as many as a span keeps links of, `tracing.MAX_LINKS`)."""
+__all__ = ["WriteRounds"]
 
 
 class WriteRounds:

@@ -19,8 +19,8 @@ from sidecar.changes import WatchKey, WatchKind
 from sidecar.config import PollingConfig
 from sidecar.identity import Identity
 from sidecar.observability.metrics import Metrics
+from sidecar.observability.tracing import MAX_LINKS
 from sidecar.watch.engine import Engine, WritesHeard, Wrote
-from sidecar.watch.engine.writes import MAX_LINKS
 from sidecar.watch.hint_routing import HintRouting
 from sidecar.watch.observation import Observation
 from sidecar.watch.rules import Rules
