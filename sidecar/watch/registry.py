@@ -14,7 +14,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sidecar.changes import Bus, ChangeEvent, LocalCoordinator, PollCoordinator, WatchKey, WatchKind
 from sidecar.config import PollingConfig, ToolRule
@@ -74,9 +74,6 @@ from sidecar.watch.waiters import Waiters
 __all__ = ["AuthFailureListener", "Handle", "ObservationListener", "Stage", "WatchRegistry", "WatchSummary"]
 
 logger = logging.getLogger(__name__)
-
-if TYPE_CHECKING:
-    pass
 
 AuthFailureListener = Callable[[WatchKey, str], None]
 """Told that a context's credential was refused while polling a key (its streams should end)."""
