@@ -65,6 +65,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--list", action="store_true", help="print every function, by module")
     parser.add_argument("--json", action="store_true", help="print the counts as JSON")
+    parser.add_argument("--packages", action="store_true", help="count by package (sidecar/watch, ...), not module")
     args = parser.parse_args()
     trip = _Trip()
     sys.setprofile(trip.hook)
@@ -73,6 +74,7 @@ def main() -> None:
     finally:
         sys.setprofile(None)
     modules = Counter(module for module, _ in trip.functions)
+    packages = Counter(_package(module) for module, _ in trip.functions)
     if args.json:
         print(json.dumps({"functions": len(trip.functions), "modules": len(modules)}))
         return
@@ -80,8 +82,13 @@ def main() -> None:
         for module, qualname in sorted(trip.functions):
             print(f"{module}:{qualname}")
     print(f"{len(trip.functions)} functions in {len(modules)} modules")
-    for module, count in modules.most_common():
-        print(f"  {count:3d}  {module}")
+    for name, count in (packages if args.packages else modules).most_common():
+        print(f"  {count:3d}  {name}")
+
+
+def _package(module: str) -> str:
+    """`sidecar/watch/engine/core` -> `sidecar/watch`: the package under `sidecar/` (or the top-level module)."""
+    return "/".join(module.split("/")[:2])
 
 
 if __name__ == "__main__":
