@@ -304,7 +304,7 @@ class WatchRegistry:
         logger.debug("watch stopped", extra={"watch": key.short_hash, "kind": key.kind})
 
     def _refresh_contexts(self) -> None:
-        self._metrics.watched_contexts.set(len({key.context for key in self._engine.keys()}))
+        self._metrics.watched_contexts.set(self._engine.watched_contexts)
 
     def _hint(self, key: WatchKey, *, warm: bool = False) -> None:
         """`key`'s watch, if there is one, looks soon (see `Hinted`)."""

@@ -20,6 +20,7 @@ Guarantees (the registry's, stated where they are kept):
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from collections.abc import Callable, Hashable, Iterator
 
 from sidecar.backoff import JITTER
@@ -96,6 +97,8 @@ class Engine:
         self.admission = Admission(absent_ttl_s=absent_ttl_s, rate_per_s=rate_per_s, clock=lambda: self._now)
         """Known-absent memory and first-read tokens, on the engine's time."""
         self._records: dict[WatchKey, Record] = {}
+        self._contexts: Counter[str] = Counter()
+        """Watches by context (kept with `_records`): how many contexts watch anything, without a pass over them all."""
         self._looks: dict[int, Pending] = {}
         """Looks callers wait on, by the id their StartLook command carries (until answered)."""
         self._shared: dict[Hashable, int] = {}
@@ -132,6 +135,11 @@ class Engine:
 
     def records(self) -> list[Record]:
         return list(self._records.values())
+
+    @property
+    def watched_contexts(self) -> int:
+        """How many authorization contexts (public included) have a watch, in whatever stage."""
+        return len(self._contexts)
 
     @property
     def looks_in_flight(self) -> int:
@@ -244,6 +252,7 @@ class Engine:
         # A new watch. Other replicas' caches may hold an answer older than this first look (one cached before
         # anyone watched): its callers are answered once it is published, so those drop it before any ack.
         record = self._records[key] = Record(key)
+        self._contexts[key.context] += 1
         pending.key = key
         rule = self._rules.for_uri(key.uri)
         return [
@@ -383,6 +392,9 @@ class Engine:
             return []
         record.stage = Stage.ENDED
         del self._records[record.key]
+        self._contexts[record.key.context] -= 1
+        if not self._contexts[record.key.context]:
+            del self._contexts[record.key.context]
         return [*self._watching.stop(record, self._now), StopWatch(record.key, record.native)]
 
     def close(self) -> None:
@@ -390,6 +402,7 @@ class Engine:
         for record in self._records.values():
             record.stage = Stage.ENDED
         self._records.clear()
+        self._contexts.clear()
         self._timers.clear()
         self._looks.clear()
         self._shared.clear()

@@ -287,3 +287,25 @@ def _lingering(watched: WatchKey, context: str, *, timer: int, until: float) -> 
     from sidecar.watch.engine.commands import Uncover, Untrack
 
     return [Uncover(context, "resource", DOC), Untrack(watched), SetTimer(timer, until)]
+
+
+def test_the_contexts_watching_are_counted_as_watches_start_and_end() -> None:
+    """The `watched_contexts` gauge's figure: a context counts while any of its watches lives (lingering included),
+    and once, however many it has."""
+    play = book()
+    for waiter, (who, uri) in enumerate(((ALICE, DOC), (ALICE, OTHER), (BOB, DOC)), 1):
+        play.step(Subscribe(waiter, "resource", uri, who), StartLook(waiter, "resource", uri, who, paced=False))
+        play.step(Leave(waiter))  # nobody waits: each watch lingers once its first look is published
+        play.feed(LookDone(waiter, waiter, V1))
+        assert play.engine.watched_contexts == (1 if waiter < 3 else 2)
+    lingers = {}
+    for waiter, uri_key in enumerate((key("alice"), key("alice", OTHER), key("bob")), 1):
+        [linger] = [command for command in play.feed(Published(waiter)) if isinstance(command, SetTimer)]
+        lingers[uri_key] = linger.timer
+    play.at(LINGER_S)
+    play.feed(TimerFired(lingers[key("alice")]))
+    assert play.engine.watched_contexts == 2, "alice still watches OTHER"
+    play.feed(TimerFired(lingers[key("alice", OTHER)]))
+    assert play.engine.watched_contexts == 1
+    play.feed(TimerFired(lingers[key("bob")]))
+    assert play.engine.keys() == [] and play.engine.watched_contexts == 0
