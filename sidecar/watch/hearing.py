@@ -7,16 +7,16 @@ tool the upstream lists as read-only teaches nothing (see `sidecar.watch.tool_ca
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
-from sidecar.changes import PollCoordinator, WatchKey
+from sidecar.changes import PollCoordinator
 from sidecar.config import ToolRule
 from sidecar.identity import Identity
 from sidecar.observability.metrics import Metrics
 from sidecar.observability.tracing import tracing
 from sidecar.protocol import JsonObject
-from sidecar.watch.engine import Event, Forwarded, Refused, WritesHeard, teaches
+from sidecar.watch.engine import Event, Forwarded, Refused, WatchIndex, WritesHeard, teaches
 from sidecar.watch.hint_routing import HintRouting
 from sidecar.watch.native import HintWatch
 from sidecar.watch.source_hints import SourceHint
@@ -35,7 +35,7 @@ class Hearing:
         *,
         tool_rules: Sequence[ToolRule],
         tools: ToolCatalog,
-        keys: Callable[[], Iterable[WatchKey]],
+        index: WatchIndex,
         hint: HintWatch,
         coordinator: PollCoordinator,
         metrics: Metrics,
@@ -47,7 +47,7 @@ class Hearing:
         self._tool_calls = ToolCalls(tool_rules, tools, metrics)
         """Which tool calls may write (`revalidate.tools`, and the tools lists the looks and forwarded answers show)."""
         self._routing = HintRouting(
-            keys, hint, coordinator, metrics, spawn=spawn, writes_heard=lambda contexts: feed(WritesHeard(contexts))
+            index, hint, coordinator, metrics, spawn=spawn, writes_heard=lambda contexts: feed(WritesHeard(contexts))
         )
 
     def after_forward(

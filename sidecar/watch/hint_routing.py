@@ -7,13 +7,14 @@ write may concern as it does for a write here (`sidecar.watch.engine.writes`). A
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
-from sidecar.changes import PollCoordinator, WatchKey
+from sidecar.changes import PollCoordinator
 from sidecar.observability.metrics import Metrics
+from sidecar.watch.engine import WatchIndex
 from sidecar.watch.native import HintWatch
-from sidecar.watch.source_hints import SourceHint, from_bus, matching
+from sidecar.watch.source_hints import SourceHint, from_bus, targets
 
 __all__ = ["HintRouting"]
 
@@ -24,7 +25,7 @@ class HintRouting:
 
     def __init__(
         self,
-        keys: Callable[[], Iterable[WatchKey]],
+        index: WatchIndex,
         hint: HintWatch,
         coordinator: PollCoordinator,
         metrics: Metrics,
@@ -32,7 +33,7 @@ class HintRouting:
         spawn: Callable[[Coroutine[Any, Any, None]], None],
         writes_heard: Callable[[frozenset[str]], None],
     ) -> None:
-        self._keys = keys
+        self._index = index
         self._hint = hint
         self._coordinator = coordinator
         self._metrics = metrics
@@ -48,7 +49,7 @@ class HintRouting:
 
     def _hint_matching(self, hint: SourceHint) -> int:
         hinted = 0
-        for key in matching(self._keys(), hint):
+        for key in self._index.at(targets(hint, self._index.resource_uris())):
             self._hint(key, warm=True)
             hinted += 1
         self._metrics.watches_hinted.inc(hinted)

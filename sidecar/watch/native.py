@@ -81,7 +81,7 @@ class NativeNotifications:
         *,
         hint: HintWatch,
         cover: Cover,
-        keys: Callable[[], Iterable[WatchKey]] = lambda: (),
+        keys_at: Callable[[WatchKind, str | None], Iterable[WatchKey]] = lambda kind, uri: (),
         clock: Clock = LOOP_CLOCK,
     ) -> None:
         self.upstream = upstream
@@ -90,7 +90,7 @@ class NativeNotifications:
         self._metrics = metrics
         self._hint = hint
         self._cover = cover
-        self._keys = keys
+        self._keys_at = keys_at
         self._streams: dict[int, tuple[NativeStream, asyncio.Task[None]]] = {}
         """Every stream whose task runs, dropped ones still closing included (what `Wake` and `Stop` reach)."""
         self._closing = TaskSet("a notification stream task failed", logger)
@@ -142,9 +142,8 @@ class NativeNotifications:
         elif isinstance(command, CoverKey):
             self._cover(command.key, command.native)
         elif isinstance(command, HintWatching):
-            for key in self._keys():
-                if key.kind == command.kind and key.uri == command.uri:
-                    self._hint(key, warm=True)
+            for key in self._keys_at(command.kind, command.uri):
+                self._hint(key, warm=True)
         elif isinstance(command, Received):
             self._metrics.upstream_notifications.labels(command.method).inc()
         elif isinstance(command, StreamsOpen):

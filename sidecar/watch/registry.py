@@ -122,7 +122,7 @@ class WatchRegistry:
         self._tasks = TaskSet("a registry task failed", logger)
         """Spawned tasks nobody awaits (a publish): shutdown waits for them."""
         self._native = NativeNotifications(
-            upstream, config, metrics, hint=self._hint, cover=self._cover, keys=self._engine.keys, clock=self._clock
+            upstream, config, metrics, hint=self._hint, cover=self._cover, keys_at=self._keys_at, clock=self._clock
         )
         self._stop_hearing_recovery = upstream.add_recovery_listener(self._upstream_recovered)
         self._unsubscribe = bus.subscribe(self._on_change)
@@ -132,7 +132,7 @@ class WatchRegistry:
             self._looks.tickets.take,
             tool_rules=tool_rules,
             tools=self._looks.tools,
-            keys=self._engine.keys,
+            index=self._engine.index,
             hint=self._hint,
             coordinator=self._coordinator,
             metrics=metrics,
@@ -309,6 +309,10 @@ class WatchRegistry:
     def _hint(self, key: WatchKey, *, warm: bool = False) -> None:
         """`key`'s watch, if there is one, looks soon (see `Hinted`)."""
         self._handle(Hinted(key, warm))
+
+    def _keys_at(self, kind: WatchKind, uri: str | None) -> list[WatchKey]:
+        """The watches of (kind, uri), in every context (what an upstream's own notification concerns)."""
+        return self._engine.index.at([(kind, uri)])
 
     def _cover(self, key: WatchKey, native: bool) -> None:
         """The upstream's notifications cover `key` now, or no longer do."""

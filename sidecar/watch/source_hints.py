@@ -12,15 +12,15 @@ no private watch for it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import orjson
 
-from sidecar.changes import WatchKey
 from sidecar.protocol import LIST_KIND_OF_PRIMITIVE, ListPrimitive
+from sidecar.watch.engine.index import Target
 
-__all__ = ["LIST_NAMES", "ListName", "SourceHint", "UriGlob", "from_bus", "matching"]
+__all__ = ["LIST_NAMES", "ListName", "SourceHint", "UriGlob", "from_bus", "targets"]
 
 ListName = ListPrimitive
 LIST_NAMES = LIST_KIND_OF_PRIMITIVE
@@ -89,15 +89,12 @@ def from_bus(contexts: Iterable[str]) -> tuple[frozenset[str], list[SourceHint]]
     return frozenset(written), hints
 
 
-def matching(keys: Iterable[WatchKey], hint: SourceHint) -> Iterator[WatchKey]:
-    """The watched keys `hint` names, in every context: resources whose URI matches, and the named lists."""
-    exact = {uri for uri in hint.uris if "*" not in uri}
+def targets(hint: SourceHint, watched_uris: Iterable[str]) -> list[Target]:
+    """What `hint` names, in every context: its URIs, the watched resource URIs its globs match (each URI once,
+    however many contexts watch it), and the lists it names."""
+    named: list[Target] = [("resource", uri) for uri in hint.uris if "*" not in uri]
     globs = [UriGlob(uri) for uri in hint.uris if "*" in uri]
-    kinds = {LIST_NAMES[name] for name in hint.lists}
-    for key in keys:
-        if key.kind == "resource":
-            uri = key.uri or ""
-            if uri in exact or any(glob.matches(uri) for glob in globs):
-                yield key
-        elif key.kind in kinds:
-            yield key
+    if globs:
+        named.extend(("resource", uri) for uri in watched_uris if any(glob.matches(uri) for glob in globs))
+    named.extend((LIST_NAMES[name], None) for name in hint.lists)
+    return named

@@ -57,6 +57,7 @@ from sidecar.watch.engine.events import (
     Wrote,
 )
 from sidecar.watch.engine.evidence import teaches
+from sidecar.watch.engine.index import WatchIndex
 from sidecar.watch.engine.record import Record, Stage
 from sidecar.watch.engine.views import CoordinatorView, WatchSummary
 
@@ -106,6 +107,7 @@ __all__ = [
     "Uncover",
     "Untrack",
     "Waited",
+    "WatchIndex",
     "WatchSummary",
     "WritesHeard",
     "Wrote",

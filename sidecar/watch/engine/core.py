@@ -20,7 +20,6 @@ Guarantees (the registry's, stated where they are kept):
 from __future__ import annotations
 
 import itertools
-from collections import Counter
 from collections.abc import Callable, Hashable, Iterator
 
 from sidecar.backoff import JITTER
@@ -61,6 +60,7 @@ from sidecar.watch.engine.events import (
     Wrote,
 )
 from sidecar.watch.engine.evidence import Evidence
+from sidecar.watch.engine.index import WatchIndex
 from sidecar.watch.engine.record import Pending, Record, Share, Stage
 from sidecar.watch.engine.watching import Watching
 from sidecar.watch.engine.writes import WriteRounds
@@ -97,8 +97,8 @@ class Engine:
         self.admission = Admission(absent_ttl_s=absent_ttl_s, rate_per_s=rate_per_s, clock=lambda: self._now)
         """Known-absent memory and first-read tokens, on the engine's time."""
         self._records: dict[WatchKey, Record] = {}
-        self._contexts: Counter[str] = Counter()
-        """Watches by context (kept with `_records`): how many contexts watch anything, without a pass over them all."""
+        self.index = WatchIndex()
+        """The records' keys by context and by target, kept with `_records` (read by the driver's collaborators)."""
         self._looks: dict[int, Pending] = {}
         """Looks callers wait on, by the id their StartLook command carries (until answered)."""
         self._shared: dict[Hashable, int] = {}
@@ -111,7 +111,7 @@ class Engine:
             self._records, polling, settle_ms=settle_ms, rand=rand, may_poll=may_poll, replicas=replicas
         )
         self._writes = WriteRounds(
-            polling.revalidate_debounce_ms / 1000, lambda: next(self._ids), self._records, self._watching
+            polling.revalidate_debounce_ms / 1000, lambda: next(self._ids), self.index, self._watching
         )
         self._evidence = Evidence(
             self._records,
@@ -139,7 +139,7 @@ class Engine:
     @property
     def watched_contexts(self) -> int:
         """How many authorization contexts (public included) have a watch, in whatever stage."""
-        return len(self._contexts)
+        return self.index.contexts
 
     @property
     def looks_in_flight(self) -> int:
@@ -252,7 +252,7 @@ class Engine:
         # A new watch. Other replicas' caches may hold an answer older than this first look (one cached before
         # anyone watched): its callers are answered once it is published, so those drop it before any ack.
         record = self._records[key] = Record(key)
-        self._contexts[key.context] += 1
+        self.index.add(key)
         pending.key = key
         rule = self._rules.for_uri(key.uri)
         return [
@@ -392,9 +392,7 @@ class Engine:
             return []
         record.stage = Stage.ENDED
         del self._records[record.key]
-        self._contexts[record.key.context] -= 1
-        if not self._contexts[record.key.context]:
-            del self._contexts[record.key.context]
+        self.index.remove(record.key)
         return [*self._watching.stop(record, self._now), StopWatch(record.key, record.native)]
 
     def close(self) -> None:
@@ -402,7 +400,7 @@ class Engine:
         for record in self._records.values():
             record.stage = Stage.ENDED
         self._records.clear()
-        self._contexts.clear()
+        self.index.clear()
         self._timers.clear()
         self._looks.clear()
         self._shared.clear()

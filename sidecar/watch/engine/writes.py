@@ -13,14 +13,14 @@ armed and fired by its driver like the others.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
-from sidecar.changes import WatchKey
 from sidecar.identity import PUBLIC
 from sidecar.observability.tracing import MAX_LINKS
 from sidecar.watch.engine.commands import AnnounceWrites, Command, LinkPoll, SetTimer
 from sidecar.watch.engine.events import Hinted, WritesHeard, Wrote
+from sidecar.watch.engine.index import WatchIndex
 from sidecar.watch.engine.watching import Watching
 
 __all__ = ["WriteRounds"]
@@ -33,13 +33,13 @@ class WriteRounds:
         self,
         debounce_s: float,
         timer_id: Callable[[], int],
-        keys: Iterable[WatchKey],
+        index: WatchIndex,
         watching: Watching,
     ) -> None:
-        """`keys`: the watches (read afresh at each round), which `watching` hints."""
+        """`index`: the watches by context (read afresh at each round), which `watching` hints."""
         self._debounce_s = debounce_s
         self._timer_id = timer_id
-        self._keys = keys
+        self._index = index
         self._watching = watching
         self._contexts: set[str] = set()
         self._links: dict[str, list[Any]] = {}
@@ -90,13 +90,8 @@ class WriteRounds:
         invariant 22), each with the traced writes that may concern it."""
         everyone = tuple(link for written in links.values() for link in written)
         commands: list[Command] = []
-        for key in list(self._keys):
-            if key.context == PUBLIC:
-                linked = everyone
-            elif key.context in contexts:
-                linked = links.get(key.context, ())
-            else:
-                continue
+        for key in self._index.of_contexts((PUBLIC, *contexts)):
+            linked = everyone if key.context == PUBLIC else links.get(key.context, ())
             if linked:
                 commands.append(LinkPoll(key, linked))
             commands.extend(self._watching.handle(Hinted(key, True), now))

@@ -10,7 +10,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from sidecar.changes import LocalCoordinator
 from sidecar.observability.metrics import Metrics
 from sidecar.observability.tracing import tracing
-from sidecar.watch.engine import Event, Forwarded, Refused
+from sidecar.watch.engine import Event, Forwarded, Refused, WatchIndex
 from sidecar.watch.hearing import Hearing
 from sidecar.watch.tool_calls import ToolCatalog
 from tests.unit.watch.engine_cast import ALICE, BOB, DOC
@@ -28,7 +28,7 @@ class _Heard:
             lambda: 7,
             tool_rules=(),
             tools=ToolCatalog(),
-            keys=list,
+            index=WatchIndex(),
             hint=lambda key, *, warm=False: None,
             coordinator=LocalCoordinator(),
             metrics=Metrics(),

@@ -20,7 +20,7 @@ from sidecar.config import PollingConfig
 from sidecar.identity import Identity
 from sidecar.observability.metrics import Metrics
 from sidecar.observability.tracing import MAX_LINKS
-from sidecar.watch.engine import Engine, WritesHeard, Wrote
+from sidecar.watch.engine import Engine, WatchIndex, WritesHeard, Wrote
 from sidecar.watch.hint_routing import HintRouting
 from sidecar.watch.observation import Observation
 from sidecar.watch.rules import Rules
@@ -220,8 +220,11 @@ class _Routed:
         self.metrics = Metrics()
         self.hinted: list[tuple[WatchKey, bool]] = []
         self.writes_heard: list[frozenset[str]] = []
+        watched = WatchIndex()
+        for key in (PUBLIC_DOC, ALICES, BOBS, TOOLS):
+            watched.add(key)
         self.routing = HintRouting(
-            lambda: [PUBLIC_DOC, ALICES, BOBS, TOOLS],
+            watched,
             self._hint,
             self.coordinator,
             self.metrics,

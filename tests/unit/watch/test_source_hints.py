@@ -10,13 +10,13 @@ import pytest
 from sidecar.changes import WatchKey, WatchKind
 from sidecar.identity import Identity
 from sidecar.observability.metrics import Metrics
-from sidecar.watch.engine import Engine
+from sidecar.watch.engine import Engine, WatchIndex
 from sidecar.watch.engine.events import Hinted, WritesHeard
 from sidecar.watch.fingerprint import fingerprint_contents, fingerprint_items
 from sidecar.watch.hint_routing import HintRouting
 from sidecar.watch.observation import Observation
 from sidecar.watch.rules import Rules
-from sidecar.watch.source_hints import SourceHint, UriGlob, from_bus, matching
+from sidecar.watch.source_hints import SourceHint, UriGlob, from_bus, targets
 from tests.kit import eventually
 from tests.unit.watch.engine_polls import Polled, run_spawned
 from tests.unit.watch.registry_world import ALICE, BOB, CAROL, CONFIG, DOC, OTHER, Coordinator, make_world
@@ -77,10 +77,13 @@ def test_a_hint_names_every_contexts_watch_of_its_uris_and_the_lists_it_names() 
         _Keyed("tools_list", None, "ctx-bob"),
         _Keyed("prompts_list", None, "public"),
     ]
-    hint = SourceHint(("catalog://plans/*", "catalog://price"), ("tools",))
-    named = list(matching(watches, hint))
-    assert named == watches[:4] + watches[5:7]
-    assert list(matching(watches, SourceHint(("catalog://nothing",)))) == []
+    index = WatchIndex()
+    for watched in watches:
+        index.add(watched)
+    hint = SourceHint(("catalog://plans/*", "catalog://price", "catalog://plans/gold"), ("tools",))
+    named = index.at(targets(hint, index.resource_uris()))
+    assert named == watches[:4] + watches[5:7], "each watch once, in the order the watches started"
+    assert index.at(targets(SourceHint(("catalog://nothing",)), index.resource_uris())) == []
 
 
 def test_a_hint_travels_the_bus_as_an_entry_no_context_can_be_and_comes_back_whole() -> None:
@@ -115,7 +118,7 @@ class _Hinted:
         self.coordinator = Coordinator()
         self.metrics = Metrics()
         self.routing = HintRouting(
-            engine.keys,
+            engine.index,
             self._hint,
             self.coordinator,
             self.metrics,

@@ -348,7 +348,7 @@ def make_bench(era: str = "legacy", capabilities: JsonObject | None = None, conf
         metrics,
         hint=bench.hint,
         cover=bench.cover,
-        keys=lambda: list(bench.watches),
+        keys_at=lambda kind, uri: [key for key in bench.watches if key.kind == kind and key.uri == uri],
         clock=clock,
     )
     return bench
