@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from sidecar.changes import Bus, ChangeEvent, LocalCoordinator, PollCoordinator, WatchKey, WatchKind
@@ -46,6 +46,7 @@ from sidecar.watch.engine import (
     Publish,
     Published,
     PublishFirst,
+    Record,
     Recovered,
     Release,
     Resolve,
@@ -63,6 +64,7 @@ from sidecar.watch.engine import (
     Untrack,
     Waited,
     WatchSummary,
+    busiest,
 )
 from sidecar.watch.handles import Handle
 from sidecar.watch.hearing import Hearing
@@ -145,9 +147,24 @@ class WatchRegistry:
     # -- reading ---------------------------------------------------------------------------------------
 
     def watches(self) -> list[WatchSummary]:
-        """Every watch as the status page shows it."""
+        """Every watch as the status page shows one."""
+        return self._summaries(self._engine.records())
+
+    def busiest(self, most: int) -> list[WatchSummary]:
+        """The `most` watches with the most subscribers, those first (ties in the order the watches started)."""
+        return self._summaries(busiest(self._engine.records(), most))
+
+    @property
+    def watch_count(self) -> int:
+        return len(self._engine.index)
+
+    @property
+    def watched_contexts(self) -> int:
+        return self._engine.watched_contexts
+
+    def _summaries(self, records: Iterable[Record]) -> list[WatchSummary]:
         now, wall = self._clock.now(), time.time()
-        return [WatchSummary.of(record, now=now, wall=wall) for record in self._engine.records()]
+        return [WatchSummary.of(record, now=now, wall=wall) for record in records]
 
     @property
     def looks_in_flight(self) -> int:
@@ -304,7 +321,7 @@ class WatchRegistry:
         logger.debug("watch stopped", extra={"watch": key.short_hash, "kind": key.kind})
 
     def _refresh_contexts(self) -> None:
-        self._metrics.watched_contexts.set(self._engine.watched_contexts)
+        self._metrics.watched_contexts.set(self.watched_contexts)
 
     def _hint(self, key: WatchKey, *, warm: bool = False) -> None:
         """`key`'s watch, if there is one, looks soon (see `Hinted`)."""

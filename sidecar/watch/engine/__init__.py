@@ -59,7 +59,7 @@ from sidecar.watch.engine.events import (
 from sidecar.watch.engine.evidence import teaches
 from sidecar.watch.engine.index import WatchIndex
 from sidecar.watch.engine.record import Record, Stage
-from sidecar.watch.engine.views import CoordinatorView, WatchSummary
+from sidecar.watch.engine.views import CoordinatorView, WatchSummary, busiest
 
 __all__ = [
     "AnnounceWrites",
@@ -111,5 +111,6 @@ __all__ = [
     "WatchSummary",
     "WritesHeard",
     "Wrote",
+    "busiest",
     "teaches",
 ]

@@ -3,13 +3,14 @@ engine's record; neither keeps or writes any watch state (the engine is its one 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import heapq
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from sidecar.changes import WatchKey
 from sidecar.watch.engine.record import Record
 
-__all__ = ["CoordinatorView", "WatchSummary"]
+__all__ = ["CoordinatorView", "WatchSummary", "busiest"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,3 +67,9 @@ class CoordinatorView:
 
     def hint(self) -> None:
         self._hint(self.key)
+
+
+def busiest(records: Iterable[Record], most: int) -> list[Record]:
+    """The `most` records with the most holders, those first, ties in the order given (the order the watches
+    started): what the status page shows, chosen without summarising or sorting every watch."""
+    return heapq.nlargest(most, records, key=lambda record: record.holders)

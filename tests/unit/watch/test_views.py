@@ -6,7 +6,7 @@ from __future__ import annotations
 from sidecar.changes import WatchKey
 from sidecar.identity import PUBLIC
 from sidecar.watch.engine import Record
-from sidecar.watch.engine.views import CoordinatorView, WatchSummary
+from sidecar.watch.engine.views import CoordinatorView, WatchSummary, busiest
 
 KEY = WatchKey("resource", "file:///doc", PUBLIC)
 
@@ -36,3 +36,10 @@ def test_a_coordinator_reads_the_records_fingerprint_as_it_is_now_and_hints_thro
     assert hinted == [KEY]
     del records[KEY]
     assert view.fingerprint == "", "its watch ended: nothing told"
+
+
+def test_the_busiest_watches_come_first_ties_in_the_order_given_and_no_more_than_asked() -> None:
+    records = [Record(WatchKey("resource", f"file:///{n}", PUBLIC), holders=holders) for n, holders in
+               enumerate((1, 5, 0, 5, 2, 1))]  # fmt: skip
+    assert [record.key.uri for record in busiest(records, 4)] == ["file:///1", "file:///3", "file:///4", "file:///0"]
+    assert busiest(records, 0) == [] and len(busiest(records, 100)) == 6
