@@ -98,11 +98,20 @@ class ReadBudget(Generic[W]):
 
     def forget(self, key: WatchKey) -> None:
         self._rates.pop(key, None)
-        self._intervals.pop(key, None)
+        if self._intervals.pop(key, None) is not None:
+            # A key the allocation counted has left: its share is the others' now, at the next interval asked for
+            # (as a key new to it gets its own at once), not a second later.
+            self._allocated_at = -math.inf
 
-    def stale(self, key: WatchKey, now: float) -> bool:
-        """Whether `key`'s interval needs a new allocation at `now` (the last is a second old, or `key` is new)."""
-        return now - self._allocated_at >= _REALLOCATE_S or key not in self._intervals
+    def stale(self, key: WatchKey, now: float, *, counted: bool = True) -> bool:
+        """Whether `key`'s interval needs a new allocation at `now`: the last is a second old, a key it counted has
+        left since, or `key` is new to it and one an allocation counts (`counted`: held, and this replica's to poll),
+        which gets its share at once. A key an allocation leaves out (a watch not published yet, a lingering one,
+        one another replica polls) would get nothing from a new one but its wanted interval, which it gets anyway:
+        reallocating over every key for it, at each start and at each of its polls, made a start storm quadratic."""
+        if now - self._allocated_at >= _REALLOCATE_S:
+            return True
+        return counted and key not in self._intervals
 
     def interval_ms(self, watch: W) -> float:
         """The interval the last allocation gave `watch` (its wanted one when it had none: it covers everyone)."""

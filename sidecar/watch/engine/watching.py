@@ -95,6 +95,10 @@ class Watching:
         """Whether this replica holds `key`'s lease now (the coordinator's answer; it writes nothing)."""
         self._timers: dict[int, WatchKey] = {}
         """The poll plans' armed timers, by id."""
+        self._started = itertools.count()
+        self._failing: dict[WatchKey, Record] = {}
+        """The watches whose plan counts failed polls, kept as each look comes back: the only ones a recovery may
+        retry, so that a recovery (after any one failed exchange, over HTTP) visits them, not every watch."""
 
     def owns_timer(self, timer: int) -> bool:
         return timer in self._timers
@@ -109,6 +113,7 @@ class Watching:
         record.ttl_ms = baseline.ttl_ms
         record.latest = Latest(ticket)
         record.rule_interval_ms = rule_ms
+        record.started = next(self._started)
         self._wanted(record)
         record.plan = PollPlan(
             self._schedule,
@@ -123,7 +128,9 @@ class Watching:
         """`record`'s watch ended: nothing is armed again, and the read budget forgets it."""
         if self._reads is not None:
             self._reads.forget(record.key)
-        return self._feed(record, Stop(), now)
+        commands = self._feed(record, Stop(), now)
+        self._failed(record)  # stopped: nothing to retry
+        return commands
 
     # -- looks -----------------------------------------------------------------------------------------------
 
@@ -189,11 +196,14 @@ class Watching:
         assert_never(event)
 
     def recover(self, now: float) -> list[Command]:
-        """The upstream answers again: each failing watch retries now (once per failure streak)."""
+        """The upstream answers again: each failing watch retries now (once per failure streak), in the order the
+        watches started (the order of the records: which of them takes which slot of the hinted polls' budget)."""
         commands: list[Command] = []
-        for record in list(self._records.values()):
-            if record.plan is not None:
+        for record in sorted(self._failing.values(), key=lambda failing: failing.started):
+            if self._records.get(record.key) is record:
                 commands.extend(self._feed(record, Recover(), now))
+            else:  # the engine closed: its records are gone, and no stop told this part
+                del self._failing[record.key]
         return commands
 
     def cover(self, record: Record, native: bool, now: float) -> list[Command]:
@@ -237,8 +247,11 @@ class Watching:
 
     def _feed(self, record: Record, event: PollEvent, now: float) -> list[Command]:
         assert record.plan is not None
+        planned = record.plan.handle(event, now)
+        if isinstance(event, Looked):  # the one event that changes its count of failed polls
+            self._failed(record)
         commands: list[Command] = []
-        for command in record.plan.handle(event, now):
+        for command in planned:
             if isinstance(command, SetTimer):
                 self._timers[command.timer] = record.key
                 commands.append(command)
@@ -270,8 +283,8 @@ class Watching:
     def _interval(self, record: Record, now: float) -> float:
         """`record`'s regular interval at `now` (its plan asks with the time of the event it handles)."""
         if (reads := self._reads) is not None:
-            if reads.stale(record.key, now):
-                polled = (held for held in self._records.values() if held.holders and self._may_poll(held.key))
+            if reads.stale(record.key, now, counted=self._counted(record)):
+                polled = (held for held in self._records.values() if self._counted(held))
                 reads.allocate(now, polled, self._replicas())
             interval_s = self._schedule.budgeted_s(reads.interval_ms(record))
         elif record.native:
@@ -280,6 +293,18 @@ class Watching:
             interval_s = self._schedule.interval_s(record.ttl_ms, record.rule_interval_ms)
         record.interval_s = interval_s
         return interval_s
+
+    def _failed(self, record: Record) -> None:
+        """Keeps `record` among the failing watches while its plan counts failed polls (and has not stopped)."""
+        plan = record.plan
+        if plan is not None and plan.errors and not plan.stopped:
+            self._failing[record.key] = record
+        elif self._failing.get(record.key) is record:
+            del self._failing[record.key]
+
+    def _counted(self, record: Record) -> bool:
+        """Whether the read budget's allocation counts `record`: held, and this replica's to poll."""
+        return record.holders > 0 and self._may_poll(record.key)
 
     def _wanted(self, record: Record) -> None:
         record.wanted_ms = self._schedule.wanted_ms(record.ttl_ms, record.rule_interval_ms, native=record.native)

@@ -319,6 +319,23 @@ def test_an_allocation_is_kept_for_a_second_and_a_new_key_gets_its_own_at_once()
     assert bench.interval_ms(first) == pytest.approx(3000 / 9, rel=1e-9), "a second on: allocated anew"
 
 
+def test_a_key_the_allocation_leaves_out_asks_no_new_one_and_one_it_counted_leaving_does() -> None:
+    kept, left, unheld = _Watch(_key("kept")), _Watch(_key("left")), _Watch(_key("unheld"), refs=0)
+    bench = _Budget([kept, left, unheld], per_s=10)
+    assert bench.interval_ms(kept) == pytest.approx(2000 / 9, rel=1e-9)
+    budget = bench.budget
+    assert not budget.stale(unheld.key, 100.5, counted=False), "a new allocation would leave it out too"
+    assert budget.interval_ms(unheld) == 10.0, "its wanted interval, as an allocation would give it"
+    assert budget.stale(unheld.key, 101.0, counted=False), "a second on, any key's interval allocates anew"
+    budget.forget(unheld.key)  # never counted: the allocation stays
+    assert not budget.stale(kept.key, 100.5)
+    budget.forget(left.key)  # counted: its share is the others' at the next interval asked for
+    assert budget.stale(unheld.key, 100.5, counted=False)
+    bench.watches.remove(left)
+    bench.clock.at = 100.5
+    assert bench.interval_ms(kept) == pytest.approx(1000 / 9, rel=1e-9)
+
+
 def test_a_watch_nobody_holds_or_one_the_upstream_notifies_of_spends_none_of_the_budget() -> None:
     polled, unheld, native = _Watch(_key("polled")), _Watch(_key("unheld"), refs=0), _Watch(_key("native"))
     bench = _Budget([polled, unheld, native], per_s=10)
