@@ -108,7 +108,7 @@ class Engine:
         self._timers: dict[int, WatchKey] = {}
         self._ids: Iterator[int] = itertools.count(1)
         self._watching = Watching(
-            self._records, polling, settle_ms=settle_ms, rand=rand, may_poll=may_poll, replicas=replicas
+            self._records, self.index, polling, settle_ms=settle_ms, rand=rand, may_poll=may_poll, replicas=replicas
         )
         self._writes = WriteRounds(
             polling.revalidate_debounce_ms / 1000, lambda: next(self._ids), self.index, self._watching

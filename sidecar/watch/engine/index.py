@@ -66,6 +66,10 @@ class WatchIndex:
         """The keys that watch these targets, in every context, in the order their watches started."""
         return self._in_order(self._by_target.get(target, {}) for target in set(targets))
 
+    def ordered(self, keys: Iterable[WatchKey]) -> list[WatchKey]:
+        """Those of `keys` that are watched, in the order their watches started."""
+        return sorted((key for key in keys if key in self._started), key=self._started.__getitem__)
+
     def resource_uris(self) -> Iterator[str]:
         """Each URI watched as a resource, once however many contexts watch it (what a glob is matched against)."""
         return (uri for kind, uri in self._by_target if kind == "resource" and uri is not None)

@@ -72,9 +72,6 @@ class Record:
     """The regular interval its last poll was armed for (jittered, under the read budget)."""
     plan: PollPlan | None = None
     """When it polls (from its first look on)."""
-    started: int = 0
-    """Its place among the watches started (the order of the engine's records): a recovery retries the failing
-    ones in it."""
     last_poll_at: float | None = None
     """When its last poll was answered (on the engine's time)."""
     last_change_at: float | None = None

@@ -43,6 +43,7 @@ from sidecar.watch.engine.events import (
     PollSkipped,
     TimerFired,
 )
+from sidecar.watch.engine.index import WatchIndex
 from sidecar.watch.engine.polls import (
     Begin,
     Changed,
@@ -74,6 +75,7 @@ class Watching:
     def __init__(
         self,
         records: dict[WatchKey, Record],
+        index: WatchIndex,
         polling: PollingConfig,
         *,
         settle_ms: int,
@@ -82,6 +84,8 @@ class Watching:
         replicas: Callable[[], int],
     ) -> None:
         self._records = records
+        self._index = index
+        """The order the watches started in: a recovery retries the failing ones in it."""
         self._ids = itertools.count(-1, -1)
         """The plans' timer ids: negative, so that they never meet the ids of the engine's looks and lingers."""
         self._schedule = Schedule(polling, rand, settle_ms=settle_ms)
@@ -95,7 +99,6 @@ class Watching:
         """Whether this replica holds `key`'s lease now (the coordinator's answer; it writes nothing)."""
         self._timers: dict[int, WatchKey] = {}
         """The poll plans' armed timers, by id."""
-        self._started = itertools.count()
         self._failing: dict[WatchKey, Record] = {}
         """The watches whose plan counts failed polls, kept as each look comes back: the only ones a recovery may
         retry, so that a recovery (after any one failed exchange, over HTTP) visits them, not every watch."""
@@ -113,7 +116,6 @@ class Watching:
         record.ttl_ms = baseline.ttl_ms
         record.latest = Latest(ticket)
         record.rule_interval_ms = rule_ms
-        record.started = next(self._started)
         self._wanted(record)
         record.plan = PollPlan(
             self._schedule,
@@ -199,11 +201,8 @@ class Watching:
         """The upstream answers again: each failing watch retries now (once per failure streak), in the order the
         watches started (the order of the records: which of them takes which slot of the hinted polls' budget)."""
         commands: list[Command] = []
-        for record in sorted(self._failing.values(), key=lambda failing: failing.started):
-            if self._records.get(record.key) is record:
-                commands.extend(self._feed(record, Recover(), now))
-            else:  # the engine closed: its records are gone, and no stop told this part
-                del self._failing[record.key]
+        for key in self._index.ordered(self._failing):  # a closed engine's records are indexed no more
+            commands.extend(self._feed(self._failing[key], Recover(), now))
         return commands
 
     def cover(self, record: Record, native: bool, now: float) -> list[Command]:

@@ -32,6 +32,8 @@ def test_lookups_give_each_key_once_in_the_order_the_watches_started_across_cont
     ]
     assert sorted(index.resource_uris()) == ["x://doc", "x://notes/1", "x://other"]
     assert index.contexts == 3 and len(index) == 5
+    gone = WatchKey("resource", "x://gone", "alice")
+    assert index.ordered([BOB_NOTES, gone, ALICE_TOOLS, BOB_DOC]) == [BOB_DOC, ALICE_TOOLS, BOB_NOTES]
 
 
 def test_a_watch_started_again_comes_after_those_that_kept_watching() -> None:
