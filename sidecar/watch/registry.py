@@ -160,7 +160,7 @@ class WatchRegistry:
 
     @property
     def watched_contexts(self) -> int:
-        return self._engine.watched_contexts
+        return self._engine.index.contexts
 
     def _summaries(self, records: Iterable[Record]) -> list[WatchSummary]:
         now, wall = self._clock.now(), time.time()

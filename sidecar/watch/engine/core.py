@@ -126,20 +126,11 @@ class Engine:
     def record(self, key: WatchKey) -> Record | None:
         return self._records.get(key)
 
-    def holders(self, key: WatchKey) -> int:
-        record = self._records.get(key)
-        return 0 if record is None else record.holders
-
     def keys(self) -> list[WatchKey]:
         return list(self._records)
 
     def records(self) -> list[Record]:
         return list(self._records.values())
-
-    @property
-    def watched_contexts(self) -> int:
-        """How many authorization contexts (public included) have a watch, in whatever stage."""
-        return self.index.contexts
 
     @property
     def looks_in_flight(self) -> int:

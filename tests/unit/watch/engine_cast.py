@@ -43,6 +43,7 @@ __all__ = [
     "V1",
     "V2",
     "book",
+    "holders",
     "joined",
     "key",
     "started",
@@ -87,6 +88,12 @@ def book(*, rate_per_s: float = 1_000.0, now: float = 0.0) -> Book:
         linger_s=LINGER_S, absent_ttl_s=ABSENT_TTL_S, rate_per_s=rate_per_s, rules=Rules([]), rand=lambda: 0.5
     )
     return Book(engine, now)
+
+
+def holders(play: Book, watched: WatchKey) -> int:
+    """How many streams hold `watched` (0 once it has ended)."""
+    record = play.engine.record(watched)
+    return 0 if record is None else record.holders
 
 
 def started(play: Book, waiter: int, look: int, who: Identity, seen: Observation, ticket: int) -> WatchKey:

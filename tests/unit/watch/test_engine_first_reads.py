@@ -48,6 +48,7 @@ from tests.unit.watch.engine_cast import (
     V1,
     V2,
     book,
+    holders,
     key,
     started,
 )
@@ -69,7 +70,7 @@ def test_a_first_read_is_answered_only_once_its_look_is_published() -> None:
     record = play.engine.record(watched)
     assert record is not None and record.stage is Stage.STARTING and record.holders == 0, "nobody answered yet"
     play.step(Published(1), Track(watched), Cover(ALICE, "resource", DOC), Resolve(1, watched))
-    assert record.stage is Stage.LIVE and play.engine.holders(watched) == 1
+    assert record.stage is Stage.LIVE and holders(play, watched) == 1
 
 
 @pytest.mark.invariant(8)
@@ -89,7 +90,7 @@ def test_concurrent_first_interests_share_one_read_per_context() -> None:
     joined = [Track(watched), Cover(ALICE, "resource", DOC), StartLook(3, "resource", DOC, ALICE, paced=False)]
     play.step(Subscribe(4, "resource", DOC, ALICE), *joined)
     play.step(Published(1), Resolve(1, watched), Resolve(2, watched))
-    assert play.engine.holders(watched) == 3
+    assert holders(play, watched) == 3
 
 
 @pytest.mark.invariant(20)
@@ -171,9 +172,9 @@ def test_a_caller_that_leaves_is_dropped_from_its_first_read() -> None:
         PublishFirst(1, watched, V1.fingerprint),
     )
     play.step(Published(1), Track(watched), Cover(ALICE_PHONE, "resource", DOC), Resolve(2, watched))
-    assert play.engine.holders(watched) == 1
+    assert holders(play, watched) == 1
     play.step(Leave(2))  # answered already: what it holds, it releases
-    assert play.engine.holders(watched) == 1
+    assert holders(play, watched) == 1
 
 
 def test_a_first_read_nobody_waits_for_any_more_starts_a_watch_that_lingers() -> None:
@@ -216,7 +217,7 @@ def test_joining_a_live_watch_waits_for_a_look_that_starts_after_it_asked() -> N
     play.step(Subscribe(2, "resource", DOC, ALICE), StartLook(2, "resource", DOC, ALICE, paced=False))
     play.step(Subscribe(3, "resource", DOC, ALICE))
     play.step(Subscribe(4, "resource", DOC, ALICE))
-    assert play.engine.holders(watched) == 4 and play.engine.looks_in_flight == 1
+    assert holders(play, watched) == 4 and play.engine.looks_in_flight == 1
     play.step(
         LookDone(2, 2, V2),
         Observed(watched, V2.fingerprint, 2),
@@ -225,7 +226,7 @@ def test_joining_a_live_watch_waits_for_a_look_that_starts_after_it_asked() -> N
         Resolve(3, watched),
         Resolve(4, watched),
     )
-    assert play.engine.holders(watched) == 4 and play.engine.looks_in_flight == 0
+    assert holders(play, watched) == 4 and play.engine.looks_in_flight == 0
 
 
 def test_a_public_result_is_one_watch_each_context_joins_after_its_own_read() -> None:
@@ -242,7 +243,7 @@ def test_a_public_result_is_one_watch_each_context_joins_after_its_own_read() ->
     )
     # Proved: his next stream joins the watch, with a look that starts after it asked.
     play.step(Subscribe(3, "resource", DOC, BOB), StartLook(3, "resource", DOC, BOB, paced=False))
-    assert play.engine.holders(public) == 3
+    assert holders(play, public) == 3
 
 
 def test_a_first_read_that_finds_a_lingering_watch_restarts_its_linger() -> None:
@@ -280,7 +281,7 @@ def test_a_first_read_that_finds_a_lingering_watch_gives_it_to_its_callers() -> 
     )
     play.at(LINGER_S)
     play.step(TimerFired(2))
-    assert play.engine.holders(public) == 1
+    assert holders(play, public) == 1
 
 
 def _lingering(watched: WatchKey, context: str, *, timer: int, until: float) -> list[object]:
@@ -297,15 +298,15 @@ def test_the_contexts_watching_are_counted_as_watches_start_and_end() -> None:
         play.step(Subscribe(waiter, "resource", uri, who), StartLook(waiter, "resource", uri, who, paced=False))
         play.step(Leave(waiter))  # nobody waits: each watch lingers once its first look is published
         play.feed(LookDone(waiter, waiter, V1))
-        assert play.engine.watched_contexts == (1 if waiter < 3 else 2)
+        assert play.engine.index.contexts == (1 if waiter < 3 else 2)
     lingers = {}
     for waiter, uri_key in enumerate((key("alice"), key("alice", OTHER), key("bob")), 1):
         [linger] = [command for command in play.feed(Published(waiter)) if isinstance(command, SetTimer)]
         lingers[uri_key] = linger.timer
     play.at(LINGER_S)
     play.feed(TimerFired(lingers[key("alice")]))
-    assert play.engine.watched_contexts == 2, "alice still watches OTHER"
+    assert play.engine.index.contexts == 2, "alice still watches OTHER"
     play.feed(TimerFired(lingers[key("alice", OTHER)]))
-    assert play.engine.watched_contexts == 1
+    assert play.engine.index.contexts == 1
     play.feed(TimerFired(lingers[key("bob")]))
-    assert play.engine.keys() == [] and play.engine.watched_contexts == 0
+    assert play.engine.keys() == [] and play.engine.index.contexts == 0

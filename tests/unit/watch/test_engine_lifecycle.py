@@ -65,6 +65,7 @@ from tests.unit.watch.engine_cast import (
     V2,
     Book,
     book,
+    holders,
     joined,
     key,
     started,
@@ -109,13 +110,13 @@ def test_a_release_while_another_stream_holds_the_watch_keeps_it_live_and_polled
     play.step(Subscribe(2, "resource", DOC, ALICE), StartLook(2, "resource", DOC, ALICE, paced=False))
     play.step(LookDone(2, 2, V1), Observed(watched, V1.fingerprint, 2), Resolve(2, watched))
     play.step(Release(watched, "alice"))  # the other stream holds it still: no linger, and alice's credential stays
-    assert play.engine.holders(watched) == 1 and play.engine.poller(watched) == ALICE
+    assert holders(play, watched) == 1 and play.engine.poller(watched) == ALICE
     for n, (timer, at) in enumerate(((-1, 5.0), (-2, 10.0), (-3, 15.0)), 3):
         play.at(at)
         play.step(TimerFired(timer), StartPoll(watched, at, False))
         play.step(PollDone(watched, at, n, V1), Observed(watched, V1.fingerprint, n))
         play.step(PollFinished(watched), Interval(POLL_S), SetTimer(timer - 1, at + POLL_S))
-    assert play.engine.holders(watched) == 1
+    assert holders(play, watched) == 1
 
 
 @pytest.mark.invariant(6)
@@ -203,7 +204,7 @@ def test_a_client_coming_back_while_it_lingers_is_answered_after_a_look_that_sta
         Resolve(2, watched),
         Resolve(4, watched),
     )
-    assert play.engine.holders(watched) == 2
+    assert holders(play, watched) == 2
     assert play.engine.poller(watched) == ALICE, "live again: polled with the credential of the client that came back"
 
 
@@ -261,14 +262,14 @@ def test_a_joiner_whose_look_finds_it_gone_lets_go_while_the_streams_watching_it
     play = book()
     watched = started(play, 1, 1, ALICE, V1, 1)
     play.step(Subscribe(2, "resource", DOC, ALICE_PHONE), StartLook(2, "resource", DOC, ALICE_PHONE, paced=False))
-    assert play.engine.holders(watched) == 2
+    assert holders(play, watched) == 2
     play.step(
         LookDone(2, 2, GONE),
         Observed(watched, GONE.fingerprint, 2),
         Publish(watched, GONE.fingerprint, 1),  # the stream already watching it is told it is gone
         Resolve(2, None),
     )
-    assert play.engine.holders(watched) == 1, "the joiner holds nothing; the first stream still holds it"
+    assert holders(play, watched) == 1, "the joiner holds nothing; the first stream still holds it"
     play.step(Release(watched, "alice"), Uncover("alice", "resource", DOC), Untrack(watched), SetTimer(3, LINGER_S))
     play.at(LINGER_S)
     play.step(TimerFired(3), CancelTimer(-1), StopWatch(watched))
@@ -279,11 +280,11 @@ def test_a_joiner_that_leaves_or_whose_look_fails_lets_go_of_the_watch() -> None
     watched = started(play, 1, 1, ALICE, V1, 1)
     play.step(Subscribe(2, "resource", DOC, ALICE_PHONE), StartLook(2, "resource", DOC, ALICE_PHONE, paced=False))
     play.step(Subscribe(3, "resource", DOC, ALICE))
-    assert play.engine.holders(watched) == 3
+    assert holders(play, watched) == 3
     play.step(Leave(2))
-    assert play.engine.holders(watched) == 2
+    assert holders(play, watched) == 2
     play.step(LookFailed(2, DOWN), Fail(3, DOWN))
-    assert play.engine.holders(watched) == 1
+    assert holders(play, watched) == 1
     play.step(Leave(3))  # answered already
     play.step(Release(watched, "alice"), Uncover("alice", "resource", DOC), Untrack(watched), SetTimer(3, LINGER_S))
 
@@ -305,7 +306,7 @@ def test_a_joiners_look_over_its_clients_rate_is_paced() -> None:
     play.step(Subscribe(2, "resource", DOC, ALICE), StartLook(2, "resource", DOC, ALICE, paced=True))
     play.step(Subscribe(3, "resource", DOC, ALICE))  # the laptop's second join shares its paced look
     play.step(Subscribe(4, "resource", DOC, ALICE_PHONE), StartLook(3, "resource", DOC, ALICE_PHONE, paced=False))
-    assert play.engine.holders(watched) == 4
+    assert holders(play, watched) == 4
     play.step(LookDone(2, 3, V1), Observed(watched, V1.fingerprint, 3), Resolve(2, watched), Resolve(3, watched))
 
 

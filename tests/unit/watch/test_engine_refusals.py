@@ -44,6 +44,7 @@ from tests.unit.watch.engine_cast import (
     PUBLIC_V1,
     V1,
     book,
+    holders,
     joined,
     key,
     started,
@@ -71,9 +72,9 @@ def test_a_refused_poll_of_a_public_watch_concerns_only_the_context_it_was_polle
     play.step(PollFinished(bobs), SetTimer(-4, POLL_S + 1.0))
     # Bob proves access again with a read of his own; alice, still verified, joins with a look that syncs her.
     play.step(Subscribe(4, "resource", DOC, BOB), StartLook(4, "resource", DOC, BOB, paced=False))
-    assert play.engine.holders(public) == 2, "not a joiner: bob holds nothing more before his read succeeds"
+    assert holders(play, public) == 2, "not a joiner: bob holds nothing more before his read succeeds"
     play.step(Subscribe(5, "resource", DOC, ALICE), StartLook(5, "resource", DOC, ALICE, paced=False))
-    assert play.engine.holders(public) == 3, "a joiner: alice holds it from her asking"
+    assert holders(play, public) == 3, "a joiner: alice holds it from her asking"
     play.step(LookDone(4, 4, PUBLIC_V1), Observed(public, PUBLIC_V1.fingerprint, 4), Resolve(4, public))
     play.step(LookDone(5, 5, PUBLIC_V1), Observed(public, PUBLIC_V1.fingerprint, 5), Resolve(5, public))
     # A forwarded read the upstream refused ends that context's subscriptions too; other refusals concern none.
@@ -105,7 +106,7 @@ def test_a_refused_forwarded_read_ends_that_contexts_subscriptions_and_it_must_r
     play.step(Refused("resources/read", {"uri": OTHER}, BOB))
     play.step(Refused("tools/call", {"uri": DOC}, BOB))
     play.step(Subscribe(3, "resource", DOC, BOB), StartLook(3, "resource", DOC, BOB, paced=False))  # a read of its own
-    assert play.engine.holders(public) == 2
+    assert holders(play, public) == 2
 
 
 def test_a_refused_poll_concerns_only_the_context_it_was_polled_as() -> None:
@@ -132,4 +133,4 @@ def test_a_context_whose_poll_was_refused_holds_nothing_again_until_its_own_read
     # Not a joiner: its credential is neither kept nor polled with, nor the linger cut short, before it proves access.
     play.step(Subscribe(2, "resource", DOC, ALICE), StartLook(3, "resource", DOC, ALICE, paced=False))
     play.step(LookFailed(3, DOWN), Fail(2, DOWN))
-    assert play.engine.holders(public) == 0 and play.engine.poller(public) is None
+    assert holders(play, public) == 0 and play.engine.poller(public) is None
