@@ -32,6 +32,9 @@ def test_lookups_give_each_key_once_in_the_order_the_watches_started_across_cont
     ]
     assert sorted(index.resource_uris()) == ["x://doc", "x://notes/1", "x://other"]
     assert index.contexts == 3 and len(index) == 5
+    # Two keys from two lookups: whichever order the contexts come in, the one started first comes first.
+    for first, second in ((ALICE_TOOLS, BOB_NOTES), (BOB_NOTES, ALICE_TOOLS)):
+        assert _index(first, second).of_contexts(["alice", "bob"]) == [first, second]
     gone = WatchKey("resource", "x://gone", "alice")
     assert index.ordered([BOB_NOTES, gone, ALICE_TOOLS, BOB_DOC]) == [BOB_DOC, ALICE_TOOLS, BOB_NOTES]
 
