@@ -145,10 +145,15 @@ class ReadThrough:
         self._cache.on_evict = metrics.cache_evictions.inc
         self._verify = config.public_requires_verified_context
         self._flights: dict[_FlightKey, _Flight] = {}
+        self._flights_of: dict[str, dict[str | None, dict[_FlightKey, _Flight]]] = {}
+        """The same flights by method, then URI: a change wakes only its own (a list's change every URI of its
+        method), without a pass over every request in flight."""
         self._latest: LRUCache[tuple[Group, str], tuple[int, str, int]] = LRUCache(maxsize=_MAX_OBSERVATIONS)
         """(group, context) -> the (ticket, fingerprint) of the latest look a watch applied, and the ticket of the
         first of the looks in a row, up to it, that saw that same fingerprint."""
-        self._index: dict[Group, set[CacheKey]] = {}
+        self._index: dict[Group, dict[str, set[CacheKey]]] = {}
+        """group -> entry context -> keys: a look touches only its own context's entries, however many contexts
+        share the group (every context's list sits in one group). Lags expiry and eviction until pruned."""
         self._inserts = 0
 
     # -- cache -----------------------------------------------------------------------------------------
@@ -211,7 +216,7 @@ class ReadThrough:
         if entry_context == PUBLIC and len(verified) < _MAX_VERIFIED:
             verified.add(context)
         self._cache[key] = _Entry(result, received_at + ttl / 1000, size, verified, ticket)
-        self._index.setdefault(group, set()).add(key)
+        self._index.setdefault(group, {}).setdefault(entry_context, set()).add(key)
         self._metrics.cache_bytes.set(self._cache.currsize)
         self._inserts += 1
         if self._inserts % _INDEX_PRUNE_EVERY == 0:
@@ -219,14 +224,49 @@ class ReadThrough:
 
     def _prune_index(self) -> None:
         # Entries also leave by expiry and eviction, which the index does not see; drop what is gone.
-        for group in list(self._index):
-            alive = {key for key in self._index[group] if key in self._cache}
-            if alive:
-                self._index[group] = alive
-            else:
+        for group, by_context in list(self._index.items()):
+            for context, keys in list(by_context.items()):
+                alive = {key for key in keys if key in self._cache}
+                if alive:
+                    by_context[context] = alive
+                else:
+                    del by_context[context]
+            if not by_context:
                 del self._index[group]
 
+    def _drop(self, group: Group, cache_key: CacheKey) -> None:
+        self._cache.pop(cache_key, None)
+        by_context = self._index.get(group)
+        keys = by_context.get(cache_key[2]) if by_context is not None else None
+        if by_context is None or keys is None:
+            return
+        keys.discard(cache_key)
+        if not keys:  # nothing left behind for a context or group that comes and goes
+            del by_context[cache_key[2]]
+            if not by_context:
+                del self._index[group]
+
+    def _keys_of(self, group: Group, context: str) -> list[CacheKey]:
+        by_context = self._index.get(group)
+        return list(by_context.get(context, ())) if by_context is not None else []
+
     # -- single flight ---------------------------------------------------------------------------------
+
+    def _list_flight(self, flight: _Flight) -> None:
+        self._flights[flight.key] = flight
+        method, uri = flight.group
+        self._flights_of.setdefault(method, {}).setdefault(uri, {})[flight.key] = flight
+
+    def _unlist_flight(self, flight: _Flight) -> None:
+        del self._flights[flight.key]
+        method, uri = flight.group
+        by_uri = self._flights_of[method]
+        flights = by_uri[uri]
+        del flights[flight.key]
+        if not flights:  # an index that only grows would leak every URI ever read
+            del by_uri[uri]
+            if not by_uri:
+                del self._flights_of[method]
 
     async def fetch(
         self,
@@ -255,13 +295,13 @@ class ReadThrough:
             return None, await asyncio.shield(flight.future)
         loop = asyncio.get_running_loop()
         flight = _Flight(loop.create_future(), _group(method, params), own_key)
-        self._flights[own_key] = flight
+        self._list_flight(flight)
 
         def upstream_bound() -> None:
             if self._flights.get(own_key) is flight and shared_key not in self._flights:
-                del self._flights[own_key]
-                self._flights[shared_key] = flight
+                self._unlist_flight(flight)
                 flight.key = shared_key
+                self._list_flight(flight)
 
         shared: JsonObject | None = None
         started = self._clock()
@@ -277,7 +317,7 @@ class ReadThrough:
             return reply, None
         finally:
             if self._flights.get(flight.key) is flight:
-                del self._flights[flight.key]
+                self._unlist_flight(flight)
             if not flight.future.done():
                 flight.future.set_result(shared)
 
@@ -303,16 +343,14 @@ class ReadThrough:
                 self._latest[(group, key.context)] = (ticket, fingerprint, since)
                 if since < ticket and group[0] != "resources/read":
                     unchanged_since = since
-            for cache_key in list(self._index.get(group, ())):
-                if cache_key[2] != key.context:
-                    continue
+            for cache_key in self._keys_of(group, key.context):
                 entry = self._cache.get(cache_key)
                 if entry is None or entry.ticket >= ticket:
                     continue
                 if unchanged_since is not None and entry.ticket > unchanged_since:
                     continue  # asked for after a look that saw this same list: it is the list as it still is
                 if _differs(group, entry.result, fingerprint):
-                    self._cache.pop(cache_key, None)
+                    self._drop(group, cache_key)
         self._metrics.cache_bytes.set(self._cache.currsize)
 
     def _contradicted(self, group: Group, entry_context: str, result: JsonObject, ticket: int) -> bool:
@@ -324,17 +362,27 @@ class ReadThrough:
         elsewhere (a baseline event) drops only what it contradicts."""
         if event.baseline:
             for group in _groups_of(event.key):
-                for cache_key in list(self._index.get(group, ())):
+                for cache_key in self._keys_of(group, event.key.context):
                     entry = self._cache.get(cache_key)
-                    if cache_key[2] == event.key.context and entry is not None:
-                        if _differs(group, entry.result, event.fingerprint):
-                            self._cache.pop(cache_key, None)
+                    if entry is not None and _differs(group, entry.result, event.fingerprint):
+                        self._drop(group, cache_key)
             return
         for group in _groups_of(event.key):
-            for cache_key in self._index.pop(group, ()):
-                self._cache.pop(cache_key, None)
-            for flight_key, flight in list(self._flights.items()):
-                if flight.group == group or (group[1] is None and flight.group[0] == group[0]):
+            # Every context's entries of the group go, not only the event's (a change seen by one context says
+            # the upstream changed; another context's copy of it is no fresher).
+            for keys in self._index.pop(group, {}).values():
+                for cache_key in keys:
+                    self._cache.pop(cache_key, None)
+            method, uri = group
+            by_uri = self._flights_of.get(method)
+            if by_uri is None:
+                continue
+            # A list's group (uri None) makes every flight of its method unjoinable, whatever URI a request named.
+            stale = list(by_uri.values()) if uri is None else [by_uri.pop(uri, {})]
+            for flights in stale:
+                for flight in flights.values():
                     flight.invalidated = True
-                    del self._flights[flight_key]
+                    del self._flights[flight.key]
+            if uri is None or not by_uri:
+                del self._flights_of[method]
         self._metrics.cache_bytes.set(self._cache.currsize)
