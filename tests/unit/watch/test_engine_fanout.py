@@ -177,3 +177,19 @@ def test_a_new_watchs_first_interval_is_its_share_of_the_budget_not_its_wanted_o
     assert world.polled.record(third).last_poll_at == 13.0
     assert allocations == [(9.0, 3), (13.0, 3)], "a second apart or more, the third counted once it was held"
     assert world.polled.record(third).interval_s == pytest.approx(3 / (0.9 * 0.25)), "three keys share it now"
+
+
+def test_a_watch_newly_held_gets_its_share_at_its_first_poll_even_within_a_second_of_the_last_allocation(
+    allocations: list[tuple[float, int]],
+) -> None:
+    world = _Upstream(CONFIG.model_copy(update={"max_reads_per_s": 10.0, "jitter": 0.0}))
+    world.watch("file:///first", "file:///second")
+    world.polled.clock.advance(POLL_S)
+    assert allocations and allocations[-1][1] == 2
+    allocations.clear()
+    world.polled.clock.advance(0.5)
+    [third] = world.watch("file:///third")
+    world.polled.feed(Hinted(third, True))  # it polls soon, well within a second of the last allocation
+    world.polled.clock.advance(0.5)
+    assert world.polled.record(third).last_poll_at is not None
+    assert [count for _, count in allocations] == [3], "counted once held, at its first poll: not a second later"
