@@ -106,6 +106,8 @@ async def test_a_change_makes_unjoinable_the_flights_of_its_group_in_every_conte
         leaders.append(asyncio.ensure_future(rt.fetch(method, params, context, gate, 0, "c1")))
         await gate.entered.wait()
     assert _flights_listed(rt) == len(rt._flights) == 4
+    rt.on_change(ChangeEvent(WatchKey("resource", "x://unread", "carol"), "f", 1, 0.0))
+    assert _flights_listed(rt) == len(rt._flights) == 4, "a change of a URI nobody reads now leaves every flight"
     rt.on_change(ChangeEvent(WatchKey("resource", "x://a", "carol"), "f", 1, 0.0))
     assert sorted(key[2] for key in rt._flights) == ["alice", "alice"], "x://a's flights went, in every context"
     assert _flights_listed(rt) == 2
