@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from sidecar.changes import WatchKey
 from sidecar.config import PollingConfig
 from sidecar.identity import ANONYMOUS_IDENTITY, PUBLIC, Identity
@@ -46,6 +48,7 @@ __all__ = [
     "holders",
     "joined",
     "key",
+    "polling_engine",
     "started",
 ]
 
@@ -80,6 +83,21 @@ GONE = Observation(ABSENT, None, False)
 
 def key(context: str, uri: str | None = DOC) -> WatchKey:
     return WatchKey("resource", uri, PUBLIC if context == "public" else context)
+
+
+def polling_engine(
+    polling: PollingConfig = SCHEDULE_CONFIG, *, may_poll: Callable[[WatchKey], bool] = lambda key: True
+) -> Engine:
+    """An engine whose watches poll on `polling`'s schedule, drawing the midpoint of its jitter (none)."""
+    return Engine(
+        linger_s=LINGER_S,
+        absent_ttl_s=ABSENT_TTL_S,
+        rate_per_s=1_000.0,
+        rules=Rules([]),
+        polling=polling,
+        rand=lambda: 0.5,
+        may_poll=may_poll,
+    )
 
 
 def book(*, rate_per_s: float = 1_000.0, now: float = 0.0) -> Book:

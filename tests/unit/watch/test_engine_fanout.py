@@ -14,13 +14,11 @@ from sidecar.changes import WatchKey
 from sidecar.config import PollingConfig
 from sidecar.protocol.errors import UpstreamError, UpstreamUnavailable
 from sidecar.watch.budget import ReadBudget
-from sidecar.watch.engine import Engine
 from sidecar.watch.engine.commands import CancelTimer, SetTimer
 from sidecar.watch.engine.events import Hinted, Recovered, Release
 from sidecar.watch.engine.polls import PollEvent, PollPlan, Recover
 from sidecar.watch.observation import Observation
-from sidecar.watch.rules import Rules
-from tests.unit.watch.engine_cast import ALICE, LINGER_S, POLL_S, V1
+from tests.unit.watch.engine_cast import ALICE, LINGER_S, POLL_S, V1, polling_engine
 from tests.unit.watch.engine_cast import SCHEDULE_CONFIG as CONFIG
 from tests.unit.watch.engine_polls import Polled
 
@@ -34,15 +32,7 @@ class _Upstream:
         self, polling: PollingConfig = CONFIG, *, may_poll: Callable[[WatchKey], bool] = lambda key: True
     ) -> None:
         self.seen: dict[str, Observation | UpstreamError] = {}
-        engine = Engine(
-            linger_s=LINGER_S,
-            absent_ttl_s=5.0,
-            rate_per_s=1_000.0,
-            rules=Rules([]),
-            polling=polling,
-            rand=lambda: 0.5,  # the midpoint: no jitter
-            may_poll=may_poll,
-        )
+        engine = polling_engine(polling, may_poll=may_poll)
         self.engine = engine
         self.polled = Polled(engine, lambda key, started: self.seen.get(key.uri or "", V1))
 

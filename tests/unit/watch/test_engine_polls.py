@@ -50,8 +50,20 @@ from sidecar.watch.engine.events import (
 )
 from sidecar.watch.engine.record import Record
 from sidecar.watch.observation import Observation, observation_from_read
-from sidecar.watch.rules import Rules
-from tests.unit.watch.engine_cast import ALICE, ALICE_PHONE, DOC, LINGER_S, OTHER, POLL_S, V1, V2, Book, key, started
+from tests.unit.watch.engine_cast import (
+    ALICE,
+    ALICE_PHONE,
+    DOC,
+    LINGER_S,
+    OTHER,
+    POLL_S,
+    V1,
+    V2,
+    Book,
+    key,
+    polling_engine,
+    started,
+)
 from tests.unit.watch.engine_cast import SCHEDULE_CONFIG as CONFIG
 
 """Jittered, but the playbooks draw the midpoint (no jitter): a watch polls every 5 s, backs off 1, 2, 4, 8 s."""
@@ -59,15 +71,7 @@ V3 = Observation("fp-v3", None, False)
 
 
 def _book(polling: PollingConfig = CONFIG, *, may_poll: Callable[[WatchKey], bool] = lambda key: True) -> Book:
-    engine = Engine(
-        linger_s=LINGER_S,
-        absent_ttl_s=5.0,
-        rate_per_s=1_000.0,
-        rules=Rules([]),
-        polling=polling,
-        rand=lambda: 0.5,
-        may_poll=may_poll,
-    )
+    engine = polling_engine(polling, may_poll=may_poll)
     return Book(engine)
 
 
