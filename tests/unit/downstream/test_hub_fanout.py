@@ -80,6 +80,26 @@ async def test_the_fan_out_writes_a_slice_of_streams_then_lets_other_work_run_th
     assert told == [1024], "1,024 streams written, then the loop runs other work, then the rest"
 
 
+async def test_a_fan_out_writes_the_streams_in_the_order_they_were_signalled(hubs: Hubs) -> None:
+    hub = hubs()
+    hub.world.upstream.resources[DOC] = contents(DOC, "v1")
+    hub.world.upstream.resources[OTHER] = contents(OTHER, "v1")
+    listens = [hub.listen([DOC], n) for n in range(1024)]
+    later = hub.listen([OTHER], "later")
+    await _acked(hub, *listens, later)
+    first_pass: list[tuple[int, bool]] = []
+
+    def note_first_pass() -> None:
+        told = sum(bool(listening.client.updates()) for listening in listens)
+        first_pass.append((told, bool(later.client.updates())))
+
+    hub.world.bus.subscribe(lambda event: asyncio.get_running_loop().call_soon(note_first_pass))
+    hub.publish(hub.key(DOC))
+    hub.publish(hub.key(OTHER))  # signalled after DOC's 1,024 streams, before the first pass runs
+    await later.client.until(lambda: later.client.updates() == [OTHER], "the change of OTHER")
+    assert first_pass[0] == (1024, False), "the first pass is the first 1,024 signalled; the later one waits"
+
+
 @pytest.mark.invariant(11)
 async def test_signals_merge_while_a_slow_client_reads_and_reach_it_as_it_reads(hubs: Hubs) -> None:
     hub = hubs()
