@@ -177,7 +177,9 @@ async def test_a_poll_that_crashes_is_logged_and_backs_off_like_a_failure_and_it
     }
     world.upstream.before_answer = None
     world.upstream.resources[DOC] = contents(DOC, "v2")
-    await run_polls(world.clock, 4.0, lambda: world.registry.polls_in_flight)  # the next backoff (4 s) ends
+    # The next backoff (4 s, jittered up to a tenth either way, from a poll as late as 8.31) ends by 13.0; the poll
+    # after it comes an interval (5 s) later.
+    await run_polls(world.clock, 4.5, lambda: world.registry.polls_in_flight)
     assert world.changes() == [(ALICES_DOC, fp(DOC, "v2"))], "the watch still polls, and tells what it sees"
     await world.registry.aclose()
 
