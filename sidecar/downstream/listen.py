@@ -86,9 +86,8 @@ class StreamHub:
         self._moved: str | None = None
         """Why new listens go elsewhere (this replica cannot read the upstream and another can), or None."""
         self._dirty: OrderedDict[ListenStream, None] = OrderedDict()
-        """Streams with signals to write, in the order they were signalled (an OrderedDict: taken from the front in
-        O(1), where a dict's first key is found again past every slot deleted before it, quadratic over a pass)."""
-        """Streams with pending signals, in the order they got them, for the next fan-out pass."""
+        """Streams with pending signals, in the order they got them, for the next fan-out pass (an OrderedDict: taken
+        from the front in O(1), where a dict's first key is found again past every slot deleted before it)."""
         self._flush_scheduled = False
         self._delivered = Delivered(metrics)
         self._ended_lines = LogBudget(clock=clock.now)
