@@ -60,11 +60,11 @@ class WatchIndex:
 
     def of_contexts(self, contexts: Iterable[str]) -> list[WatchKey]:
         """The keys these contexts watch, in the order their watches started."""
-        return self._in_order(self._by_context.get(context, {}) for context in set(contexts))
+        return self.ordered(key for context in set(contexts) for key in self._by_context.get(context, ()))
 
     def at(self, targets: Iterable[Target]) -> list[WatchKey]:
         """The keys that watch these targets, in every context, in the order their watches started."""
-        return self._in_order(self._by_target.get(target, {}) for target in set(targets))
+        return self.ordered(key for target in set(targets) for key in self._by_target.get(target, ()))
 
     def ordered(self, keys: Iterable[WatchKey]) -> list[WatchKey]:
         """Those of `keys` that are watched, in the order their watches started."""
@@ -73,12 +73,6 @@ class WatchIndex:
     def resource_uris(self) -> Iterator[str]:
         """Each URI watched as a resource, once however many contexts watch it (what a glob is matched against)."""
         return (uri for kind, uri in self._by_target if kind == "resource" and uri is not None)
-
-    def _in_order(self, groups: Iterable[dict[WatchKey, None]]) -> list[WatchKey]:
-        keys = [key for group in groups for key in group]
-        if len(keys) > 1:
-            keys.sort(key=self._started.__getitem__)
-        return keys
 
 
 def _discard(index: dict[_At, dict[WatchKey, None]], at: _At, key: WatchKey) -> None:
